@@ -1,0 +1,156 @@
+//! `sbmesh-sidecar run`: builds the library's parts from the settings and
+//! runs them until SIGTERM/SIGINT, then drains.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::http::StatusCode;
+use sbmesh::http::{AdminAuth, AdminState, admin_router, mesh_running};
+use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
+use sbmesh::metrics::Metrics;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::settings::Settings;
+
+/// Exit code after a clean drain.
+pub const EXIT_OK: i32 = 0;
+/// Exit code when the drain budget ran out.
+pub const EXIT_DRAIN_TIMEOUT: i32 = 1;
+
+/// Runs the sidecar; returns the process exit code.
+pub async fn run(settings: Settings) -> anyhow::Result<i32> {
+    let metrics = Arc::new(Metrics::new());
+    let keys = match settings.cluster_key.clone() {
+        Some(keys) => keys,
+        None => {
+            // Validation refuses peers without a key, so this node is alone:
+            // a throwaway key keeps the code path (and the sockets) the same.
+            warn!("no cluster key configured: running alone with an ephemeral key");
+            let mut k = [0u8; 32];
+            aws_lc_rs::rand::fill(&mut k).map_err(|_| anyhow::anyhow!("no system randomness"))?;
+            vec![k]
+        }
+    };
+    let mesh_cfg = MeshConfig {
+        node_id: settings.node_id.clone(),
+        cluster_id: settings.cluster_id.clone(),
+        bind: settings.bind,
+        gossip_port: settings.gossip_port,
+        transport_port: settings.transport_port,
+        advertise: settings.advertise,
+        seeds: SeedSource {
+            seeds: settings.seeds.clone(),
+            mesh_service: settings.mesh_service.clone(),
+            gossip_port: settings.gossip_port,
+        },
+        keys,
+        key_file: settings.cluster_key_file.clone(),
+        tuning: SwimTuning::default(),
+    };
+    let meta = NodeMeta {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        config_hash: Some(format!("sha256:{}", settings.config_sha256)),
+        ready: false,
+        ..NodeMeta::default()
+    };
+    let mesh = Mesh::start(mesh_cfg, metrics.clone(), meta.clone())
+        .await
+        .context("starting the mesh")?;
+
+    let state = AdminState {
+        mesh: mesh.clone(),
+        metrics: metrics.clone(),
+        auth: AdminAuth::new(settings.admin_user.as_deref(), settings.admin_password.as_deref()),
+        readiness: vec![mesh_running(mesh.clone())],
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let admin = TcpListener::bind(settings.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", settings.admin_listen))?;
+    let admin_task = tokio::spawn(serve(admin, admin_router(state.clone()), stop_rx.clone()));
+
+    // The HTTP-01 responder arrives with the ACME issuer; until then the
+    // port answers 404 for every path, as it will for unknown tokens.
+    let challenge = TcpListener::bind(settings.challenge_listen)
+        .await
+        .with_context(|| format!("binding --challenge-listen {}", settings.challenge_listen))?;
+    let challenge_router = Router::new().fallback(|| async { StatusCode::NOT_FOUND });
+    let challenge_task = tokio::spawn(serve(challenge, challenge_router, stop_rx.clone()));
+
+    tokio::spawn(publish_readiness(state, meta, stop_rx.clone()));
+    info!(
+        admin = %settings.admin_listen,
+        challenge = %settings.challenge_listen,
+        "sidecar running"
+    );
+
+    let signal = shutdown_signal().await;
+    info!(signal, grace_ms = settings.shutdown_grace.as_millis() as u64, "draining");
+    let drain = async {
+        mesh.leave().await;
+        let _ = stop_tx.send(true);
+        let _ = admin_task.await;
+        let _ = challenge_task.await;
+    };
+    match tokio::time::timeout(settings.shutdown_grace, drain).await {
+        Ok(()) => {
+            info!("drained");
+            Ok(EXIT_OK)
+        }
+        Err(_) => {
+            warn!("drain budget ran out");
+            Ok(EXIT_DRAIN_TIMEOUT)
+        }
+    }
+}
+
+async fn serve(listener: TcpListener, router: Router, mut stop: watch::Receiver<bool>) {
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    if let Err(e) = axum::serve(listener, service)
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
+        warn!(error = %e, "http listener failed");
+    }
+}
+
+/// Keeps this node's `ready` flag in its mesh metadata current, so every
+/// node's status shows every node's health.
+async fn publish_readiness(state: AdminState, mut meta: NodeMeta, stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if *stop.borrow() {
+            return;
+        }
+        let ready = state.not_ready_reasons().is_empty();
+        if ready != meta.ready {
+            meta.ready = ready;
+            state.mesh.set_meta(meta.clone()).await;
+        }
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}

@@ -1,0 +1,120 @@
+//! The admin listener: `/healthz`, `/readyz`, `/metrics` and `/admin/*`
+//! (SPEC section 3).
+
+mod auth;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+
+pub use auth::AdminAuth;
+
+use crate::mesh::Mesh;
+use crate::metrics::Metrics;
+
+/// One readiness condition: `None` when it holds, else the reason it
+/// does not (shown in `/readyz`).
+pub type ReadinessCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Everything the admin endpoints read.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The mesh node.
+    pub mesh: Mesh,
+    /// The process's metrics.
+    pub metrics: Arc<Metrics>,
+    /// Who may call `/admin/*`.
+    pub auth: AdminAuth,
+    /// Conditions of `/readyz`, all of which must hold.
+    pub readiness: Vec<ReadinessCheck>,
+}
+
+impl AdminState {
+    /// The reasons the node is not ready (empty when it is).
+    pub fn not_ready_reasons(&self) -> Vec<String> {
+        self.readiness.iter().filter_map(|check| check()).collect()
+    }
+}
+
+/// A readiness check that holds once the mesh runs.
+pub fn mesh_running(mesh: Mesh) -> ReadinessCheck {
+    Arc::new(move || {
+        (!mesh.is_running()).then(|| "mesh: not joined yet (waiting up to 5 s for a peer)".to_owned())
+    })
+}
+
+/// The admin router. Serve it with connect info:
+/// `axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())`.
+pub fn admin_router(state: AdminState) -> Router {
+    let admin = Router::new()
+        .route("/admin/cluster/status", get(cluster_status))
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .merge(admin)
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<AdminState>) -> Response {
+    let reasons = state.not_ready_reasons();
+    if reasons.is_empty() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "ready": false, "reasons": reasons })),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn cluster_status(State(state): State<AdminState>) -> Response {
+    match state.mesh.status().await {
+        Some(status) => axum::Json(status).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "mesh stopped").into_response(),
+    }
+}
+
+async fn require_admin(
+    State(state): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let given = req.headers().get(header::AUTHORIZATION);
+    match state.auth.check(given, peer.ip()) {
+        auth::Verdict::Allow => next.run(req).await,
+        auth::Verdict::Challenge => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Basic realm=\"sbmesh\"")],
+            "unauthorized\n",
+        )
+            .into_response(),
+        auth::Verdict::LoopbackOnly => (
+            StatusCode::FORBIDDEN,
+            "/admin/* answers loopback clients only: set --admin-user and --admin-password \
+             (or proxy.admin.username/password) to allow remote clients\n",
+        )
+            .into_response(),
+    }
+}

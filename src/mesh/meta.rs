@@ -1,0 +1,181 @@
+//! Node metadata: what every member tells the others about itself (version,
+//! config hash, readiness, last reload, certificates).
+//!
+//! A record can be up to [`MAX_META_BYTES`], too large for a datagram, so
+//! gossip carries only a small digest (`node_id`, epoch, version); a member
+//! that sees a newer digest than it holds fetches the record over TCP from
+//! its owner. Full-state exchanges carry the records too, as a safety net.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+/// Largest encoded metadata record accepted or produced.
+pub const MAX_META_BYTES: usize = 64 * 1024;
+
+/// Result of the last config reload, as shown in status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastReload {
+    /// `ok`, `failed`, `refused` or `invalid`.
+    pub result: String,
+    /// When it happened.
+    pub at_unix_ms: u64,
+}
+
+/// A certificate a node has written for the proxy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CertificateInfo {
+    /// The hostname.
+    pub host: String,
+    /// Expiry, unix seconds.
+    pub not_after_unix: u64,
+    /// Serial number, hex.
+    pub serial: String,
+}
+
+/// What a node says about itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeMeta {
+    /// sbmesh version of the node.
+    pub version: String,
+    /// `sha256:<hex>` of the config the proxy runs, when known.
+    pub config_hash: Option<String>,
+    /// The node's own readiness (`/readyz`).
+    pub ready: bool,
+    /// The last reload the node delivered to its proxy.
+    pub last_reload: Option<LastReload>,
+    /// Certificates the node has handed to its proxy.
+    pub certificates: Vec<CertificateInfo>,
+}
+
+/// A node's metadata as exchanged between members.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaRecord {
+    /// Owner of the record.
+    pub node_id: String,
+    /// The owner's boot generation: a restarted owner starts versions anew.
+    pub epoch: u64,
+    /// Increases at every change within an epoch.
+    pub version: u64,
+    /// JSON of [`NodeMeta`] (JSON so that newer fields pass through older
+    /// members unharmed).
+    pub json: Vec<u8>,
+}
+
+impl MetaRecord {
+    /// Ordering key: a record replaces another of the same node when newer.
+    pub fn stamp(&self) -> (u64, u64) {
+        (self.epoch, self.version)
+    }
+
+    /// The decoded metadata; a record that does not decode reads as empty.
+    pub fn meta(&self) -> NodeMeta {
+        serde_json::from_slice(&self.json).unwrap_or_default()
+    }
+}
+
+/// The gossiped announcement that a node's metadata changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MetaDigest {
+    pub node_id: String,
+    pub epoch: u64,
+    pub version: u64,
+}
+
+impl foca::Invalidates for MetaDigest {
+    fn invalidates(&self, other: &Self) -> bool {
+        self.node_id == other.node_id && (self.epoch, self.version) >= (other.epoch, other.version)
+    }
+}
+
+/// Digests seen but whose records are not yet fetched; shared between the
+/// broadcast handler (inside foca) and the driver that fetches.
+pub(crate) type Wanted = Arc<Mutex<Vec<MetaDigest>>>;
+
+/// foca's custom-broadcast handler for metadata digests.
+pub(crate) struct DigestHandler {
+    local: String,
+    seen: HashMap<String, (u64, u64)>,
+    wanted: Wanted,
+}
+
+impl DigestHandler {
+    pub(crate) fn new(local: &str, wanted: Wanted) -> Self {
+        Self {
+            local: local.to_owned(),
+            seen: HashMap::new(),
+            wanted,
+        }
+    }
+}
+
+/// A digest that did not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("metadata digest does not decode: {0}")]
+pub(crate) struct DigestError(#[from] postcard::Error);
+
+impl foca::BroadcastHandler<crate::mesh::member::NodeIdentity> for DigestHandler {
+    type Key = MetaDigest;
+    type Error = DigestError;
+
+    fn receive_item(
+        &mut self,
+        data: &[u8],
+        _sender: Option<&crate::mesh::member::NodeIdentity>,
+    ) -> Result<Option<MetaDigest>, DigestError> {
+        let digest: MetaDigest = postcard::from_bytes(data)?;
+        let stamp = (digest.epoch, digest.version);
+        match self.seen.get(&digest.node_id) {
+            Some(seen) if *seen >= stamp => return Ok(None),
+            _ => {}
+        }
+        self.seen.insert(digest.node_id.clone(), stamp);
+        if digest.node_id != self.local
+            && let Ok(mut wanted) = self.wanted.lock()
+        {
+            wanted.push(digest.clone());
+        }
+        Ok(Some(digest))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use foca::BroadcastHandler;
+
+    #[test]
+    fn newer_digest_is_kept_and_wanted_once() {
+        let wanted = Wanted::default();
+        let mut h = DigestHandler::new("a", wanted.clone());
+        let d = |v| {
+            postcard::to_allocvec(&MetaDigest {
+                node_id: "b".into(),
+                epoch: 1,
+                version: v,
+            })
+            .unwrap()
+        };
+        assert!(h.receive_item(&d(2), None).unwrap().is_some());
+        assert!(h.receive_item(&d(2), None).unwrap().is_none());
+        assert!(h.receive_item(&d(1), None).unwrap().is_none());
+        assert!(h.receive_item(&d(3), None).unwrap().is_some());
+        assert_eq!(wanted.lock().unwrap().len(), 2);
+        assert!(h.receive_item(b"\xff\xff", None).is_err());
+    }
+
+    #[test]
+    fn unknown_json_fields_pass() {
+        let r = MetaRecord {
+            node_id: "b".into(),
+            epoch: 1,
+            version: 1,
+            json: br#"{"version":"9.9.9","ready":true,"future":[1,2]}"#.to_vec(),
+        };
+        let m = r.meta();
+        assert_eq!(m.version, "9.9.9");
+        assert!(m.ready);
+    }
+}

@@ -1,0 +1,20 @@
+//! The SWIM mesh: foca driven over sealed UDP datagrams and TCP frames.
+//!
+//! Start a node with [`Mesh::start`]; ask it for the cluster with
+//! [`Mesh::status`]; publish this node's metadata with [`Mesh::set_meta`];
+//! leave gracefully with [`Mesh::leave`].
+
+pub mod discovery;
+pub mod member;
+pub mod meta;
+mod runtime;
+pub mod seal;
+pub mod view;
+mod wire;
+
+pub use discovery::SeedSource;
+pub use member::NodeIdentity;
+pub use meta::{CertificateInfo, LastReload, NodeMeta};
+pub use runtime::{Mesh, MeshConfig, MeshError, SwimTuning};
+pub use view::{ClusterStatus, MemberInfo, MemberState, NodeStatus, Summary};
+pub use wire::WireError;

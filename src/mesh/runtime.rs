@@ -1,0 +1,1165 @@
+//! The async shell around foca: one task owns the state machine and moves
+//! bytes (UDP gossip, TCP full-state and metadata exchanges) and time.
+//!
+//! Flow: socket -> unseal -> envelope -> foca -> notifications -> view and
+//! metrics. Outbound: foca -> envelope -> seal -> socket.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+
+use crate::mesh::discovery::SeedSource;
+use crate::mesh::member::NodeIdentity;
+use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
+use crate::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, Reject, Sealer};
+use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
+use crate::mesh::wire::{self, FullState, TcpMsg, WireError, WireMember};
+use crate::metrics::{Metrics, PeerState, StateLabels, Transport};
+
+/// Largest foca payload inside one datagram (before sealing).
+const MAX_FOCA_PACKET: usize = 1400;
+/// How long a node without peers waits before it calls itself running.
+const ALONE_READY_AFTER: Duration = Duration::from_secs(5);
+/// One TCP exchange, connect to last byte.
+const TCP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
+/// fast failure detection on a LAN without false downs at 10 % loss.
+#[derive(Clone, Debug)]
+pub struct SwimTuning {
+    /// How often a random member is probed.
+    pub probe_period: Duration,
+    /// How long a direct probe may take before indirect probes are sent.
+    pub probe_rtt: Duration,
+    /// How many members are asked to probe indirectly.
+    pub indirect_probes: usize,
+    /// How long a suspect has to refute before it is declared down.
+    pub suspect_to_down_after: Duration,
+    /// Gossip period while updates are pending.
+    pub gossip_interval: Duration,
+    /// Members gossiped to per period.
+    pub gossip_fanout: usize,
+    /// How often down members are re-contacted (partition healing).
+    pub announce_down_interval: Duration,
+    /// Full-state TCP exchange with one random member, at cluster size
+    /// <= 32; scaled up logarithmically beyond.
+    pub push_pull_interval: Duration,
+    /// How long down members stay listed.
+    pub remove_down_after: Duration,
+}
+
+impl Default for SwimTuning {
+    fn default() -> Self {
+        Self {
+            probe_period: Duration::from_millis(1000),
+            probe_rtt: Duration::from_millis(400),
+            indirect_probes: 3,
+            suspect_to_down_after: Duration::from_millis(3000),
+            gossip_interval: Duration::from_millis(200),
+            gossip_fanout: 3,
+            announce_down_interval: Duration::from_secs(10),
+            push_pull_interval: Duration::from_secs(30),
+            remove_down_after: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl SwimTuning {
+    fn foca_config(&self, cluster_size: usize) -> foca::Config {
+        let n = cluster_size.max(1) as f64;
+        // memberlist's rule: retransmit 4 * log10(n + 1) times.
+        let max_tx = (4.0 * (n + 1.0).log10()).ceil().clamp(3.0, 30.0) as u8;
+        let nz = |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
+        foca::Config {
+            probe_period: self.probe_period,
+            probe_rtt: self.probe_rtt,
+            num_indirect_probes: nz(self.indirect_probes),
+            max_transmissions: std::num::NonZeroU8::new(max_tx).unwrap_or(std::num::NonZeroU8::MIN),
+            suspect_to_down_after: self.suspect_to_down_after,
+            remove_down_after: Some(self.remove_down_after),
+            max_packet_size: nz(MAX_FOCA_PACKET),
+            notify_down_members: true,
+            periodic_announce: Some(foca::PeriodicParams {
+                frequency: Duration::from_secs(30),
+                num_members: nz(1),
+            }),
+            periodic_announce_to_down_members: Some(foca::PeriodicParams {
+                frequency: self.announce_down_interval,
+                num_members: nz(2),
+            }),
+            periodic_gossip: Some(foca::PeriodicParams {
+                frequency: self.gossip_interval,
+                num_members: nz(self.gossip_fanout),
+            }),
+        }
+    }
+
+    fn push_pull_every(&self, cluster_size: usize) -> Duration {
+        // Like memberlist: beyond 32 members, back off by log2(n / 32) + 1.
+        let scale = if cluster_size <= 32 {
+            1.0
+        } else {
+            (cluster_size as f64 / 32.0).log2().ceil() + 1.0
+        };
+        self.push_pull_interval.mul_f64(scale)
+    }
+}
+
+/// What a mesh node needs to start.
+#[derive(Clone, Debug)]
+pub struct MeshConfig {
+    /// This member's name.
+    pub node_id: String,
+    /// Packets from another cluster id are dropped.
+    pub cluster_id: String,
+    /// IP both sockets bind.
+    pub bind: IpAddr,
+    /// UDP port.
+    pub gossip_port: u16,
+    /// TCP port.
+    pub transport_port: u16,
+    /// Address peers reach us at; `None` picks the bind IP, or the IP the
+    /// kernel would use towards the first seed.
+    pub advertise: Option<SocketAddr>,
+    /// Seed names and the headless Service.
+    pub seeds: SeedSource,
+    /// Key ring, primary first.
+    pub keys: Vec<[u8; 32]>,
+    /// Re-read when it changes: one key per line, primary first.
+    pub key_file: Option<PathBuf>,
+    /// SWIM timing.
+    pub tuning: SwimTuning,
+}
+
+/// Errors starting the mesh.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// A socket could not be bound.
+    #[error("cannot bind {what} socket on {addr}: {source}")]
+    Bind {
+        /// `gossip (UDP)` or `transport (TCP)`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The key ring is unusable.
+    #[error("cluster key: {0}")]
+    Key(String),
+    /// The node id is unusable.
+    #[error("node id {0:?}: {1}")]
+    NodeId(String, &'static str),
+}
+
+enum Command {
+    Status(oneshot::Sender<ClusterStatus>),
+    Members(oneshot::Sender<Vec<MemberInfo>>),
+    Seeds(Vec<SocketAddr>),
+    PushPullIn(FullState, oneshot::Sender<FullState>),
+    PushPullDone(FullState),
+    MetaIn(String, oneshot::Sender<Option<MetaRecord>>),
+    MetaFetched(Option<MetaRecord>, String),
+    SetMeta(NodeMeta),
+    Leave(oneshot::Sender<()>),
+}
+
+/// Flags the driver publishes for cheap reads from other tasks.
+#[derive(Default)]
+struct Shared {
+    running: AtomicBool,
+    has_peers: AtomicBool,
+}
+
+/// A running mesh node. Cheap to clone; the node stops when [`Mesh::leave`]
+/// is called or every handle is dropped.
+#[derive(Clone)]
+pub struct Mesh {
+    cmd: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    local: Arc<NodeIdentity>,
+    sealer: Arc<Sealer>,
+}
+
+impl Mesh {
+    /// Binds the sockets and starts the node: it contacts its seeds and
+    /// keeps doing so until it has peers, and re-resolves them every 10 s.
+    pub async fn start(
+        cfg: MeshConfig,
+        metrics: Arc<Metrics>,
+        meta: NodeMeta,
+    ) -> Result<Mesh, MeshError> {
+        if cfg.node_id.is_empty() || cfg.node_id.len() > 253 {
+            return Err(MeshError::NodeId(cfg.node_id, "must be 1 to 253 characters"));
+        }
+        let ring = KeyRing::new(cfg.keys.clone()).map_err(|e| MeshError::Key(e.to_string()))?;
+        let sealer = Arc::new(Sealer::new(&cfg.cluster_id, ring));
+
+        let udp_addr = SocketAddr::new(cfg.bind, cfg.gossip_port);
+        let udp = UdpSocket::bind(udp_addr).await.map_err(|source| MeshError::Bind {
+            what: "gossip (UDP)",
+            addr: udp_addr,
+            source,
+        })?;
+        let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
+        let tcp = TcpListener::bind(tcp_addr).await.map_err(|source| MeshError::Bind {
+            what: "transport (TCP)",
+            addr: tcp_addr,
+            source,
+        })?;
+        let gossip_port = udp.local_addr().map(|a| a.port()).unwrap_or(cfg.gossip_port);
+        let transport_port = tcp.local_addr().map(|a| a.port()).unwrap_or(cfg.transport_port);
+
+        let advertise = match cfg.advertise {
+            Some(a) => a,
+            None => SocketAddr::new(pick_advertise_ip(cfg.bind, &cfg.seeds).await, gossip_port),
+        };
+        let local = NodeIdentity {
+            node_id: cfg.node_id.clone(),
+            gossip: advertise,
+            transport_port,
+            generation: now_ms(),
+        };
+        info!(node_id = %local.node_id, gossip = %advertise, transport_port, cluster_id = %cfg.cluster_id, "mesh starting");
+
+        let (cmd_tx, cmd_rx) = mpsc::channel(1024);
+        let shared = Arc::new(Shared::default());
+        let wanted = Wanted::default();
+        let foca = Foca::with_custom_broadcast(
+            local.clone(),
+            cfg.tuning.foca_config(1),
+            StdRng::from_rng(&mut rand::rng()),
+            PostcardCodec,
+            DigestHandler::new(&local.node_id, wanted.clone()),
+        );
+        let udp = Arc::new(udp);
+
+        tokio::spawn(accept_loop(tcp, sealer.clone(), metrics.clone(), cmd_tx.clone()));
+        tokio::spawn(seed_loop(cfg.seeds.clone(), cmd_tx.clone(), shared.clone()));
+        if let Some(path) = cfg.key_file.clone() {
+            tokio::spawn(key_file_loop(path, sealer.clone(), cmd_tx.downgrade()));
+        }
+
+        let local_record = MetaRecord {
+            node_id: local.node_id.clone(),
+            epoch: local.generation,
+            version: 1,
+            json: encode_meta(&meta),
+        };
+        let first_push_pull = cfg.tuning.push_pull_interval;
+        let driver = Driver {
+            foca,
+            rt: AccumulatingRuntime::new(),
+            udp,
+            sealer: sealer.clone(),
+            metrics,
+            tuning: cfg.tuning,
+            started: Instant::now(),
+            timers: BinaryHeap::new(),
+            timer_slots: HashMap::new(),
+            timer_seq: 0,
+            last_seen: HashMap::new(),
+            metas: HashMap::new(),
+            local_meta: local_record,
+            wanted,
+            fetching: HashSet::new(),
+            seeds: Vec::new(),
+            advertise,
+            cluster_id: cfg.cluster_id,
+            pushed_on_join: false,
+            next_push_pull: Instant::now() + first_push_pull,
+            sized_for: 1,
+            cmd_tx: cmd_tx.downgrade(),
+            shared: shared.clone(),
+        };
+        tokio::spawn(driver.run(cmd_rx));
+        Ok(Mesh {
+            cmd: cmd_tx,
+            shared,
+            local: Arc::new(local),
+            sealer,
+        })
+    }
+
+    /// This node's identity as first announced.
+    pub fn local(&self) -> &NodeIdentity {
+        &self.local
+    }
+
+    /// Joined a cluster, or alone for 5 s with no peer answering.
+    pub fn is_running(&self) -> bool {
+        self.shared.running.load(Ordering::Relaxed)
+    }
+
+    /// Whether any peer is alive or suspect.
+    pub fn has_peers(&self) -> bool {
+        self.shared.has_peers.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the key ring (the key file does this by itself).
+    pub fn set_keys(&self, keys: Vec<[u8; 32]>) -> Result<(), MeshError> {
+        let ring = KeyRing::new(keys).map_err(|e| MeshError::Key(e.to_string()))?;
+        self.sealer.set_ring(ring);
+        Ok(())
+    }
+
+    /// Publishes new metadata for this node (at most 64 KiB as JSON).
+    pub async fn set_meta(&self, meta: NodeMeta) {
+        let _ = self.cmd.send(Command::SetMeta(meta)).await;
+    }
+
+    /// The cluster as this node sees it.
+    pub async fn status(&self) -> Option<ClusterStatus> {
+        let (tx, rx) = oneshot::channel();
+        self.cmd.send(Command::Status(tx)).await.ok()?;
+        rx.await.ok()
+    }
+
+    /// Every known member, this node included.
+    pub async fn members(&self) -> Vec<MemberInfo> {
+        let (tx, rx) = oneshot::channel();
+        if self.cmd.send(Command::Members(tx)).await.is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Leaves the cluster: peers are told directly and see this node `down`
+    /// at once. The node stops answering afterwards.
+    pub async fn leave(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.cmd.send(Command::Leave(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+struct Driver {
+    foca: Foca<NodeIdentity, PostcardCodec, StdRng, DigestHandler>,
+    rt: AccumulatingRuntime<NodeIdentity>,
+    udp: Arc<UdpSocket>,
+    sealer: Arc<Sealer>,
+    metrics: Arc<Metrics>,
+    tuning: SwimTuning,
+    started: Instant,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_slots: HashMap<u64, Timer<NodeIdentity>>,
+    timer_seq: u64,
+    last_seen: HashMap<String, Instant>,
+    metas: HashMap<String, MetaRecord>,
+    local_meta: MetaRecord,
+    wanted: Wanted,
+    fetching: HashSet<String>,
+    seeds: Vec<SocketAddr>,
+    advertise: SocketAddr,
+    cluster_id: String,
+    pushed_on_join: bool,
+    next_push_pull: Instant,
+    sized_for: usize,
+    cmd_tx: mpsc::WeakSender<Command>,
+    shared: Arc<Shared>,
+}
+
+impl Driver {
+    async fn run(mut self, mut cmd_rx: mpsc::Receiver<Command>) {
+        let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let udp = self.udp.clone();
+        loop {
+            let next_timer = self
+                .timers
+                .peek()
+                .map(|Reverse((at, _))| *at)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                r = udp.recv_from(&mut buf) => match r {
+                    Ok((n, from)) => self.on_datagram(&buf[..n], n > MAX_DATAGRAM, from),
+                    Err(e) => debug!(error = %e, "gossip recv failed"),
+                },
+                _ = tokio::time::sleep_until(next_timer.into()) => self.fire_timers(),
+                cmd = cmd_rx.recv() => match cmd {
+                    Some(Command::Leave(done)) => {
+                        self.leave().await;
+                        let _ = done.send(());
+                        return;
+                    }
+                    Some(cmd) => self.on_command(cmd),
+                    None => return,
+                },
+                _ = tick.tick() => self.on_tick(),
+            }
+            self.flush().await;
+        }
+    }
+
+    fn on_datagram(&mut self, packet: &[u8], truncated: bool, from: SocketAddr) {
+        self.metrics.mesh.received(Transport::udp, packet.len());
+        if truncated {
+            self.metrics.mesh.rejected(Reject::Size.label());
+            return;
+        }
+        let plain = match self.sealer.unseal(Channel::Udp, packet, now_ms()) {
+            Ok(p) => p,
+            Err(r) => {
+                self.metrics.mesh.rejected(r.label());
+                debug!(%from, reason = r.label(), "datagram rejected");
+                return;
+            }
+        };
+        let Some((&kind, body)) = plain.split_first() else {
+            self.metrics.mesh.rejected(Reject::Decode.label());
+            return;
+        };
+        match kind {
+            wire::KIND_FOCA => {
+                if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
+                    self.count_foca_error(&e);
+                }
+            }
+            wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
+                let Ok(id) = postcard::from_bytes::<NodeIdentity>(body) else {
+                    self.metrics.mesh.rejected(Reject::Decode.label());
+                    return;
+                };
+                if id.node_id == self.foca.identity().node_id {
+                    return;
+                }
+                match kind {
+                    wire::KIND_HELLO => {
+                        let me = self.foca.identity().clone();
+                        self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
+                    }
+                    wire::KIND_HELLO_ACK => {
+                        let transport = id.transport();
+                        if let Err(e) = self.foca.announce(id, &mut self.rt) {
+                            debug!(error = %e, "announce failed");
+                        }
+                        if !self.pushed_on_join {
+                            self.pushed_on_join = true;
+                            self.push_pull(transport);
+                        }
+                    }
+                    _ => {
+                        let members = std::iter::once(Member::down(id));
+                        if let Err(e) = self.foca.apply_many(members, true, &mut self.rt) {
+                            debug!(error = %e, "applying a leave failed");
+                        }
+                    }
+                }
+            }
+            _ => self.metrics.mesh.rejected(Reject::Decode.label()),
+        }
+    }
+
+    fn count_foca_error(&self, e: &foca::Error) {
+        match e {
+            foca::Error::Decode(_) | foca::Error::MalformedPacket | foca::Error::CustomBroadcast(_) => {
+                self.metrics.mesh.rejected(Reject::Decode.label());
+            }
+            foca::Error::DataTooBig => self.metrics.mesh.rejected(Reject::Size.label()),
+            other => debug!(error = %other, "foca refused a packet"),
+        }
+    }
+
+    fn send_envelope(&mut self, to: SocketAddr, kind: u8, id: &NodeIdentity) {
+        let mut plain = vec![kind];
+        if let Ok(body) = postcard::to_allocvec(id) {
+            plain.extend_from_slice(&body);
+        }
+        self.send_plain(to, &plain);
+    }
+
+    fn send_plain(&mut self, to: SocketAddr, plain: &[u8]) {
+        let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
+        if self
+            .sealer
+            .seal(Channel::Udp, plain, now_ms(), &mut sealed)
+            .is_err()
+        {
+            return;
+        }
+        match self.udp.try_send_to(&sealed, to) {
+            Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
+            Err(e) => debug!(%to, error = %e, "gossip send failed"),
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(timer) = self.timer_slots.remove(&seq)
+                && let Err(e) = self.foca.handle_timer(timer, &mut self.rt)
+            {
+                debug!(error = %e, "timer failed");
+            }
+        }
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            Command::Members(reply) => {
+                let mut out: Vec<MemberInfo> = self
+                    .foca
+                    .iter_membership_state()
+                    .map(|m| MemberInfo {
+                        node_id: m.id().node_id.clone(),
+                        state: m.state().into(),
+                        local: false,
+                    })
+                    .collect();
+                out.push(MemberInfo {
+                    node_id: self.foca.identity().node_id.clone(),
+                    state: MemberState::Alive,
+                    local: true,
+                });
+                let _ = reply.send(out);
+            }
+            Command::Seeds(seeds) => {
+                self.seeds = seeds
+                    .into_iter()
+                    .filter(|s| *s != self.advertise)
+                    .collect();
+                self.hello_seeds();
+            }
+            Command::PushPullIn(remote, reply) => {
+                self.merge(remote);
+                let _ = reply.send(self.full_state());
+            }
+            Command::PushPullDone(remote) => self.merge(remote),
+            Command::MetaIn(node_id, reply) => {
+                let rec = if node_id == self.local_meta.node_id {
+                    Some(self.local_meta.clone())
+                } else {
+                    self.metas.get(&node_id).cloned()
+                };
+                let _ = reply.send(rec);
+            }
+            Command::MetaFetched(rec, node_id) => {
+                self.fetching.remove(&node_id);
+                if let Some(rec) = rec {
+                    self.store_meta(rec);
+                }
+            }
+            Command::SetMeta(meta) => self.set_local_meta(&meta),
+            Command::Leave(_) => {}
+        }
+    }
+
+    /// Seeds that are not alive members get a hello; the reply names them
+    /// so foca can announce to them.
+    fn hello_seeds(&mut self) {
+        let known: HashSet<SocketAddr> = self
+            .foca
+            .iter_members()
+            .map(|m| m.id().gossip)
+            .collect();
+        let me = self.foca.identity().clone();
+        let targets: Vec<SocketAddr> = self
+            .seeds
+            .iter()
+            .filter(|s| !known.contains(s))
+            .copied()
+            .collect();
+        for seed in targets {
+            self.send_envelope(seed, wire::KIND_HELLO, &me);
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let active = self.foca.num_members();
+        self.shared.has_peers.store(active > 0, Ordering::Relaxed);
+        if !self.shared.running.load(Ordering::Relaxed)
+            && (active > 0 || self.started.elapsed() >= ALONE_READY_AFTER)
+        {
+            self.shared.running.store(true, Ordering::Relaxed);
+        }
+        // Re-size foca's retransmissions as the cluster grows or shrinks.
+        let size = active + 1;
+        if size.next_power_of_two() != self.sized_for.next_power_of_two() {
+            self.sized_for = size;
+            if let Err(e) = self.foca.set_config(self.tuning.foca_config(size)) {
+                debug!(error = %e, "foca config not changed");
+            }
+        }
+        self.update_gauges();
+        self.fetch_wanted();
+        if Instant::now() >= self.next_push_pull {
+            self.next_push_pull = Instant::now() + self.tuning.push_pull_every(size);
+            if let Some(peer) = self.random_alive() {
+                self.push_pull(peer.transport());
+            }
+        }
+        // Forget metadata of members foca forgot.
+        let present: HashSet<&String> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| &m.id().node_id)
+            .collect();
+        self.metas.retain(|k, _| present.contains(k));
+        self.last_seen.retain(|k, _| present.contains(k));
+    }
+
+    fn update_gauges(&self) {
+        let mut counts = [0i64; 3];
+        for m in self.foca.iter_membership_state() {
+            counts[match m.state() {
+                foca::State::Alive => 0,
+                foca::State::Suspect => 1,
+                foca::State::Down => 2,
+            }] += 1;
+        }
+        for (i, state) in [PeerState::alive, PeerState::suspect, PeerState::down]
+            .into_iter()
+            .enumerate()
+        {
+            self.metrics
+                .mesh
+                .peer_count
+                .get_or_create(&StateLabels { state })
+                .set(counts[i]);
+        }
+    }
+
+    fn random_alive(&self) -> Option<NodeIdentity> {
+        let alive: Vec<&Member<NodeIdentity>> = self.foca.iter_members().collect();
+        if alive.is_empty() {
+            return None;
+        }
+        let i = (rand::random::<u64>() % alive.len() as u64) as usize;
+        Some(alive[i].id().clone())
+    }
+
+    fn fetch_wanted(&mut self) {
+        let wanted: Vec<MetaDigest> = match self.wanted.lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(_) => return,
+        };
+        let mut still = Vec::new();
+        for d in wanted {
+            let have = self.metas.get(&d.node_id).map(|r| r.stamp());
+            if have.is_some_and(|h| h >= (d.epoch, d.version)) {
+                continue;
+            }
+            let owner = self
+                .foca
+                .iter_members()
+                .find(|m| m.id().node_id == d.node_id)
+                .map(|m| m.id().transport());
+            let Some(addr) = owner else {
+                still.push(d);
+                continue;
+            };
+            if self.fetching.insert(d.node_id.clone()) {
+                tokio::spawn(fetch_meta(
+                    addr,
+                    d.node_id.clone(),
+                    self.sealer.clone(),
+                    self.metrics.clone(),
+                    self.cmd_tx.clone(),
+                ));
+            }
+            still.push(d);
+        }
+        // Keep digests until their record arrived (a fetch can fail).
+        if let Ok(mut w) = self.wanted.lock() {
+            w.extend(still);
+        }
+    }
+
+    fn push_pull(&self, addr: SocketAddr) {
+        tokio::spawn(push_pull(
+            addr,
+            self.full_state(),
+            self.sealer.clone(),
+            self.metrics.clone(),
+            self.cmd_tx.clone(),
+        ));
+    }
+
+    fn full_state(&self) -> FullState {
+        let mut members: Vec<WireMember> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| WireMember {
+                id: m.id().clone(),
+                incarnation: m.incarnation(),
+                state: match m.state() {
+                    foca::State::Alive => 0,
+                    foca::State::Suspect => 1,
+                    foca::State::Down => 2,
+                },
+            })
+            .collect();
+        members.push(WireMember {
+            id: self.foca.identity().clone(),
+            incarnation: 0,
+            state: 0,
+        });
+        let mut metas: Vec<MetaRecord> = self.metas.values().cloned().collect();
+        metas.push(self.local_meta.clone());
+        FullState {
+            from: Some(self.foca.identity().clone()),
+            members,
+            metas,
+        }
+    }
+
+    fn merge(&mut self, remote: FullState) {
+        let me = self.foca.identity().node_id.clone();
+        let updates: Vec<Member<NodeIdentity>> = remote
+            .members
+            .into_iter()
+            .filter(|m| m.id.node_id != me)
+            .map(|m| {
+                let state = match m.state {
+                    0 => foca::State::Alive,
+                    1 => foca::State::Suspect,
+                    _ => foca::State::Down,
+                };
+                Member::new(m.id, m.incarnation, state)
+            })
+            .collect();
+        if let Err(e) = self.foca.apply_many(updates.into_iter(), false, &mut self.rt) {
+            debug!(error = %e, "full state not applied");
+        }
+        for rec in remote.metas {
+            if rec.node_id != me {
+                self.store_meta(rec);
+            }
+        }
+    }
+
+    fn store_meta(&mut self, rec: MetaRecord) {
+        if rec.json.len() > MAX_META_BYTES {
+            self.metrics.mesh.rejected(Reject::Size.label());
+            return;
+        }
+        let newer = self
+            .metas
+            .get(&rec.node_id)
+            .is_none_or(|have| rec.stamp() > have.stamp());
+        if newer {
+            self.metas.insert(rec.node_id.clone(), rec);
+        }
+    }
+
+    fn set_local_meta(&mut self, meta: &NodeMeta) {
+        let json = encode_meta(meta);
+        if json.len() > MAX_META_BYTES {
+            warn!(bytes = json.len(), "node metadata over 64 KiB not published");
+            return;
+        }
+        if json == self.local_meta.json {
+            return;
+        }
+        self.local_meta.json = json;
+        self.local_meta.version += 1;
+        let digest = MetaDigest {
+            node_id: self.local_meta.node_id.clone(),
+            epoch: self.local_meta.epoch,
+            version: self.local_meta.version,
+        };
+        if let Ok(bytes) = postcard::to_allocvec(&digest)
+            && let Err(e) = self.foca.add_broadcast(&bytes)
+        {
+            debug!(error = %e, "metadata digest not queued");
+        }
+    }
+
+    fn status(&self) -> ClusterStatus {
+        let now = Instant::now();
+        let local_meta = self.local_meta.meta();
+        let me = self.foca.identity();
+        let mut nodes = vec![NodeStatus {
+            node_id: me.node_id.clone(),
+            local: true,
+            address: me.gossip.to_string(),
+            membership_state: MemberState::Alive,
+            incarnation: me.generation,
+            last_seen_ms_ago: 0,
+            health: if local_meta.ready { "healthy" } else { "unhealthy" }.into(),
+            version: Some(local_meta.version),
+            config_hash: local_meta.config_hash,
+            last_reload: local_meta.last_reload,
+            certificates: local_meta.certificates,
+        }];
+        let mut others: Vec<NodeStatus> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| {
+                let id = m.id();
+                let meta = self.metas.get(&id.node_id).map(|r| r.meta());
+                let state: MemberState = m.state().into();
+                let ready = meta.as_ref().is_some_and(|m| m.ready);
+                let meta = meta.unwrap_or_default();
+                NodeStatus {
+                    node_id: id.node_id.clone(),
+                    local: false,
+                    address: id.gossip.to_string(),
+                    membership_state: state,
+                    incarnation: id.generation,
+                    last_seen_ms_ago: self
+                        .last_seen
+                        .get(&id.node_id)
+                        .map(|t| now.duration_since(*t).as_millis() as u64)
+                        .unwrap_or(u64::MAX / 2),
+                    health: if state == MemberState::Alive && ready {
+                        "healthy"
+                    } else {
+                        "unhealthy"
+                    }
+                    .into(),
+                    version: (!meta.version.is_empty()).then_some(meta.version),
+                    config_hash: meta.config_hash,
+                    last_reload: meta.last_reload,
+                    certificates: meta.certificates,
+                }
+            })
+            .collect();
+        others.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        nodes.extend(others);
+        ClusterStatus {
+            schema_version: 1,
+            cluster_id: self.cluster_id.clone(),
+            local_node_id: me.node_id.clone(),
+            generated_at_unix_ms: now_ms(),
+            summary: ClusterStatus::summarize(&nodes),
+            nodes,
+        }
+    }
+
+    async fn leave(&mut self) {
+        let me = self.foca.identity().clone();
+        let peers: Vec<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
+        // Tell every active peer directly (twice: datagrams get lost), so
+        // the whole cluster sees us down at once instead of after gossip.
+        for _ in 0..2 {
+            for p in &peers {
+                self.send_envelope(*p, wire::KIND_LEAVE, &me);
+            }
+        }
+        if let Err(e) = self.foca.leave_cluster(&mut self.rt) {
+            debug!(error = %e, "leave failed");
+        }
+        self.flush().await;
+        info!(peers = peers.len(), "left the mesh");
+    }
+
+    /// Sends what foca queued, schedules its timers, applies notifications.
+    async fn flush(&mut self) {
+        while let Some(n) = self.rt.to_notify() {
+            self.on_notification(n);
+        }
+        while let Some((after, timer)) = self.rt.to_schedule() {
+            self.timer_seq += 1;
+            self.timers
+                .push(Reverse((Instant::now() + after, self.timer_seq)));
+            self.timer_slots.insert(self.timer_seq, timer);
+        }
+        let ts = now_ms();
+        while let Some((to, data)) = self.rt.to_send() {
+            let mut plain = Vec::with_capacity(data.len() + 1);
+            plain.push(wire::KIND_FOCA);
+            plain.extend_from_slice(&data);
+            let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
+            if self
+                .sealer
+                .seal(Channel::Udp, &plain, ts, &mut sealed)
+                .is_err()
+            {
+                continue;
+            }
+            match self.udp.send_to(&sealed, to.gossip).await {
+                Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
+                Err(e) => debug!(to = %to.gossip, error = %e, "gossip send failed"),
+            }
+        }
+    }
+
+    fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>) {
+        let change = |state| {
+            self.metrics
+                .mesh
+                .state_changes
+                .get_or_create(&StateLabels { state })
+                .inc();
+        };
+        match n {
+            OwnedNotification::DataReceived(h) => {
+                self.last_seen.insert(h.src.node_id.clone(), Instant::now());
+            }
+            OwnedNotification::MemberUp(id) => {
+                change(PeerState::alive);
+                info!(node_id = %id.node_id, address = %id.gossip, "member up");
+                self.last_seen.insert(id.node_id.clone(), Instant::now());
+                // A newcomer learns our metadata from our digest.
+                self.republish_digest();
+            }
+            OwnedNotification::MemberDown(id) => {
+                change(PeerState::down);
+                info!(node_id = %id.node_id, "member down");
+            }
+            OwnedNotification::Rename(old, new) => {
+                debug!(node_id = %new.node_id, old = old.generation, new = new.generation, "member identity renewed");
+            }
+            OwnedNotification::Active => {
+                info!("joined the mesh");
+                self.shared.running.store(true, Ordering::Relaxed);
+            }
+            OwnedNotification::Idle => info!("no active peers"),
+            OwnedNotification::Rejoin(id) => {
+                info!(generation = id.generation, "rejoined the mesh under a renewed identity");
+                self.republish_digest();
+            }
+            OwnedNotification::Defunct => warn!("declared down by the cluster"),
+            _ => {}
+        }
+    }
+
+    fn republish_digest(&mut self) {
+        let digest = MetaDigest {
+            node_id: self.local_meta.node_id.clone(),
+            epoch: self.local_meta.epoch,
+            version: self.local_meta.version,
+        };
+        // Re-adding the same digest is a no-op for the handler; bump the
+        // version so it travels again.
+        self.local_meta.version += 1;
+        let digest = MetaDigest {
+            version: self.local_meta.version,
+            ..digest
+        };
+        if let Ok(bytes) = postcard::to_allocvec(&digest) {
+            let _ = self.foca.add_broadcast(&bytes);
+        }
+    }
+}
+
+fn encode_meta(meta: &NodeMeta) -> Vec<u8> {
+    serde_json::to_vec(meta).unwrap_or_default()
+}
+
+/// Unix time in milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+async fn pick_advertise_ip(bind: IpAddr, seeds: &SeedSource) -> IpAddr {
+    if !bind.is_unspecified() {
+        return bind;
+    }
+    // The IP the kernel would route to the first seed from.
+    if let Some(seed) = seeds.resolve().await.into_iter().next() {
+        let any: SocketAddr = if seed.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap_or(seed)
+        } else {
+            "[::]:0".parse().unwrap_or(seed)
+        };
+        if let Ok(s) = std::net::UdpSocket::bind(any)
+            && s.connect(seed).is_ok()
+            && let Ok(local) = s.local_addr()
+        {
+            return local.ip();
+        }
+    }
+    if bind.is_ipv4() {
+        IpAddr::from([127, 0, 0, 1])
+    } else {
+        IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
+    }
+}
+
+async fn seed_loop(src: SeedSource, cmd: mpsc::Sender<Command>, shared: Arc<Shared>) {
+    loop {
+        let seeds = src.resolve().await;
+        if cmd.send(Command::Seeds(seeds)).await.is_err() {
+            return;
+        }
+        // Sooner while alone: pods of a StatefulSet come up one by one.
+        let wait = if shared.has_peers.load(Ordering::Relaxed) {
+            Duration::from_secs(10)
+        } else {
+            Duration::from_secs(1)
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+async fn key_file_loop(path: PathBuf, sealer: Arc<Sealer>, alive: mpsc::WeakSender<Command>) {
+    let mut last: Option<Vec<u8>> = None;
+    loop {
+        if alive.upgrade().is_none() {
+            return;
+        }
+        match tokio::fs::read(&path).await {
+            Ok(bytes) if last.as_ref() != Some(&bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                match crate::config::parse_key_ring(&text).map(KeyRing::new) {
+                    Ok(Ok(ring)) => {
+                        if last.is_some() {
+                            info!(path = %path.display(), keys = ring.len(), "cluster key ring reloaded");
+                        }
+                        sealer.set_ring(ring);
+                    }
+                    Ok(Err(e)) => warn!(path = %path.display(), error = %e, "key file ignored"),
+                    Err(e) => warn!(path = %path.display(), error = %e, "key file ignored"),
+                }
+                last = Some(bytes);
+            }
+            Ok(_) => {}
+            Err(e) => warn!(path = %path.display(), error = %e, "key file unreadable; keeping the current keys"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    sealer: Arc<Sealer>,
+    metrics: Arc<Metrics>,
+    cmd: mpsc::Sender<Command>,
+) {
+    // Bound concurrent inbound exchanges so a flood cannot exhaust memory.
+    let permits = Arc::new(tokio::sync::Semaphore::new(64));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(error = %e, "transport accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (sealer, metrics, cmd) = (sealer.clone(), metrics.clone(), cmd.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            match tokio::time::timeout(TCP_TIMEOUT, serve_conn(stream, &sealer, &metrics, &cmd)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(WireError::Rejected(r))) => {
+                    metrics.mesh.rejected(r.label());
+                    debug!(%peer, reason = r.label(), "transport frame rejected");
+                }
+                Ok(Err(e)) => debug!(%peer, error = %e, "transport exchange failed"),
+                Err(_) => debug!(%peer, "transport exchange timed out"),
+            }
+        });
+    }
+}
+
+async fn serve_conn(
+    mut stream: TcpStream,
+    sealer: &Sealer,
+    metrics: &Metrics,
+    cmd: &mpsc::Sender<Command>,
+) -> Result<(), WireError> {
+    let (msg, n) = wire::read_frame(&mut stream, sealer, now_ms).await?;
+    metrics.mesh.received(Transport::tcp, n);
+    let reply = match msg {
+        TcpMsg::PushPull(state) => {
+            let (tx, rx) = oneshot::channel();
+            cmd.send(Command::PushPullIn(state, tx))
+                .await
+                .map_err(|_| WireError::Timeout)?;
+            TcpMsg::PushPull(rx.await.map_err(|_| WireError::Timeout)?)
+        }
+        TcpMsg::MetaRequest(node_id) => {
+            let (tx, rx) = oneshot::channel();
+            cmd.send(Command::MetaIn(node_id, tx))
+                .await
+                .map_err(|_| WireError::Timeout)?;
+            TcpMsg::MetaReply(rx.await.map_err(|_| WireError::Timeout)?)
+        }
+        TcpMsg::MetaReply(_) => return Err(WireError::Rejected(Reject::Decode)),
+    };
+    let n = wire::write_frame(&mut stream, sealer, &reply, now_ms()).await?;
+    metrics.mesh.sent(Transport::tcp, n);
+    Ok(())
+}
+
+async fn exchange(
+    addr: SocketAddr,
+    msg: TcpMsg,
+    sealer: &Sealer,
+    metrics: &Metrics,
+) -> Result<TcpMsg, WireError> {
+    let run = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let n = wire::write_frame(&mut stream, sealer, &msg, now_ms()).await?;
+        metrics.mesh.sent(Transport::tcp, n);
+        let (reply, n) = wire::read_frame(&mut stream, sealer, now_ms).await?;
+        metrics.mesh.received(Transport::tcp, n);
+        Ok(reply)
+    };
+    match tokio::time::timeout(TCP_TIMEOUT, run).await {
+        Ok(r) => {
+            if let Err(WireError::Rejected(reason)) = &r {
+                metrics.mesh.rejected(reason.label());
+            }
+            r
+        }
+        Err(_) => Err(WireError::Timeout),
+    }
+}
+
+async fn push_pull(
+    addr: SocketAddr,
+    state: FullState,
+    sealer: Arc<Sealer>,
+    metrics: Arc<Metrics>,
+    cmd: mpsc::WeakSender<Command>,
+) {
+    match exchange(addr, TcpMsg::PushPull(state), &sealer, &metrics).await {
+        Ok(TcpMsg::PushPull(remote)) => {
+            if let Some(cmd) = cmd.upgrade() {
+                let _ = cmd.send(Command::PushPullDone(remote)).await;
+            }
+        }
+        Ok(_) => metrics.mesh.rejected(Reject::Decode.label()),
+        Err(e) => debug!(%addr, error = %e, "full-state exchange failed"),
+    }
+}
+
+async fn fetch_meta(
+    addr: SocketAddr,
+    node_id: String,
+    sealer: Arc<Sealer>,
+    metrics: Arc<Metrics>,
+    cmd: mpsc::WeakSender<Command>,
+) {
+    let rec = match exchange(addr, TcpMsg::MetaRequest(node_id.clone()), &sealer, &metrics).await {
+        Ok(TcpMsg::MetaReply(rec)) => rec.filter(|r| r.node_id == node_id),
+        Ok(_) => None,
+        Err(e) => {
+            debug!(%addr, error = %e, "metadata fetch failed");
+            None
+        }
+    };
+    if let Some(cmd) = cmd.upgrade() {
+        let _ = cmd.send(Command::MetaFetched(rec, node_id)).await;
+    }
+}

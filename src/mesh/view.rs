@@ -1,0 +1,133 @@
+//! The cluster as one node sees it: the JSON of `/admin/cluster/status`
+//! (SPEC section 3) and the member list other components use.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::mesh::meta::{CertificateInfo, LastReload};
+
+/// A member's membership state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberState {
+    /// Answering probes.
+    Alive,
+    /// Failed a probe, not yet declared down.
+    Suspect,
+    /// Declared down, or left.
+    Down,
+}
+
+impl From<foca::State> for MemberState {
+    fn from(s: foca::State) -> Self {
+        match s {
+            foca::State::Alive => Self::Alive,
+            foca::State::Suspect => Self::Suspect,
+            foca::State::Down => Self::Down,
+        }
+    }
+}
+
+/// `/admin/cluster/status`, schema version 1.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Always 1 for this shape.
+    pub schema_version: u32,
+    /// The cluster id.
+    pub cluster_id: String,
+    /// This node's id.
+    pub local_node_id: String,
+    /// When the snapshot was taken.
+    pub generated_at_unix_ms: u64,
+    /// Counts.
+    pub summary: Summary,
+    /// Every member, the local node first, then by node id.
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// Counts over the members.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Alive or suspect members, the local node included.
+    pub total_nodes: usize,
+    /// Members whose `health` is `healthy`.
+    pub healthy_nodes: usize,
+    /// Members in `suspect`.
+    pub suspect_nodes: usize,
+    /// Members in `down` (still listed until forgotten).
+    pub down_nodes: usize,
+    /// How many alive or suspect members run each config hash.
+    pub config_hashes: BTreeMap<String, usize>,
+}
+
+/// One member.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// Its node id.
+    pub node_id: String,
+    /// Whether it is the node answering.
+    pub local: bool,
+    /// Its gossip address.
+    pub address: String,
+    /// `alive`, `suspect` or `down`.
+    pub membership_state: MemberState,
+    /// The member's generation: unix ms at its start, advanced at every
+    /// rejoin, so a restarted member always shows a higher one.
+    pub incarnation: u64,
+    /// Since a packet from it was last authenticated (0 for the local node).
+    pub last_seen_ms_ago: u64,
+    /// `healthy` when alive and its own readiness holds.
+    pub health: String,
+    /// Its sbmesh version, once its metadata arrived.
+    pub version: Option<String>,
+    /// The config its proxy runs.
+    pub config_hash: Option<String>,
+    /// Its last config reload.
+    pub last_reload: Option<LastReload>,
+    /// Certificates it has written.
+    pub certificates: Vec<CertificateInfo>,
+}
+
+impl ClusterStatus {
+    /// Builds the summary from the node list.
+    pub fn summarize(nodes: &[NodeStatus]) -> Summary {
+        let mut s = Summary {
+            total_nodes: 0,
+            healthy_nodes: 0,
+            suspect_nodes: 0,
+            down_nodes: 0,
+            config_hashes: BTreeMap::new(),
+        };
+        for n in nodes {
+            match n.membership_state {
+                MemberState::Alive => s.total_nodes += 1,
+                MemberState::Suspect => {
+                    s.total_nodes += 1;
+                    s.suspect_nodes += 1;
+                }
+                MemberState::Down => s.down_nodes += 1,
+            }
+            if n.health == "healthy" {
+                s.healthy_nodes += 1;
+            }
+            if n.membership_state != MemberState::Down
+                && let Some(h) = &n.config_hash
+            {
+                *s.config_hashes.entry(h.clone()).or_default() += 1;
+            }
+        }
+        s
+    }
+}
+
+/// A member as other components (ACME ownership) see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// Its node id.
+    pub node_id: String,
+    /// Its state.
+    pub state: MemberState,
+    /// Whether it is this node.
+    pub local: bool,
+}

@@ -1,0 +1,101 @@
+//! What travels inside sealed packets: the datagram envelope and the TCP
+//! transport's messages. Everything here is decoded only after the packet
+//! authenticated (see `seal`), and still never trusted for sizes.
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::mesh::member::NodeIdentity;
+use crate::mesh::meta::MetaRecord;
+use crate::mesh::seal::{Channel, MAX_FRAME, Reject, Sealer};
+
+/// Kinds of datagram payload.
+pub(crate) const KIND_FOCA: u8 = 0;
+pub(crate) const KIND_HELLO: u8 = 1;
+pub(crate) const KIND_HELLO_ACK: u8 = 2;
+pub(crate) const KIND_LEAVE: u8 = 3;
+
+/// A member as carried by a full-state exchange.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct WireMember {
+    pub id: NodeIdentity,
+    pub incarnation: u16,
+    /// 0 alive, 1 suspect, 2 down.
+    pub state: u8,
+}
+
+/// Everything a member knows: exchanged on join and periodically.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct FullState {
+    pub from: Option<NodeIdentity>,
+    pub members: Vec<WireMember>,
+    pub metas: Vec<MetaRecord>,
+}
+
+/// Messages of the TCP transport: one request, one reply per connection.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) enum TcpMsg {
+    PushPull(FullState),
+    MetaRequest(String),
+    MetaReply(Option<MetaRecord>),
+}
+
+/// Errors of one TCP exchange.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The socket failed.
+    #[error("transport i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The frame was refused by the seal or did not decode.
+    #[error("frame rejected ({})", .0.label())]
+    Rejected(Reject),
+    /// The peer took too long.
+    #[error("transport timed out")]
+    Timeout,
+}
+
+/// Writes one sealed frame: a big-endian u32 length, then the sealed bytes.
+/// Returns the bytes written.
+pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    sealer: &Sealer,
+    msg: &TcpMsg,
+    now_ms: u64,
+) -> Result<usize, WireError> {
+    let plain = postcard::to_allocvec(msg).map_err(|_| WireError::Rejected(Reject::Decode))?;
+    let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead() + 4);
+    sealed.extend_from_slice(&[0; 4]);
+    sealer
+        .seal(Channel::Tcp, &plain, now_ms, &mut sealed)
+        .map_err(|_| WireError::Rejected(Reject::Size))?;
+    let len = sealed.len() - 4;
+    if len > MAX_FRAME {
+        return Err(WireError::Rejected(Reject::Size));
+    }
+    sealed[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    w.write_all(&sealed).await?;
+    w.flush().await?;
+    Ok(sealed.len())
+}
+
+/// Reads one sealed frame, checking its announced length before allocating.
+/// Returns the message and the bytes read.
+pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    sealer: &Sealer,
+    now_ms: impl Fn() -> u64,
+) -> Result<(TcpMsg, usize), WireError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME || len < Sealer::overhead() {
+        return Err(WireError::Rejected(Reject::Size));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    let plain = sealer
+        .unseal(Channel::Tcp, &buf, now_ms())
+        .map_err(WireError::Rejected)?;
+    let msg = postcard::from_bytes(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
+    Ok((msg, len + 4))
+}

@@ -1,0 +1,114 @@
+//! Mesh nodes in one process on real sockets: join, metadata propagation,
+//! graceful leave, and a key ring that does not match.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sbmesh::mesh::{ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
+use sbmesh::metrics::Metrics;
+
+const KEY: [u8; 32] = [0x42; 32];
+
+async fn node(name: &str, ip: &str, seeds: Vec<String>, keys: Vec<[u8; 32]>) -> (Mesh, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    let mesh = Mesh::start(
+        MeshConfig {
+            node_id: name.into(),
+            cluster_id: "inproc".into(),
+            bind: ip.parse().unwrap(),
+            gossip_port: 0,
+            transport_port: 0,
+            advertise: None,
+            seeds: SeedSource {
+                seeds,
+                mesh_service: None,
+                gossip_port: 0,
+            },
+            keys,
+            key_file: None,
+            tuning: SwimTuning::default(),
+        },
+        metrics.clone(),
+        NodeMeta {
+            version: "test".into(),
+            ready: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("mesh starts");
+    (mesh, metrics)
+}
+
+async fn wait_for(mesh: &Mesh, what: &str, pred: impl Fn(&ClusterStatus) -> bool) -> ClusterStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = mesh.status().await.expect("mesh answers");
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}; last status: {s:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn addr(m: &Mesh) -> String {
+    let a: SocketAddr = m.local().gossip;
+    a.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_join_share_metadata_and_leave() {
+    let (a, _) = node("a", "127.0.31.1", vec![], vec![KEY]).await;
+    let (b, _) = node("b", "127.0.31.2", vec![addr(&a)], vec![KEY]).await;
+    let (c, _) = node("c", "127.0.31.3", vec![addr(&a)], vec![KEY]).await;
+    for m in [&a, &b, &c] {
+        wait_for(m, "3 members", |s| s.summary.total_nodes == 3).await;
+    }
+
+    // Metadata published on c reaches a.
+    c.set_meta(NodeMeta {
+        version: "test".into(),
+        ready: true,
+        config_hash: Some("sha256:abc".into()),
+        ..Default::default()
+    })
+    .await;
+    let s = wait_for(&a, "c's config hash", |s| {
+        s.nodes
+            .iter()
+            .any(|n| n.node_id == "c" && n.config_hash.as_deref() == Some("sha256:abc"))
+    })
+    .await;
+    assert_eq!(s.summary.config_hashes.get("sha256:abc"), Some(&1));
+
+    // A graceful leave shows as down on the others.
+    b.leave().await;
+    for m in [&a, &c] {
+        let s = wait_for(m, "b down", |s| {
+            s.nodes
+                .iter()
+                .any(|n| n.node_id == "b" && n.membership_state == MemberState::Down)
+        })
+        .await;
+        assert_eq!(s.summary.total_nodes, 2);
+        assert_eq!(s.summary.down_nodes, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_key_never_joins() {
+    let (a, metrics) = node("a", "127.0.32.1", vec![], vec![KEY]).await;
+    let (x, _) = node("x", "127.0.32.2", vec![addr(&a)], vec![[0x13; 32]]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !metrics.encode().contains("mesh_packets_rejected_total{reason=\"decrypt\"} ") || {
+        let t = metrics.encode();
+        t.contains("mesh_packets_rejected_total{reason=\"decrypt\"} 0\n")
+    } {
+        assert!(Instant::now() < deadline, "no decrypt rejection counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(a.status().await.unwrap().summary.total_nodes, 1);
+    assert_eq!(x.status().await.unwrap().summary.total_nodes, 1);
+}
