@@ -50,7 +50,11 @@ pub fn default_cluster_id(
     }
     non_empty(explicit)
         .or(non_empty(from_yml))
-        .or_else(|| non_empty(pod_name).and_then(statefulset_of).map(|(set, _)| set))
+        .or_else(|| {
+            non_empty(pod_name)
+                .and_then(statefulset_of)
+                .map(|(set, _)| set)
+        })
         .map(str::to_string)
 }
 
@@ -174,7 +178,9 @@ pub enum AddrError {
         expected: &'static str,
     },
     /// An advertise address of 0.0.0.0 or `::`, which no peer can reach.
-    #[error("{text:?} is unspecified (0.0.0.0 or ::), which peers cannot reach; expected this pod's IP")]
+    #[error(
+        "{text:?} is unspecified (0.0.0.0 or ::), which peers cannot reach; expected this pod's IP"
+    )]
     Unspecified {
         /// The text as given.
         text: String,
@@ -206,10 +212,10 @@ pub fn normalize_seed(text: &str, default_port: u16) -> Result<String, AddrError
     if let Ok(ip) = text.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, default_port).to_string());
     }
-    if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
-        if let Ok(ip) = inner.parse::<IpAddr>() {
-            return Ok(SocketAddr::new(ip, default_port).to_string());
-        }
+    if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']'))
+        && let Ok(ip) = inner.parse::<IpAddr>()
+    {
+        return Ok(SocketAddr::new(ip, default_port).to_string());
     }
     let (host, port) = match text.rsplit_once(':') {
         // An IPv6 literal with a port must be bracketed; anything else with
@@ -332,7 +338,10 @@ mod tests {
 
     #[test]
     fn node_id_defaults() {
-        assert_eq!(default_node_id(Some("demo-proxy-1"), "host"), "demo-proxy-1");
+        assert_eq!(
+            default_node_id(Some("demo-proxy-1"), "host"),
+            "demo-proxy-1"
+        );
         assert_eq!(default_node_id(None, "host"), "host");
         assert_eq!(default_node_id(Some(""), "host"), "host");
         assert_eq!(default_node_id(Some("  "), " host "), "host");
@@ -378,7 +387,9 @@ mod tests {
         assert!(validate_cluster_id("a.b_c-D9").is_ok());
         assert!(validate_cluster_id(&"a".repeat(253)).is_ok());
         assert_eq!(
-            validate_cluster_id(&"a".repeat(254)).unwrap_err().to_string(),
+            validate_cluster_id(&"a".repeat(254))
+                .unwrap_err()
+                .to_string(),
             "cluster id is 254 characters long; expected at most 253"
         );
         assert_eq!(
@@ -399,7 +410,10 @@ mod tests {
     #[test]
     fn seeds() {
         assert_eq!(normalize_seed("h", 7946).unwrap(), "h:7946");
-        assert_eq!(normalize_seed(" h.ns.svc:7000 ", 7946).unwrap(), "h.ns.svc:7000");
+        assert_eq!(
+            normalize_seed(" h.ns.svc:7000 ", 7946).unwrap(),
+            "h.ns.svc:7000"
+        );
         assert_eq!(normalize_seed("10.0.0.1", 7946).unwrap(), "10.0.0.1:7946");
         assert_eq!(normalize_seed("10.0.0.1:1", 7946).unwrap(), "10.0.0.1:1");
         assert_eq!(normalize_seed("::1", 7946).unwrap(), "[::1]:7946");
@@ -407,15 +421,42 @@ mod tests {
         assert_eq!(normalize_seed("[fd00::5]:9", 7946).unwrap(), "[fd00::5]:9");
         assert_eq!(normalize_seed("host.", 1).unwrap(), "host.:1");
 
-        assert!(matches!(normalize_seed("", 1), Err(AddrError::Empty { .. })));
-        assert!(matches!(normalize_seed("udp://h:1", 1), Err(AddrError::Scheme { .. })));
-        assert!(matches!(normalize_seed("h:0", 1), Err(AddrError::Port { .. })));
-        assert!(matches!(normalize_seed("h:70000", 1), Err(AddrError::Port { .. })));
-        assert!(matches!(normalize_seed("h:", 1), Err(AddrError::Port { .. })));
-        assert!(matches!(normalize_seed("10.0.0.1:0", 1), Err(AddrError::Port { .. })));
-        assert!(matches!(normalize_seed("a b:1", 1), Err(AddrError::Host { .. })));
-        assert!(matches!(normalize_seed("a..b", 1), Err(AddrError::Host { .. })));
-        assert!(matches!(normalize_seed("fd00::5:x", 1), Err(AddrError::Host { .. })));
+        assert!(matches!(
+            normalize_seed("", 1),
+            Err(AddrError::Empty { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("udp://h:1", 1),
+            Err(AddrError::Scheme { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("h:0", 1),
+            Err(AddrError::Port { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("h:70000", 1),
+            Err(AddrError::Port { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("h:", 1),
+            Err(AddrError::Port { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("10.0.0.1:0", 1),
+            Err(AddrError::Port { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("a b:1", 1),
+            Err(AddrError::Host { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("a..b", 1),
+            Err(AddrError::Host { .. })
+        ));
+        assert!(matches!(
+            normalize_seed("fd00::5:x", 1),
+            Err(AddrError::Host { .. })
+        ));
         assert_eq!(
             normalize_seed("h:x", 1).unwrap_err().to_string(),
             "\"h:x\" has port \"x\"; expected a number from 1 to 65535"
@@ -444,12 +485,30 @@ mod tests {
             parse_advertise("[fd00::5]:1", 7946).unwrap(),
             "[fd00::5]:1".parse().unwrap()
         );
-        assert!(matches!(parse_advertise("", 1), Err(AddrError::Empty { .. })));
-        assert!(matches!(parse_advertise("pod.local", 1), Err(AddrError::NotIp { .. })));
-        assert!(matches!(parse_advertise("10.0.0.5:x", 1), Err(AddrError::Port { .. })));
-        assert!(matches!(parse_advertise("10.0.0.5:0", 1), Err(AddrError::Port { .. })));
-        assert!(matches!(parse_advertise("0.0.0.0", 1), Err(AddrError::Unspecified { .. })));
-        assert!(matches!(parse_advertise("[::]:5", 1), Err(AddrError::Unspecified { .. })));
+        assert!(matches!(
+            parse_advertise("", 1),
+            Err(AddrError::Empty { .. })
+        ));
+        assert!(matches!(
+            parse_advertise("pod.local", 1),
+            Err(AddrError::NotIp { .. })
+        ));
+        assert!(matches!(
+            parse_advertise("10.0.0.5:x", 1),
+            Err(AddrError::Port { .. })
+        ));
+        assert!(matches!(
+            parse_advertise("10.0.0.5:0", 1),
+            Err(AddrError::Port { .. })
+        ));
+        assert!(matches!(
+            parse_advertise("0.0.0.0", 1),
+            Err(AddrError::Unspecified { .. })
+        ));
+        assert!(matches!(
+            parse_advertise("[::]:5", 1),
+            Err(AddrError::Unspecified { .. })
+        ));
         assert_eq!(
             parse_advertise("pod.local", 1).unwrap_err().to_string(),
             "\"pod.local\" is not an IP address; expected ip or ip:port ([ipv6]:port for IPv6)"

@@ -96,7 +96,12 @@ pub struct RunArgs {
     pub transport_port: Option<String>,
 
     /// 64 hex chars (32 bytes); a comma-separated list is a key ring, first key primary. env:NAME and file:/path also work [default: proxy.cluster.security.shared_key]
-    #[arg(long, env = "SBMESH_CLUSTER_KEY", value_name = "HEX[,HEX...]", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SBMESH_CLUSTER_KEY",
+        value_name = "HEX[,HEX...]",
+        hide_env_values = true
+    )]
     pub cluster_key: Option<String>,
 
     /// File with one key per line, first is primary; re-read when it changes
@@ -112,7 +117,12 @@ pub struct RunArgs {
     pub admin_user: Option<String>,
 
     /// HTTP Basic password for /admin/* [default: proxy.admin.password]
-    #[arg(long, env = "SBMESH_ADMIN_PASSWORD", value_name = "PASSWORD", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SBMESH_ADMIN_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
     pub admin_password: Option<String>,
 
     /// Address of the ACME HTTP-01 responder [default: 0.0.0.0:8089]
@@ -124,7 +134,12 @@ pub struct RunArgs {
     pub proxy_reload_url: Option<String>,
 
     /// Full Authorization header value for the reload POST [default: Basic from proxy.admin.username/password]
-    #[arg(long, env = "SBMESH_PROXY_AUTHORIZATION", value_name = "VALUE", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SBMESH_PROXY_AUTHORIZATION",
+        value_name = "VALUE",
+        hide_env_values = true
+    )]
     pub proxy_authorization: Option<String>,
 
     /// Certificates handed to the proxy [default: /var/lib/sbproxy/certs]
@@ -164,7 +179,12 @@ pub struct StatusArgs {
     pub user: Option<String>,
 
     /// HTTP Basic password (the sidecar's --admin-password)
-    #[arg(long, env = "SBMESH_ADMIN_PASSWORD", value_name = "PASSWORD", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "SBMESH_ADMIN_PASSWORD",
+        value_name = "PASSWORD",
+        hide_env_values = true
+    )]
     pub password: Option<String>,
 }
 
@@ -196,7 +216,10 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("not run");
         };
-        assert_eq!(args.config.as_deref(), Some(std::path::Path::new("/tmp/sb.yml")));
+        assert_eq!(
+            args.config.as_deref(),
+            Some(std::path::Path::new("/tmp/sb.yml"))
+        );
         // checked later, by settings::resolve, with every other problem
         assert_eq!(args.gossip_port.as_deref(), Some("abc"));
         assert_eq!(args.seeds.as_deref(), Some("a:1,b"));
@@ -245,14 +268,23 @@ mod tests {
                 "--{long}"
             );
         }
-        let longs = run.get_arguments().filter(|a| a.get_long().is_some()).count();
-        assert_eq!(longs, expected.len(), "run has flags the SPEC does not list");
+        let longs = run
+            .get_arguments()
+            .filter(|a| a.get_long().is_some())
+            .count();
+        assert_eq!(
+            longs,
+            expected.len(),
+            "run has flags the SPEC does not list"
+        );
     }
 
     #[test]
     fn other_subcommands() {
         let cli = Cli::try_parse_from(["sbmesh-sidecar", "validate", "--config", "x.yml"]).unwrap();
-        assert!(matches!(cli.command, Command::Validate(ValidateArgs { config }) if config == std::path::Path::new("x.yml")));
+        assert!(
+            matches!(cli.command, Command::Validate(ValidateArgs { config }) if config == std::path::Path::new("x.yml"))
+        );
 
         let cli = Cli::try_parse_from([
             "sbmesh-sidecar",

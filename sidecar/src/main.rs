@@ -1,1 +1,96 @@
-fn main() {}
+//! `sbmesh-sidecar`: runs next to an sbproxy container and gives it a mesh,
+//! ACME certificates and config reloads. See `sbmesh-sidecar --help`.
+
+mod cli;
+mod commands;
+mod run;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+/// Exit code of `run` for a configuration error.
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match cli.command {
+        cli::Command::Validate(args) => code(commands::validate(&args)),
+        cli::Command::Keygen => match commands::keygen() {
+            Ok(key) => {
+                println!("{key}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        cli::Command::Status(args) => {
+            let out = runtime().and_then(|rt| {
+                rt.block_on(commands::status(
+                    &args.admin,
+                    args.user.as_deref(),
+                    args.password.as_deref(),
+                ))
+            });
+            match out {
+                Ok(table) => {
+                    print!("{table}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        cli::Command::Run(args) => {
+            let env = settings::process_env;
+            let settings = match settings::resolve(&args, &env, &settings::system_hostname(&env)) {
+                Ok(s) => s,
+                Err(problems) => {
+                    print!("{}", commands::render_problems(&problems));
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            init_logging(settings.log_format);
+            for warning in settings.config.warnings() {
+                tracing::warn!("{warning}");
+            }
+            match runtime().and_then(|rt| rt.block_on(run::run(settings))) {
+                Ok(c) => code(c),
+                Err(e) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            }
+        }
+    }
+}
+
+fn code(c: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(c).unwrap_or(1))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn init_logging(format: settings::LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        settings::LogFormat::Json => builder.json().init(),
+        settings::LogFormat::Text => builder.init(),
+    }
+}

@@ -19,7 +19,7 @@ use super::{EnvLookup, Problem};
 /// same line), an invalid name or another shell form (`${A-b}`, `${A:?e}`)
 /// is a [`Problem`] located as `line L, column C`. Substitution happens
 /// everywhere in the text, comments included.
-pub fn interpolate(text: &str, env: &EnvLookup) -> Result<String, Problem> {
+pub fn interpolate(text: &str, env: &EnvLookup<'_>) -> Result<String, Problem> {
     let mut out = String::with_capacity(text.len());
     expand(text, 0, text, env, &mut out)?;
     Ok(out)
@@ -30,7 +30,7 @@ fn expand(
     segment: &str,
     base: usize,
     whole: &str,
-    env: &EnvLookup,
+    env: &EnvLookup<'_>,
     out: &mut String,
 ) -> Result<(), Problem> {
     let mut pos = 0;
@@ -194,7 +194,10 @@ mod tests {
     #[test]
     fn escapes() {
         assert_eq!(run("$${A}", &[("A", "1")]).unwrap(), "${A}");
-        assert_eq!(run("x: $${A:-b} ${A}", &[("A", "1")]).unwrap(), "x: ${A:-b} 1");
+        assert_eq!(
+            run("x: $${A:-b} ${A}", &[("A", "1")]).unwrap(),
+            "x: ${A:-b} 1"
+        );
         assert_eq!(run("${A:-$${lit}}", &[]).unwrap(), "${lit}");
         // an escaped `${` opens nothing, so the next `}` closes the reference
         assert_eq!(run("${A:-a$${b}c}", &[]).unwrap(), "a${bc}");
@@ -202,7 +205,10 @@ mod tests {
 
     #[test]
     fn lone_dollars_are_kept() {
-        assert_eq!(run("price: $5 $A $$ $", &[("A", "no")]).unwrap(), "price: $5 $A $$ $");
+        assert_eq!(
+            run("price: $5 $A $$ $", &[("A", "no")]).unwrap(),
+            "price: $5 $A $$ $"
+        );
         assert_eq!(run("$}", &[]).unwrap(), "$}");
     }
 
@@ -232,10 +238,16 @@ mod tests {
 
     #[test]
     fn invalid_names_are_refused() {
-        for bad in ["${}", "${1A}", "${A-b}", "${A:?e}", "${A B}", "${:-x}", "${A.B}"] {
+        for bad in [
+            "${}", "${1A}", "${A-b}", "${A:?e}", "${A B}", "${:-x}", "${A.B}",
+        ] {
             let p = run(bad, &[]).unwrap_err();
             assert_eq!(p.path, "line 1, column 1", "{bad}");
-            assert!(p.message.starts_with("invalid reference"), "{bad}: {}", p.message);
+            assert!(
+                p.message.starts_with("invalid reference"),
+                "{bad}: {}",
+                p.message
+            );
             assert!(p.message.contains("${NAME:-default}"), "{}", p.message);
         }
     }

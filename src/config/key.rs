@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use super::{EnvLookup, Problem};
 
 /// What every message about a malformed key asks for.
-const KEY_FORM: &str = "expected 64 hex characters (32 bytes), as printed by `sbmesh-sidecar keygen`";
+const KEY_FORM: &str =
+    "expected 64 hex characters (32 bytes), as printed by `sbmesh-sidecar keygen`";
 
 /// Where a key ring comes from, as written in `proxy.cluster.security.shared_key`
 /// (or `--cluster-key`).
@@ -88,7 +89,7 @@ impl fmt::Debug for KeySource {
 pub fn resolve_key_source(
     path: &str,
     source: &str,
-    env: &EnvLookup,
+    env: &EnvLookup<'_>,
     read_file: &dyn Fn(&Path) -> std::io::Result<String>,
 ) -> Result<String, Problem> {
     let parsed = KeySource::parse(source);
@@ -100,14 +101,22 @@ pub fn resolve_key_source(
             let value = env(&name).filter(|v| !v.trim().is_empty()).ok_or_else(|| {
                 Problem::error(
                     path,
-                    format!("environment variable {name} (named by env:{name}) is not set or empty"),
+                    format!(
+                        "environment variable {name} (named by env:{name}) is not set or empty"
+                    ),
                 )
             })?;
-            (Some(format!("the key in environment variable {name}")), value)
+            (
+                Some(format!("the key in environment variable {name}")),
+                value,
+            )
         }
         KeySource::File(file) => {
             let value = read_file(&file).map_err(|e| {
-                Problem::error(path, format!("cannot read key file {}: {e}", file.display()))
+                Problem::error(
+                    path,
+                    format!("cannot read key file {}: {e}", file.display()),
+                )
             })?;
             (Some(format!("the key in file {}", file.display())), value)
         }
@@ -234,10 +243,16 @@ mod tests {
         );
         let bad = format!("{}zz", &K1[..62]);
         let e = parse_key_ring(&bad).unwrap_err();
-        assert!(e.ends_with("found a character that is not 0-9 or a-f"), "{e}");
+        assert!(
+            e.ends_with("found a character that is not 0-9 or a-f"),
+            "{e}"
+        );
         assert!(!e.contains(&bad));
         let e = parse_key_ring(&format!("{K1},{}", &K2[..10])).unwrap_err();
-        assert!(e.starts_with("key #2 of the ring: expected 64 hex characters"), "{e}");
+        assert!(
+            e.starts_with("key #2 of the ring: expected 64 hex characters"),
+            "{e}"
+        );
         // multi-byte characters count as characters, and never panic
         let e = parse_key_ring(&"é".repeat(32)).unwrap_err();
         assert!(e.contains("found 32 characters"), "{e}");
@@ -259,9 +274,19 @@ mod tests {
     #[test]
     fn source_static_checks() {
         assert!(KeySource::parse("env:SBPROXY_CLUSTER_KEY").check().is_ok());
-        assert!(KeySource::parse("env:").check().unwrap_err().contains("env:NAME"));
+        assert!(
+            KeySource::parse("env:")
+                .check()
+                .unwrap_err()
+                .contains("env:NAME")
+        );
         assert!(KeySource::parse("env:A-B").check().is_err());
-        assert!(KeySource::parse("file:").check().unwrap_err().contains("file:/path"));
+        assert!(
+            KeySource::parse("file:")
+                .check()
+                .unwrap_err()
+                .contains("file:/path")
+        );
         assert!(KeySource::parse("file:/etc/k").check().is_ok());
         assert!(KeySource::parse(K1).check().is_ok());
         assert!(KeySource::parse("nothex").check().is_err());
@@ -304,11 +329,19 @@ mod tests {
 
         let p = resolve_key_source("--cluster-key", "file:/nope", &no_env, &read).unwrap_err();
         assert_eq!(p.path, "--cluster-key");
-        assert!(p.message.starts_with("cannot read key file /nope: "), "{}", p.message);
+        assert!(
+            p.message.starts_with("cannot read key file /nope: "),
+            "{}",
+            p.message
+        );
 
         let read_bad = |_: &Path| Ok("# nothing\n".to_string());
         let p = resolve_key_source("p", "file:/k", &no_env, &read_bad).unwrap_err();
-        assert!(p.message.starts_with("the key in file /k: no key found"), "{}", p.message);
+        assert!(
+            p.message.starts_with("the key in file /k: no key found"),
+            "{}",
+            p.message
+        );
     }
 
     #[test]
@@ -328,7 +361,10 @@ mod tests {
         assert_ne!(a, b);
         let hex = key_to_hex(&a);
         assert_eq!(hex.len(), 64);
-        assert!(hex.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            hex.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         assert_eq!(parse_key_ring(&hex).unwrap(), vec![a]);
     }
 }

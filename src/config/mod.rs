@@ -48,7 +48,7 @@ pub use key::{
 /// Every function here that needs the environment takes one of these, so
 /// tests pass a closure over a map and production passes
 /// `&|name| std::env::var(name).ok()`.
-pub type EnvLookup = dyn Fn(&str) -> Option<String>;
+pub type EnvLookup<'a> = dyn Fn(&str) -> Option<String> + 'a;
 
 /// The Let's Encrypt production directory, the default `proxy.acme.directory_url`.
 pub const LETS_ENCRYPT_DIRECTORY: &str = "https://acme-v02.api.letsencrypt.org/directory";
@@ -435,9 +435,13 @@ pub struct Loaded {
 /// Reads, interpolates and parses the file at `path`.
 ///
 /// A read error is a single problem whose path is the file path.
-pub fn load(path: &Path, env: &EnvLookup) -> Result<Loaded, Vec<Problem>> {
-    let raw = std::fs::read(path)
-        .map_err(|e| vec![Problem::error(path.display().to_string(), format!("cannot read: {e}"))])?;
+pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
+    let raw = std::fs::read(path).map_err(|e| {
+        vec![Problem::error(
+            path.display().to_string(),
+            format!("cannot read: {e}"),
+        )]
+    })?;
     let config = parse_bytes(&raw, env)?;
     Ok(Loaded {
         config,
@@ -447,11 +451,14 @@ pub fn load(path: &Path, env: &EnvLookup) -> Result<Loaded, Vec<Problem>> {
 }
 
 /// Interpolates and parses raw file bytes, as [`load`] does after reading.
-pub fn parse_bytes(raw: &[u8], env: &EnvLookup) -> Result<SbConfig, Vec<Problem>> {
+pub fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, Vec<Problem>> {
     let text = std::str::from_utf8(raw).map_err(|e| {
         vec![Problem::error(
             "(file)",
-            format!("not valid UTF-8 (first bad byte at offset {}); save the file as UTF-8", e.valid_up_to()),
+            format!(
+                "not valid UTF-8 (first bad byte at offset {}); save the file as UTF-8",
+                e.valid_up_to()
+            ),
         )]
     })?;
     let text = interpolate(text, env).map_err(|p| vec![p])?;

@@ -107,10 +107,10 @@ pub(super) fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
 
 fn syntax_problem(e: &serde_norway::Error) -> Problem {
     let mut message = e.to_string();
-    if let Some(at) = e.location() {
-        if !message.contains(" at line ") {
-            message.push_str(&format!(" at line {} column {}", at.line(), at.column()));
-        }
+    if let Some(at) = e.location()
+        && !message.contains(" at line ")
+    {
+        message.push_str(&format!(" at line {} column {}", at.line(), at.column()));
     }
     Problem::error("(yaml)", message)
 }
@@ -144,7 +144,11 @@ fn read_cluster(value: Option<&Value>, problems: &mut Vec<Problem>) -> Option<Cl
         node_id: f.string("node_id"),
         ..ClusterSection::default()
     };
-    if let Some(Err(e)) = cluster.cluster_id.as_deref().map(identity::validate_cluster_id) {
+    if let Some(Err(e)) = cluster
+        .cluster_id
+        .as_deref()
+        .map(identity::validate_cluster_id)
+    {
         f.error("cluster_id", e.to_string());
     }
     if let Some(Err(e)) = cluster.node_id.as_deref().map(identity::validate_node_id) {
@@ -183,7 +187,10 @@ fn read_security(cluster: &mut Fields<'_, '_>) -> Option<Security> {
         None | Some("shared_key") => {}
         Some(other) => f.error(
             "mode",
-            format!("unsupported mode {:?}; supported: shared_key", shorten(other)),
+            format!(
+                "unsupported mode {:?}; supported: shared_key",
+                shorten(other)
+            ),
         ),
     }
     security.mode = SecurityMode::SharedKey;
@@ -222,9 +229,10 @@ fn read_acme(value: Option<&Value>, problems: &mut Vec<Problem>) -> Option<AcmeS
         }
     }
     if let Some(url) = f.string("directory_url") {
-        let valid = ["https://", "http://"]
-            .iter()
-            .any(|scheme| url.strip_prefix(scheme).is_some_and(|rest| !rest.is_empty()));
+        let valid = ["https://", "http://"].iter().any(|scheme| {
+            url.strip_prefix(scheme)
+                .is_some_and(|rest| !rest.is_empty())
+        });
         if !valid {
             f.error(
                 "directory_url",

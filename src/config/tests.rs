@@ -242,7 +242,10 @@ fn non_string_keys_are_unknown_fields() {
     let e = one_error("proxy:\n  admin: { 1: a }\n");
     assert!(e.starts_with("proxy.admin.1: unknown field"), "{e}");
     let e = one_error("proxy:\n  admin: { [a]: b }\n");
-    assert!(e.starts_with("proxy.admin.\"<complex key>\": unknown field"), "{e}");
+    assert!(
+        e.starts_with("proxy.admin.\"<complex key>\": unknown field"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -353,7 +356,10 @@ fn syntax_errors_carry_line_and_column() {
     assert!(e.starts_with("(yaml): "), "{e}");
     assert!(e.contains("line 4"), "{e}");
     let e = one_error("a: 1\na: 2\n");
-    assert_eq!(e, "(yaml): duplicate entry with key \"a\" at line 1 column 1");
+    assert_eq!(
+        e,
+        "(yaml): duplicate entry with key \"a\" at line 1 column 1"
+    );
     let e = one_error("a: 1\n---\nb: 2\n");
     assert!(e.contains("more than one document"), "{e}");
     let e = one_error("a: *nope\n");
@@ -367,13 +373,16 @@ fn storage_backends() {
         "proxy.acme.storage_backend: unsupported backend \"sqlite\"; supported: redis, s3, gcs, azure, file, redb, memory"
     );
     assert!(
-        one_error(&acme("    storage_backend: Redis\n"))
-            .contains("unsupported backend \"Redis\"")
+        one_error(&acme("    storage_backend: Redis\n")).contains("unsupported backend \"Redis\"")
     );
     for name in ["redis", "s3", "gcs", "azure", "file", "redb", "memory"] {
         let cfg = parse(&acme(&format!("    storage_backend: {name}\n"))).unwrap();
         assert_eq!(
-            cfg.proxy.acme.unwrap().storage_backend.map(StorageBackend::as_str),
+            cfg.proxy
+                .acme
+                .unwrap()
+                .storage_backend
+                .map(StorageBackend::as_str),
             Some(name)
         );
     }
@@ -402,7 +411,11 @@ fn storage_paths_per_backend() {
         assert!(parse(&text).is_ok(), "{backend} {path}: {:?}", parse(&text));
     }
     let bad = [
-        ("redis", "http://redis:6379", "redis://host:port/db, rediss://host:port/db, or host:port"),
+        (
+            "redis",
+            "http://redis:6379",
+            "redis://host:port/db, rediss://host:port/db, or host:port",
+        ),
         ("redis", "redis", "redis://host:port/db"),
         ("redis", "redis://", "redis://host:port/db"),
         ("redis", "redis:0", "host:port"),
@@ -487,9 +500,8 @@ fn admin_username_with_colon() {
 #[test]
 fn cluster_field_checks() {
     assert!(
-        one_error("proxy:\n  cluster: { cluster_id: \"my cluster\" }\n").starts_with(
-            "proxy.cluster.cluster_id: cluster id \"my cluster\" contains ' '"
-        )
+        one_error("proxy:\n  cluster: { cluster_id: \"my cluster\" }\n")
+            .starts_with("proxy.cluster.cluster_id: cluster id \"my cluster\" contains ' '")
     );
     assert!(
         one_error("proxy:\n  cluster: { node_id: \"a/b\" }\n")
@@ -696,7 +708,11 @@ fn load_reports_read_errors_with_the_file_path() {
     let problems = load(Path::new("/nonexistent/sb.yml"), &|_| None).unwrap_err();
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].path, "/nonexistent/sb.yml");
-    assert!(problems[0].message.starts_with("cannot read: "), "{}", problems[0].message);
+    assert!(
+        problems[0].message.starts_with("cannot read: "),
+        "{}",
+        problems[0].message
+    );
 }
 
 #[test]
@@ -726,7 +742,7 @@ proptest! {
 
     #[test]
     fn interpolate_never_panics(text in "[$\\{\\}:\\-a-zA-Z_0-9\n é]{0,40}") {
-        let env = |name: &str| (name.len() % 2 == 0).then(|| "v".to_string());
+        let env = |name: &str| name.len().is_multiple_of(2).then(|| "v".to_string());
         let _ = interpolate(&text, &env);
     }
 

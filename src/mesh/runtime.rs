@@ -280,6 +280,7 @@ impl Mesh {
             pushed_on_join: false,
             next_push_pull: Instant::now() + first_push_pull,
             sized_for: 1,
+            leaving: false,
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
         };
@@ -367,6 +368,7 @@ struct Driver {
     pushed_on_join: bool,
     next_push_pull: Instant,
     sized_for: usize,
+    leaving: bool,
     cmd_tx: mpsc::WeakSender<Command>,
     shared: Arc<Shared>,
 }
@@ -848,6 +850,7 @@ impl Driver {
     }
 
     async fn leave(&mut self) {
+        self.leaving = true;
         let me = self.foca.identity().clone();
         let peers: Vec<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         // Tell every active peer directly (twice: datagrams get lost), so
@@ -930,7 +933,7 @@ impl Driver {
                 info!(generation = id.generation, "rejoined the mesh under a renewed identity");
                 self.republish_digest();
             }
-            OwnedNotification::Defunct => warn!("declared down by the cluster"),
+            OwnedNotification::Defunct if !self.leaving => warn!("declared down by the cluster"),
             _ => {}
         }
     }

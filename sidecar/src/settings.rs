@@ -1,0 +1,1494 @@
+//! Everything `run` needs, resolved once at start: flag > environment >
+//! `sb.yml` > default (SPEC section 1).
+//!
+//! [`resolve`] takes the environment as a function so the precedence can be
+//! tested without touching the process environment. In production clap has
+//! already folded each flag's environment variable into [`RunArgs`]; looking
+//! it up again here finds the same value.
+
+use std::fmt;
+use std::io::IsTerminal as _;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use sbmesh::config::{self, EnvLookup, Problem, SbConfig};
+use sbmesh::identity;
+
+use crate::cli::{DEFAULT_CONFIG, RunArgs};
+
+/// The default `--namespace`.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// The default `--cluster-domain`.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+/// The cluster id when nothing else names one.
+pub const DEFAULT_CLUSTER_ID: &str = "sbmesh";
+/// The default gossip (UDP) port.
+pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
+/// The default transport (TCP) port.
+pub const DEFAULT_TRANSPORT_PORT: u16 = 8946;
+/// The default `--admin-listen`.
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 9091);
+/// The default `--challenge-listen`.
+pub const DEFAULT_CHALLENGE_LISTEN: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8089);
+/// The default `--cert-dir`.
+pub const DEFAULT_CERT_DIR: &str = "/var/lib/sbproxy/certs";
+/// The default `--state-dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
+/// The default `--shutdown-grace-ms`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
+
+/// The resolved settings of `run`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `--config`.
+    pub config_path: PathBuf,
+    /// The parsed `sb.yml`.
+    pub config: SbConfig,
+    /// Lowercase hex sha256 of the raw `sb.yml` bytes.
+    pub config_sha256: String,
+    /// `--pod-name`.
+    pub pod_name: Option<String>,
+    /// `--pod-ip`.
+    pub pod_ip: Option<IpAddr>,
+    /// `--namespace`.
+    pub namespace: String,
+    /// This member's name in the mesh.
+    pub node_id: String,
+    /// `--cluster-id`, else `proxy.cluster.cluster_id`, else the StatefulSet
+    /// name, else [`DEFAULT_CLUSTER_ID`].
+    pub cluster_id: String,
+    /// `<svc>.<namespace>.svc.<domain>` when `--mesh-service` is set.
+    pub mesh_service: Option<String>,
+    /// `host:port` seeds (`[ipv6]:port` for IPv6 literals); a seed written
+    /// without a port has the gossip port.
+    pub seeds: Vec<String>,
+    /// `--bind`.
+    pub bind: IpAddr,
+    /// UDP port.
+    pub gossip_port: u16,
+    /// TCP port.
+    pub transport_port: u16,
+    /// The address peers use to reach this node; `None` lets the runtime pick.
+    pub advertise: Option<SocketAddr>,
+    /// The key ring, primary first.
+    pub cluster_key: Option<Vec<[u8; 32]>>,
+    /// `--cluster-key-file`, to be re-read when it changes.
+    pub cluster_key_file: Option<PathBuf>,
+    /// `--admin-listen`.
+    pub admin_listen: SocketAddr,
+    /// HTTP Basic user for `/admin/*`.
+    pub admin_user: Option<String>,
+    /// HTTP Basic password for `/admin/*`.
+    pub admin_password: Option<String>,
+    /// `--challenge-listen`.
+    pub challenge_listen: SocketAddr,
+    /// Where reloads are POSTed.
+    pub proxy_reload_url: String,
+    /// The `Authorization` header value for the reload POST.
+    pub proxy_authorization: Option<String>,
+    /// `--cert-dir`.
+    pub cert_dir: PathBuf,
+    /// `--state-dir`.
+    pub state_dir: PathBuf,
+    /// `--log-format`.
+    pub log_format: LogFormat,
+    /// `--shutdown-grace-ms`.
+    pub shutdown_grace: Duration,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |set: bool| if set { Some("<redacted>") } else { None };
+        f.debug_struct("Settings")
+            .field("config_path", &self.config_path)
+            .field("config", &self.config)
+            .field("config_sha256", &self.config_sha256)
+            .field("pod_name", &self.pod_name)
+            .field("pod_ip", &self.pod_ip)
+            .field("namespace", &self.namespace)
+            .field("node_id", &self.node_id)
+            .field("cluster_id", &self.cluster_id)
+            .field("mesh_service", &self.mesh_service)
+            .field("seeds", &self.seeds)
+            .field("bind", &self.bind)
+            .field("gossip_port", &self.gossip_port)
+            .field("transport_port", &self.transport_port)
+            .field("advertise", &self.advertise)
+            .field(
+                "cluster_key",
+                &self
+                    .cluster_key
+                    .as_ref()
+                    .map(|ring| format!("<{} key(s) redacted>", ring.len())),
+            )
+            .field("cluster_key_file", &self.cluster_key_file)
+            .field("admin_listen", &self.admin_listen)
+            .field("admin_user", &self.admin_user)
+            .field("admin_password", &redacted(self.admin_password.is_some()))
+            .field("challenge_listen", &self.challenge_listen)
+            .field("proxy_reload_url", &self.proxy_reload_url)
+            .field(
+                "proxy_authorization",
+                &redacted(self.proxy_authorization.is_some()),
+            )
+            .field("cert_dir", &self.cert_dir)
+            .field("state_dir", &self.state_dir)
+            .field("log_format", &self.log_format)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+/// How logs are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line, for log collectors.
+    Json,
+    /// Human-readable lines, for a terminal.
+    Text,
+}
+
+/// A `run` flag and the environment variable that stands in for it.
+struct Flag {
+    long: &'static str,
+    env: &'static str,
+}
+
+const CONFIG: Flag = Flag {
+    long: "--config",
+    env: "SBMESH_CONFIG",
+};
+const POD_NAME: Flag = Flag {
+    long: "--pod-name",
+    env: "SBPROXY_POD_NAME",
+};
+const POD_IP: Flag = Flag {
+    long: "--pod-ip",
+    env: "SBPROXY_POD_IP",
+};
+const NAMESPACE: Flag = Flag {
+    long: "--namespace",
+    env: "SBMESH_NAMESPACE",
+};
+const NODE_ID: Flag = Flag {
+    long: "--node-id",
+    env: "SBMESH_NODE_ID",
+};
+const CLUSTER_ID: Flag = Flag {
+    long: "--cluster-id",
+    env: "SBMESH_CLUSTER_ID",
+};
+const MESH_SERVICE: Flag = Flag {
+    long: "--mesh-service",
+    env: "SBMESH_MESH_SERVICE",
+};
+const CLUSTER_DOMAIN: Flag = Flag {
+    long: "--cluster-domain",
+    env: "SBMESH_CLUSTER_DOMAIN",
+};
+const SEEDS: Flag = Flag {
+    long: "--seeds",
+    env: "SBMESH_SEEDS",
+};
+const BIND: Flag = Flag {
+    long: "--bind",
+    env: "SBMESH_BIND",
+};
+const ADVERTISE: Flag = Flag {
+    long: "--advertise",
+    env: "SBMESH_ADVERTISE",
+};
+const GOSSIP_PORT: Flag = Flag {
+    long: "--gossip-port",
+    env: "SBMESH_GOSSIP_PORT",
+};
+const TRANSPORT_PORT: Flag = Flag {
+    long: "--transport-port",
+    env: "SBMESH_TRANSPORT_PORT",
+};
+const CLUSTER_KEY: Flag = Flag {
+    long: "--cluster-key",
+    env: "SBMESH_CLUSTER_KEY",
+};
+const CLUSTER_KEY_FILE: Flag = Flag {
+    long: "--cluster-key-file",
+    env: "SBMESH_CLUSTER_KEY_FILE",
+};
+const ADMIN_LISTEN: Flag = Flag {
+    long: "--admin-listen",
+    env: "SBMESH_ADMIN_LISTEN",
+};
+const ADMIN_USER: Flag = Flag {
+    long: "--admin-user",
+    env: "SBMESH_ADMIN_USER",
+};
+const ADMIN_PASSWORD: Flag = Flag {
+    long: "--admin-password",
+    env: "SBMESH_ADMIN_PASSWORD",
+};
+const CHALLENGE_LISTEN: Flag = Flag {
+    long: "--challenge-listen",
+    env: "SBMESH_CHALLENGE_LISTEN",
+};
+const PROXY_RELOAD_URL: Flag = Flag {
+    long: "--proxy-reload-url",
+    env: "SBMESH_PROXY_RELOAD_URL",
+};
+const PROXY_AUTHORIZATION: Flag = Flag {
+    long: "--proxy-authorization",
+    env: "SBMESH_PROXY_AUTHORIZATION",
+};
+const CERT_DIR: Flag = Flag {
+    long: "--cert-dir",
+    env: "SBMESH_CERT_DIR",
+};
+const STATE_DIR: Flag = Flag {
+    long: "--state-dir",
+    env: "SBMESH_STATE_DIR",
+};
+const LOG_FORMAT: Flag = Flag {
+    long: "--log-format",
+    env: "SBMESH_LOG_FORMAT",
+};
+const SHUTDOWN_GRACE_MS: Flag = Flag {
+    long: "--shutdown-grace-ms",
+    env: "SBPROXY_SHUTDOWN_GRACE_MS",
+};
+
+const SHARED_KEY_PATH: &str = "proxy.cluster.security.shared_key";
+
+/// Reads flag values (falling back to their environment variables) and
+/// collects problems.
+struct Resolver<'e> {
+    env: &'e EnvLookup<'e>,
+    problems: Vec<Problem>,
+}
+
+impl Resolver<'_> {
+    /// The flag's value, else its environment variable's. Empty counts as unset.
+    fn text(&self, flag: &Flag, value: Option<&str>) -> Option<String> {
+        value
+            .map(str::to_string)
+            .or_else(|| (self.env)(flag.env))
+            .filter(|v| !v.trim().is_empty())
+    }
+
+    fn path(&self, flag: &Flag, value: Option<&Path>) -> Option<PathBuf> {
+        match value {
+            Some(path) if !path.as_os_str().is_empty() => Some(path.to_path_buf()),
+            _ => self.text(flag, None).map(PathBuf::from),
+        }
+    }
+
+    /// A problem with a flag's value, named by the flag.
+    fn bad(&mut self, flag: &Flag, message: impl fmt::Display) {
+        self.problems.push(Problem::error(
+            flag.long,
+            format!("{message} (from {} or {})", flag.long, flag.env),
+        ));
+    }
+
+    /// Parses the flag's value with `parse`; a failure is reported and gives `None`.
+    fn parsed<T>(
+        &mut self,
+        flag: &Flag,
+        value: Option<&str>,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let text = self.text(flag, value)?;
+        match parse(text.trim()) {
+            Ok(v) => Some(v),
+            Err(message) => {
+                self.bad(flag, message);
+                None
+            }
+        }
+    }
+}
+
+/// Resolves the settings of `run` from its flags, the environment (`env`),
+/// the config file they name, and the defaults. `hostname` is the last
+/// fallback for the node id.
+///
+/// Returns every problem found, not just the first: flag and environment
+/// values are named by their flag (`--gossip-port: ...`), file values by
+/// their YAML path. Files read: the config file and, when set,
+/// `--cluster-key-file` (or a `file:` key source).
+pub fn resolve(
+    args: &RunArgs,
+    env: &EnvLookup<'_>,
+    hostname: &str,
+) -> Result<Settings, Vec<Problem>> {
+    let mut r = Resolver {
+        env,
+        problems: Vec::new(),
+    };
+
+    let config_path = r
+        .path(&CONFIG, args.config.as_deref())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    let (config, config_sha256) = match config::load(&config_path, env) {
+        Ok(loaded) => (loaded.config, loaded.sha256_hex_of_raw_file),
+        Err(problems) => {
+            r.problems.extend(problems);
+            (SbConfig::default(), String::new())
+        }
+    };
+    let cluster = config.proxy.cluster.clone().unwrap_or_default();
+
+    let pod_name = r
+        .text(&POD_NAME, args.pod_name.as_deref())
+        .map(|v| v.trim().to_string());
+    let pod_ip = r.parsed(&POD_IP, args.pod_ip.as_deref(), parse_ip);
+    let namespace = r
+        .parsed(&NAMESPACE, args.namespace.as_deref(), parse_namespace)
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+    let cluster_domain = r
+        .text(&CLUSTER_DOMAIN, args.cluster_domain.as_deref())
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| DEFAULT_CLUSTER_DOMAIN.to_string());
+
+    let node_id = resolve_node_id(&mut r, args, &cluster, pod_name.as_deref(), hostname);
+    let cluster_id = resolve_cluster_id(&mut r, args, &cluster, pod_name.as_deref());
+
+    let gossip_port = r
+        .parsed(&GOSSIP_PORT, args.gossip_port.as_deref(), parse_port)
+        .or(cluster.gossip_port)
+        .unwrap_or(DEFAULT_GOSSIP_PORT);
+    let transport_port = r
+        .parsed(&TRANSPORT_PORT, args.transport_port.as_deref(), parse_port)
+        .or(cluster.transport_port)
+        .unwrap_or(DEFAULT_TRANSPORT_PORT);
+
+    let mesh_service = r
+        .text(&MESH_SERVICE, args.mesh_service.as_deref())
+        .map(|svc| identity::mesh_service_fqdn(&svc, &namespace, &cluster_domain));
+    if let Some(name) = mesh_service.as_deref()
+        && identity::normalize_seed(name, gossip_port).is_err()
+    {
+        r.bad(
+            &MESH_SERVICE,
+            format!("{name:?} is not a DNS name; expected a Service name such as demo-mesh"),
+        );
+    }
+
+    let seeds = resolve_seeds(&mut r, args, &cluster, gossip_port);
+
+    let bind = r
+        .parsed(&BIND, args.bind.as_deref(), parse_ip)
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let advertise = resolve_advertise(&mut r, args, &cluster, pod_ip, bind, gossip_port);
+
+    let cluster_key_file = r.path(&CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
+    let problems_before_key = r.problems.len();
+    let cluster_key = resolve_cluster_key(&mut r, args, &cluster, cluster_key_file.as_deref());
+    let key_was_refused = r.problems.len() > problems_before_key;
+    if cluster_key.is_none() && !key_was_refused && (!seeds.is_empty() || mesh_service.is_some()) {
+        r.problems.push(Problem::error(
+            CLUSTER_KEY.long,
+            "the mesh has peers to contact (--seeds / SBMESH_SEEDS, proxy.cluster.seeds or \
+             --mesh-service / SBMESH_MESH_SERVICE) but no cluster key to seal its traffic; set \
+             --cluster-key / SBMESH_CLUSTER_KEY, --cluster-key-file / SBMESH_CLUSTER_KEY_FILE or \
+             proxy.cluster.security.shared_key to a key generated with `sbmesh-sidecar keygen`",
+        ));
+    }
+
+    let admin_listen = r
+        .parsed(&ADMIN_LISTEN, args.admin_listen.as_deref(), parse_listen)
+        .unwrap_or(DEFAULT_ADMIN_LISTEN);
+    let challenge_listen = r
+        .parsed(
+            &CHALLENGE_LISTEN,
+            args.challenge_listen.as_deref(),
+            parse_listen,
+        )
+        .unwrap_or(DEFAULT_CHALLENGE_LISTEN);
+
+    let admin_user = r
+        .text(&ADMIN_USER, args.admin_user.as_deref())
+        .or_else(|| config.proxy.admin.username.clone());
+    let admin_password = r
+        .text(&ADMIN_PASSWORD, args.admin_password.as_deref())
+        .or_else(|| config.proxy.admin.password.clone());
+    match (&admin_user, &admin_password) {
+        (Some(_), None) => r.problems.push(Problem::error(
+            ADMIN_PASSWORD.long,
+            "an admin user is set (--admin-user / SBMESH_ADMIN_USER or proxy.admin.username) \
+             but no password; HTTP Basic needs both: set --admin-password / \
+             SBMESH_ADMIN_PASSWORD or proxy.admin.password",
+        )),
+        (None, Some(_)) => r.problems.push(Problem::error(
+            ADMIN_USER.long,
+            "an admin password is set (--admin-password / SBMESH_ADMIN_PASSWORD or \
+             proxy.admin.password) but no user; HTTP Basic needs both: set --admin-user / \
+             SBMESH_ADMIN_USER or proxy.admin.username",
+        )),
+        (Some(user), Some(_)) if user.contains(':') => r.bad(
+            &ADMIN_USER,
+            "the user must not contain ':' (HTTP Basic separates the user from the password with it)",
+        ),
+        _ => {}
+    }
+
+    let proxy_reload_url = r
+        .parsed(
+            &PROXY_RELOAD_URL,
+            args.proxy_reload_url.as_deref(),
+            parse_http_url,
+        )
+        .unwrap_or_else(|| format!("http://127.0.0.1:{}/admin/reload", config.proxy.admin.port));
+    let proxy_authorization = r
+        .parsed(
+            &PROXY_AUTHORIZATION,
+            args.proxy_authorization.as_deref(),
+            parse_header_value,
+        )
+        .or_else(|| {
+            let admin = &config.proxy.admin;
+            let (user, password) = (admin.username.as_ref()?, admin.password.as_ref()?);
+            Some(basic_authorization(user, password))
+        });
+
+    let cert_dir = r
+        .path(&CERT_DIR, args.cert_dir.as_deref())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CERT_DIR));
+    let state_dir = r
+        .path(&STATE_DIR, args.state_dir.as_deref())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    let log_format = r
+        .parsed(&LOG_FORMAT, args.log_format.as_deref(), parse_log_format)
+        .unwrap_or_else(|| {
+            if std::io::stderr().is_terminal() {
+                LogFormat::Text
+            } else {
+                LogFormat::Json
+            }
+        });
+    let shutdown_grace = r
+        .parsed(
+            &SHUTDOWN_GRACE_MS,
+            args.shutdown_grace_ms.as_deref(),
+            parse_millis,
+        )
+        .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+
+    if r.problems.iter().any(Problem::is_error) {
+        return Err(r.problems);
+    }
+    Ok(Settings {
+        config_path,
+        config,
+        config_sha256,
+        pod_name,
+        pod_ip,
+        namespace,
+        node_id,
+        cluster_id,
+        mesh_service,
+        seeds,
+        bind,
+        gossip_port,
+        transport_port,
+        advertise,
+        cluster_key,
+        cluster_key_file,
+        admin_listen,
+        admin_user,
+        admin_password,
+        challenge_listen,
+        proxy_reload_url,
+        proxy_authorization,
+        cert_dir,
+        state_dir,
+        log_format,
+        shutdown_grace,
+    })
+}
+
+fn resolve_node_id(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    cluster: &config::ClusterSection,
+    pod_name: Option<&str>,
+    hostname: &str,
+) -> String {
+    let (node_id, source) = if let Some(id) = r.text(&NODE_ID, args.node_id.as_deref()) {
+        (id.trim().to_string(), NODE_ID.long)
+    } else if let Some(id) = cluster.node_id.as_deref() {
+        (id.trim().to_string(), "proxy.cluster.node_id")
+    } else if pod_name.is_some() {
+        (identity::default_node_id(pod_name, hostname), POD_NAME.long)
+    } else {
+        (identity::default_node_id(None, hostname), "hostname")
+    };
+    if let Err(e) = identity::validate_node_id(&node_id) {
+        match source {
+            "proxy.cluster.node_id" => r.problems.push(Problem::error(source, e.to_string())),
+            "hostname" => r.problems.push(Problem::error(
+                NODE_ID.long,
+                format!(
+                    "no node id is set and the host name cannot be one: {e}; set --node-id / \
+                     SBMESH_NODE_ID or --pod-name / SBPROXY_POD_NAME"
+                ),
+            )),
+            "--pod-name" => r.bad(&POD_NAME, format!("used as the node id: {e}")),
+            _ => r.bad(&NODE_ID, e),
+        }
+    }
+    node_id
+}
+
+fn resolve_cluster_id(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    cluster: &config::ClusterSection,
+    pod_name: Option<&str>,
+) -> String {
+    let explicit = r.text(&CLUSTER_ID, args.cluster_id.as_deref());
+    let from_yml = cluster.cluster_id.as_deref();
+    let Some(id) = identity::default_cluster_id(explicit.as_deref(), from_yml, pod_name) else {
+        return DEFAULT_CLUSTER_ID.to_string();
+    };
+    if let Err(e) = identity::validate_cluster_id(&id) {
+        if explicit.is_some() {
+            r.bad(&CLUSTER_ID, e);
+        } else if from_yml.is_some() {
+            r.problems
+                .push(Problem::error("proxy.cluster.cluster_id", e.to_string()));
+        } else {
+            r.bad(
+                &POD_NAME,
+                format!("its StatefulSet part, used as the cluster id: {e}"),
+            );
+        }
+    }
+    id
+}
+
+fn resolve_seeds(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    cluster: &config::ClusterSection,
+    gossip_port: u16,
+) -> Vec<String> {
+    let mut seeds = Vec::new();
+    if let Some(list) = r.text(&SEEDS, args.seeds.as_deref()) {
+        for entry in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match identity::normalize_seed(entry, gossip_port) {
+                Ok(seed) => seeds.push(seed),
+                Err(e) => r.bad(&SEEDS, e),
+            }
+        }
+    } else {
+        for entry in &cluster.seeds {
+            match identity::normalize_seed(entry, gossip_port) {
+                Ok(seed) => seeds.push(seed),
+                Err(e) => r
+                    .problems
+                    .push(Problem::error("proxy.cluster.seeds", e.to_string())),
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    seeds.retain(|seed| seen.insert(seed.clone()));
+    seeds
+}
+
+fn resolve_advertise(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    cluster: &config::ClusterSection,
+    pod_ip: Option<IpAddr>,
+    bind: IpAddr,
+    gossip_port: u16,
+) -> Option<SocketAddr> {
+    if r.text(&ADVERTISE, args.advertise.as_deref()).is_some() {
+        return r.parsed(&ADVERTISE, args.advertise.as_deref(), |text| {
+            identity::parse_advertise(text, gossip_port).map_err(|e| e.to_string())
+        });
+    }
+    if let Some(text) = cluster.advertise_addr.as_deref() {
+        return match identity::parse_advertise(text, gossip_port) {
+            Ok(addr) => Some(addr),
+            Err(e) => {
+                r.problems.push(Problem::error(
+                    "proxy.cluster.advertise_addr",
+                    e.to_string(),
+                ));
+                None
+            }
+        };
+    }
+    if let Some(ip) = pod_ip.filter(|ip| !ip.is_unspecified()) {
+        return Some(SocketAddr::new(ip, gossip_port));
+    }
+    (!bind.is_unspecified()).then(|| SocketAddr::new(bind, gossip_port))
+}
+
+fn resolve_cluster_key(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    cluster: &config::ClusterSection,
+    key_file: Option<&Path>,
+) -> Option<Vec<[u8; 32]>> {
+    let read = |path: &Path| std::fs::read_to_string(path);
+    let key_flag = r.text(&CLUSTER_KEY, args.cluster_key.as_deref());
+    match (key_flag, key_file) {
+        (Some(_), Some(_)) => {
+            r.problems.push(Problem::error(
+                CLUSTER_KEY.long,
+                "both --cluster-key / SBMESH_CLUSTER_KEY and --cluster-key-file / \
+                 SBMESH_CLUSTER_KEY_FILE are set; keep one (the file allows key rotation without \
+                 a restart)",
+            ));
+            None
+        }
+        (None, Some(file)) => {
+            let text = match read(file) {
+                Ok(text) => text,
+                Err(e) => {
+                    r.bad(
+                        &CLUSTER_KEY_FILE,
+                        format!("cannot read {}: {e}", file.display()),
+                    );
+                    return None;
+                }
+            };
+            match config::parse_key_ring(&text) {
+                Ok(ring) => Some(ring),
+                Err(message) => {
+                    r.bad(&CLUSTER_KEY_FILE, format!("{}: {message}", file.display()));
+                    None
+                }
+            }
+        }
+        (Some(source), None) => {
+            match key_ring_from(CLUSTER_KEY.long, &source, r.env, &read) {
+                Ok(ring) => Some(ring),
+                Err(mut problem) => {
+                    // Name the environment variable too, as for other flags.
+                    problem.message.push_str(&format!(
+                        " (from {} or {})",
+                        CLUSTER_KEY.long, CLUSTER_KEY.env
+                    ));
+                    r.problems.push(problem);
+                    None
+                }
+            }
+        }
+        (None, None) => {
+            let source = cluster.security.as_ref()?.shared_key.as_deref()?;
+            match key_ring_from(SHARED_KEY_PATH, source, r.env, &read) {
+                Ok(ring) => Some(ring),
+                Err(problem) => {
+                    r.problems.push(problem);
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// Resolves a key source (`env:`, `file:` or literal) to a parsed key ring.
+fn key_ring_from(
+    path: &str,
+    source: &str,
+    env: &EnvLookup<'_>,
+    read: &dyn Fn(&Path) -> std::io::Result<String>,
+) -> Result<Vec<[u8; 32]>, Problem> {
+    let text = config::resolve_key_source(path, source, env, read)?;
+    config::parse_key_ring(&text).map_err(|message| Problem::error(path, message))
+}
+
+/// `Basic base64(user:password)`, the `Authorization` header value for HTTP Basic.
+pub fn basic_authorization(user: &str, password: &str) -> String {
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {token}")
+}
+
+/// The process environment, for [`resolve`] in production.
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// This machine's host name, the last fallback for the node id: the
+/// kernel's, else `HOSTNAME`, else `localhost`.
+pub fn system_hostname(env: &EnvLookup<'_>) -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .chain(env("HOSTNAME"))
+        .map(|name| name.trim().to_string())
+        .find(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+fn parse_ip(text: &str) -> Result<IpAddr, String> {
+    text.parse()
+        .map_err(|_| format!("{text:?} is not an IP address; expected e.g. 10.0.0.5 or fd00::5"))
+}
+
+fn parse_port(text: &str) -> Result<u16, String> {
+    match text.parse::<u16>() {
+        Ok(port) if port != 0 => Ok(port),
+        _ => Err(format!(
+            "{text:?} is not a port; expected a number from 1 to 65535"
+        )),
+    }
+}
+
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        format!("{text:?} is not a listen address; expected ip:port such as 0.0.0.0:9091 ([::]:9091 for IPv6)")
+    })
+}
+
+fn parse_namespace(text: &str) -> Result<String, String> {
+    let valid = text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-');
+    if valid {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not a namespace name; expected lowercase letters, digits and '-' (at most 63)"
+        ))
+    }
+}
+
+fn parse_http_url(text: &str) -> Result<String, String> {
+    let uri: hyper::Uri = text.parse().map_err(|_| {
+        format!("{text:?} is not a URL; expected e.g. http://127.0.0.1:9090/admin/reload")
+    })?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(text.to_string()),
+        _ => Err(format!(
+            "{text:?} is not an http(s) URL; expected e.g. http://127.0.0.1:9090/admin/reload"
+        )),
+    }
+}
+
+fn parse_header_value(text: &str) -> Result<String, String> {
+    if hyper::header::HeaderValue::from_str(text).is_ok() {
+        Ok(text.to_string())
+    } else {
+        Err(
+            "the value contains a line break or another control character, which a header \
+             cannot carry; expected e.g. \"Basic dXNlcjpwYXNz\" or \"Bearer <token>\""
+                .to_string(),
+        )
+    }
+}
+
+fn parse_log_format(text: &str) -> Result<LogFormat, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "json" => Ok(LogFormat::Json),
+        "text" => Ok(LogFormat::Text),
+        _ => Err(format!(
+            "{text:?} is not a log format; expected json or text"
+        )),
+    }
+}
+
+fn parse_millis(text: &str) -> Result<Duration, String> {
+    text.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|_| format!("{text:?} is not a number of milliseconds; expected e.g. 30000"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    const K1: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+    const K2: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+    /// A temporary directory, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> Self {
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "sbmesh-settings-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+
+        fn file(&self, name: &str, contents: &str) -> PathBuf {
+            let path = self.0.join(name);
+            std::fs::write(&path, contents).unwrap();
+            path
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A config file, its run args and an environment, for one scenario.
+    struct Case {
+        dir: TempDir,
+        args: RunArgs,
+        env: HashMap<String, String>,
+    }
+
+    impl Case {
+        fn new(yml: &str) -> Self {
+            let dir = TempDir::new();
+            let config = dir.file("sb.yml", yml);
+            Case {
+                dir,
+                args: RunArgs {
+                    config: Some(config),
+                    ..RunArgs::default()
+                },
+                env: HashMap::new(),
+            }
+        }
+
+        fn env(mut self, name: &str, value: &str) -> Self {
+            self.env.insert(name.to_string(), value.to_string());
+            self
+        }
+
+        fn args(mut self, edit: impl FnOnce(&mut RunArgs)) -> Self {
+            edit(&mut self.args);
+            self
+        }
+
+        fn resolve(&self) -> Result<Settings, Vec<Problem>> {
+            let env = |name: &str| self.env.get(name).cloned();
+            resolve(&self.args, &env, "host-a")
+        }
+
+        fn ok(&self) -> Settings {
+            match self.resolve() {
+                Ok(settings) => settings,
+                Err(problems) => panic!("{}", crate::commands::render_problems(&problems)),
+            }
+        }
+
+        fn problems(&self) -> Vec<String> {
+            match self.resolve() {
+                Ok(settings) => panic!("expected problems, got {settings:?}"),
+                Err(problems) => problems.iter().map(ToString::to_string).collect(),
+            }
+        }
+    }
+
+    const CLUSTER_YML: &str = "
+proxy:
+  admin: { enabled: true, port: 9191, username: admin, password: secret }
+  cluster:
+    cluster_id: demo
+    node_id: ${SBPROXY_POD_NAME}
+    seeds: [\"demo-proxy-0.demo-mesh.default.svc.cluster.local\", \"10.0.0.9:7000\"]
+    gossip_port: 7100
+    transport_port: 8100
+    security: { mode: shared_key, shared_key: \"env:SBPROXY_CLUSTER_KEY\" }
+origins: { api.example.com: {} }
+";
+
+    #[test]
+    fn defaults() {
+        let case = Case::new("origins: {}\n");
+        let s = case.ok();
+        assert_eq!(s.config, SbConfig::default());
+        assert_eq!(s.config_sha256, config::sha256_hex(b"origins: {}\n"));
+        assert_eq!(s.pod_name, None);
+        assert_eq!(s.pod_ip, None);
+        assert_eq!(s.namespace, "default");
+        assert_eq!(s.node_id, "host-a");
+        assert_eq!(s.cluster_id, "sbmesh");
+        assert_eq!(s.mesh_service, None);
+        assert!(s.seeds.is_empty());
+        assert_eq!(s.bind, IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(s.gossip_port, 7946);
+        assert_eq!(s.transport_port, 8946);
+        assert_eq!(s.advertise, None);
+        assert_eq!(s.cluster_key, None);
+        assert_eq!(s.cluster_key_file, None);
+        assert_eq!(s.admin_listen, "0.0.0.0:9091".parse().unwrap());
+        assert_eq!(s.admin_user, None);
+        assert_eq!(s.admin_password, None);
+        assert_eq!(s.challenge_listen, "0.0.0.0:8089".parse().unwrap());
+        assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9090/admin/reload");
+        assert_eq!(s.proxy_authorization, None);
+        assert_eq!(s.cert_dir, Path::new("/var/lib/sbproxy/certs"));
+        assert_eq!(s.state_dir, Path::new("/var/lib/sbproxy/sidecar"));
+        assert_eq!(s.shutdown_grace, Duration::from_secs(30));
+        let expected_format = if std::io::stderr().is_terminal() {
+            LogFormat::Text
+        } else {
+            LogFormat::Json
+        };
+        assert_eq!(s.log_format, expected_format);
+    }
+
+    #[test]
+    fn config_path_from_env_and_default() {
+        let case = Case::new("origins: {}\n");
+        let path = case.args.config.clone().unwrap();
+        let case = case
+            .args(|a| a.config = None)
+            .env("SBMESH_CONFIG", path.to_str().unwrap());
+        assert_eq!(case.ok().config_path, path);
+
+        let case = case.args(|a| a.config = None);
+        let env = |_: &str| None;
+        let problems = resolve(&case.args, &env, "h").unwrap_err();
+        if !Path::new(DEFAULT_CONFIG).exists() {
+            assert_eq!(problems[0].path, DEFAULT_CONFIG);
+        }
+    }
+
+    #[test]
+    fn values_from_sb_yml() {
+        let case = Case::new(CLUSTER_YML)
+            .env("SBPROXY_POD_NAME", "demo-proxy-1")
+            .env("SBPROXY_CLUSTER_KEY", &format!("{K1},{K2}"));
+        let s = case.ok();
+        assert_eq!(s.pod_name.as_deref(), Some("demo-proxy-1"));
+        assert_eq!(s.node_id, "demo-proxy-1");
+        assert_eq!(s.cluster_id, "demo");
+        assert_eq!(s.gossip_port, 7100);
+        assert_eq!(s.transport_port, 8100);
+        assert_eq!(
+            s.seeds,
+            [
+                "demo-proxy-0.demo-mesh.default.svc.cluster.local:7100",
+                "10.0.0.9:7000"
+            ]
+        );
+        let ring = s.cluster_key.unwrap();
+        assert_eq!(ring.len(), 2);
+        assert_eq!(ring[0][1], 1);
+        assert_eq!(ring[1][0], 0xff);
+        assert_eq!(s.admin_user.as_deref(), Some("admin"));
+        assert_eq!(s.admin_password.as_deref(), Some("secret"));
+        assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9191/admin/reload");
+        assert_eq!(
+            s.proxy_authorization.as_deref(),
+            Some("Basic YWRtaW46c2VjcmV0")
+        );
+    }
+
+    #[test]
+    fn precedence_flag_over_env_over_yml_over_default() {
+        // (flag, env, expected gossip port)
+        let yml = "proxy:\n  cluster: { gossip_port: 7000 }\n";
+        let cases = [
+            (None, None, 7000),
+            (None, Some("7100"), 7100),
+            (Some("7200"), Some("7100"), 7200),
+            (Some("7200"), None, 7200),
+        ];
+        for (flag, env, expected) in cases {
+            let mut case = Case::new(yml).args(|a| a.gossip_port = flag.map(str::to_string));
+            if let Some(env) = env {
+                case = case.env("SBMESH_GOSSIP_PORT", env);
+            }
+            assert_eq!(case.ok().gossip_port, expected, "{flag:?} {env:?}");
+        }
+        assert_eq!(Case::new("origins:\n").ok().gossip_port, 7946);
+
+        // string-valued settings, same ladder
+        let yml = "proxy:\n  admin: { username: yml-user, password: yml-pw }\n  cluster: { cluster_id: yml-id, node_id: yml-node, advertise_addr: 10.0.0.1 }\n";
+        let s = Case::new(yml).ok();
+        assert_eq!(
+            (
+                s.cluster_id.as_str(),
+                s.node_id.as_str(),
+                s.admin_user.as_deref()
+            ),
+            ("yml-id", "yml-node", Some("yml-user"))
+        );
+        assert_eq!(s.advertise, Some("10.0.0.1:7946".parse().unwrap()));
+        let case = Case::new(yml)
+            .env("SBMESH_CLUSTER_ID", "env-id")
+            .env("SBMESH_NODE_ID", "env-node")
+            .env("SBMESH_ADMIN_USER", "env-user")
+            .env("SBMESH_ADVERTISE", "10.0.0.2");
+        let s = case.ok();
+        assert_eq!(
+            (
+                s.cluster_id.as_str(),
+                s.node_id.as_str(),
+                s.admin_user.as_deref()
+            ),
+            ("env-id", "env-node", Some("env-user"))
+        );
+        assert_eq!(s.advertise, Some("10.0.0.2:7946".parse().unwrap()));
+        let s = case
+            .args(|a| {
+                a.cluster_id = Some("flag-id".into());
+                a.node_id = Some("flag-node".into());
+                a.admin_user = Some("flag-user".into());
+                a.advertise = Some("10.0.0.3:9".into());
+            })
+            .ok();
+        assert_eq!(
+            (
+                s.cluster_id.as_str(),
+                s.node_id.as_str(),
+                s.admin_user.as_deref()
+            ),
+            ("flag-id", "flag-node", Some("flag-user"))
+        );
+        assert_eq!(s.advertise, Some("10.0.0.3:9".parse().unwrap()));
+        // the password still comes from the file: each key has its own ladder
+        assert_eq!(s.admin_password.as_deref(), Some("yml-pw"));
+    }
+
+    #[test]
+    fn empty_values_fall_through() {
+        let case = Case::new("proxy:\n  cluster: { gossip_port: 7000 }\n")
+            .env("SBMESH_GOSSIP_PORT", "")
+            .args(|a| a.transport_port = Some(String::new()));
+        let s = case.ok();
+        assert_eq!(s.gossip_port, 7000);
+        assert_eq!(s.transport_port, 8946);
+    }
+
+    #[test]
+    fn identity_from_the_pod() {
+        let s = Case::new("origins: {}\n")
+            .env("SBPROXY_POD_NAME", "web-proxy-3")
+            .env("SBPROXY_POD_IP", "10.1.2.3")
+            .env("SBMESH_NAMESPACE", "prod")
+            .ok();
+        assert_eq!(s.node_id, "web-proxy-3");
+        assert_eq!(s.cluster_id, "web-proxy");
+        assert_eq!(s.namespace, "prod");
+        assert_eq!(s.pod_ip, Some("10.1.2.3".parse().unwrap()));
+        assert_eq!(s.advertise, Some("10.1.2.3:7946".parse().unwrap()));
+
+        // not a StatefulSet pod: the fallback cluster id
+        let s = Case::new("origins: {}\n")
+            .env("SBPROXY_POD_NAME", "laptop")
+            .ok();
+        assert_eq!(s.cluster_id, "sbmesh");
+        assert_eq!(s.node_id, "laptop");
+    }
+
+    #[test]
+    fn advertise_fallbacks() {
+        // bind IP when it is specific
+        let s = Case::new("origins: {}\n")
+            .env("SBMESH_BIND", "10.9.9.9")
+            .ok();
+        assert_eq!(s.bind, "10.9.9.9".parse::<IpAddr>().unwrap());
+        assert_eq!(s.advertise, Some("10.9.9.9:7946".parse().unwrap()));
+        // pod IP wins over bind; the gossip port follows the flag
+        let s = Case::new("origins: {}\n")
+            .env("SBMESH_BIND", "::")
+            .env("SBPROXY_POD_IP", "fd00::7")
+            .env("SBMESH_GOSSIP_PORT", "7001")
+            .ok();
+        assert_eq!(s.advertise, Some("[fd00::7]:7001".parse().unwrap()));
+        // unspecified bind and no pod IP: the runtime picks
+        let s = Case::new("origins: {}\n").env("SBMESH_BIND", "::").ok();
+        assert_eq!(s.advertise, None);
+        // --advertise with and without a port
+        let s = Case::new("origins: {}\n")
+            .args(|a| a.advertise = Some("[fd00::9]".into()))
+            .ok();
+        assert_eq!(s.advertise, Some("[fd00::9]:7946".parse().unwrap()));
+    }
+
+    #[test]
+    fn mesh_service_and_seeds() {
+        let s = Case::new("origins: {}\n")
+            .env("SBMESH_MESH_SERVICE", "demo-mesh")
+            .env("SBMESH_NAMESPACE", "edge")
+            .env("SBMESH_CLUSTER_DOMAIN", "corp.internal")
+            .env("SBMESH_SEEDS", " a , b:7001,[fd00::1],10.0.0.1,a ")
+            .env("SBMESH_CLUSTER_KEY", K1)
+            .ok();
+        assert_eq!(
+            s.mesh_service.as_deref(),
+            Some("demo-mesh.edge.svc.corp.internal")
+        );
+        // duplicates dropped, order kept
+        assert_eq!(
+            s.seeds,
+            ["a:7946", "b:7001", "[fd00::1]:7946", "10.0.0.1:7946"]
+        );
+        assert_eq!(
+            s.cluster_key,
+            Some(vec![config::parse_key_ring(K1).unwrap()[0]])
+        );
+
+        // --seeds replaces proxy.cluster.seeds, it does not add to them
+        let s = Case::new("proxy:\n  cluster: { seeds: [yml-seed] }\n")
+            .env("SBMESH_SEEDS", "flag-seed")
+            .env("SBMESH_CLUSTER_KEY", K1)
+            .ok();
+        assert_eq!(s.seeds, ["flag-seed:7946"]);
+    }
+
+    #[test]
+    fn seeds_or_service_without_a_key_is_refused() {
+        for case in [
+            Case::new("origins: {}\n").env("SBMESH_SEEDS", "a"),
+            Case::new("origins: {}\n").env("SBMESH_MESH_SERVICE", "demo-mesh"),
+            Case::new("proxy:\n  cluster: { seeds: [a] }\n"),
+        ] {
+            let problems = case.problems();
+            assert_eq!(problems.len(), 1, "{problems:#?}");
+            let p = &problems[0];
+            assert!(
+                p.starts_with("--cluster-key: the mesh has peers to contact"),
+                "{p}"
+            );
+            for name in [
+                "--cluster-key",
+                "SBMESH_CLUSTER_KEY",
+                "--cluster-key-file",
+                "proxy.cluster.security.shared_key",
+                "`sbmesh-sidecar keygen`",
+            ] {
+                assert!(p.contains(name), "{name} missing from {p}");
+            }
+        }
+        // alone, no key is needed
+        assert_eq!(Case::new("origins: {}\n").ok().cluster_key, None);
+    }
+
+    #[test]
+    fn key_sources() {
+        // literal flag
+        let s = Case::new("origins: {}\n")
+            .args(|a| a.cluster_key = Some(format!("{K2},{K1}")))
+            .ok();
+        assert_eq!(s.cluster_key.unwrap()[0][0], 0xff);
+        // env: in the flag
+        let s = Case::new("origins: {}\n")
+            .args(|a| a.cluster_key = Some("env:MY_KEY".into()))
+            .env("MY_KEY", K1)
+            .ok();
+        assert_eq!(s.cluster_key.unwrap().len(), 1);
+        // file: in sb.yml
+        let case = Case::new("origins: {}\n");
+        let key_path = case.dir.file("key", &format!("{K1}\n"));
+        let yml = format!(
+            "proxy:\n  cluster:\n    security: {{ shared_key: \"file:{}\" }}\n",
+            key_path.display()
+        );
+        std::fs::write(case.args.config.as_ref().unwrap(), yml).unwrap();
+        assert_eq!(case.ok().cluster_key.unwrap().len(), 1);
+        // literal in sb.yml
+        let s = Case::new(&format!(
+            "proxy:\n  cluster:\n    security: {{ shared_key: \"{K1}\" }}\n"
+        ))
+        .ok();
+        assert_eq!(s.cluster_key.unwrap().len(), 1);
+        // the flag wins over sb.yml
+        let s = Case::new(&format!(
+            "proxy:\n  cluster:\n    security: {{ shared_key: \"{K1}\" }}\n"
+        ))
+        .env("SBMESH_CLUSTER_KEY", K2)
+        .ok();
+        assert_eq!(s.cluster_key.unwrap()[0][0], 0xff);
+    }
+
+    #[test]
+    fn key_file_is_a_ring_primary_first() {
+        let case = Case::new(&format!(
+            "proxy:\n  cluster:\n    security: {{ shared_key: \"{K1}\" }}\n"
+        ));
+        let key_file = case
+            .dir
+            .file("ring", &format!("# rotated in\n{K2}\n\n{K1}\n"));
+        let case = case.env("SBMESH_CLUSTER_KEY_FILE", key_file.to_str().unwrap());
+        let s = case.ok();
+        assert_eq!(s.cluster_key_file.as_deref(), Some(key_file.as_path()));
+        let ring = s.cluster_key.unwrap();
+        assert_eq!(ring.len(), 2);
+        assert_eq!(ring[0][0], 0xff);
+    }
+
+    #[test]
+    fn key_problems() {
+        let case = Case::new("origins: {}\n")
+            .args(|a| a.cluster_key = Some(K1.into()))
+            .env("SBMESH_CLUSTER_KEY_FILE", "/some/file");
+        let problems = case.problems();
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0].starts_with("--cluster-key: both --cluster-key"),
+            "{}",
+            problems[0]
+        );
+
+        let problems = Case::new("origins: {}\n")
+            .env("SBMESH_CLUSTER_KEY", "nothex")
+            .problems();
+        assert_eq!(
+            problems,
+            [
+                "--cluster-key: expected 64 hex characters (32 bytes), as printed by `sbmesh-sidecar keygen`; found 6 characters (from --cluster-key or SBMESH_CLUSTER_KEY)"
+            ]
+        );
+
+        let problems = Case::new("origins: {}\n")
+            .args(|a| a.cluster_key_file = Some("/nonexistent/ring".into()))
+            .env("SBMESH_SEEDS", "a")
+            .problems();
+        assert_eq!(problems.len(), 1, "{problems:#?}");
+        assert!(
+            problems[0].starts_with("--cluster-key-file: cannot read /nonexistent/ring: "),
+            "{}",
+            problems[0]
+        );
+
+        let case = Case::new("origins: {}\n");
+        let empty = case.dir.file("empty", "# nothing yet\n");
+        let problems = case
+            .args(|a| a.cluster_key_file = Some(empty.clone()))
+            .problems();
+        assert!(problems[0].contains(": no key found;"), "{}", problems[0]);
+
+        let problems = Case::new(
+            "proxy:\n  cluster:\n    seeds: [a]\n    security: { shared_key: \"env:UNSET_KEY\" }\n",
+        )
+        .problems();
+        assert_eq!(
+            problems,
+            [
+                "proxy.cluster.security.shared_key: environment variable UNSET_KEY (named by env:UNSET_KEY) is not set or empty"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_bad_flag_is_reported_at_once() {
+        let case = Case::new("origins: {}\n").args(|a| {
+            a.pod_ip = Some("ten".into());
+            a.namespace = Some("Prod".into());
+            a.node_id = Some("a b".into());
+            a.cluster_id = Some("x/y".into());
+            a.gossip_port = Some("abc".into());
+            a.transport_port = Some("0".into());
+            a.bind = Some("any".into());
+            a.advertise = Some("0.0.0.0".into());
+            a.seeds = Some("udp://x".into());
+            a.admin_listen = Some("9091".into());
+            a.challenge_listen = Some("localhost:8089".into());
+            a.proxy_reload_url = Some("127.0.0.1:9090/admin/reload".into());
+            a.proxy_authorization = Some("Basic a\nb".into());
+            a.log_format = Some("xml".into());
+            a.shutdown_grace_ms = Some("30s".into());
+            a.mesh_service = Some("bad service".into());
+            a.cluster_key = Some(K1.into());
+        });
+        let problems = case.problems();
+        let paths: Vec<&str> = problems
+            .iter()
+            .map(|p| p.split_once(": ").unwrap().0)
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                "--pod-ip",
+                "--namespace",
+                "--node-id",
+                "--cluster-id",
+                "--gossip-port",
+                "--transport-port",
+                "--mesh-service",
+                "--seeds",
+                "--bind",
+                "--advertise",
+                "--admin-listen",
+                "--challenge-listen",
+                "--proxy-reload-url",
+                "--proxy-authorization",
+                "--log-format",
+                "--shutdown-grace-ms",
+            ],
+            "{problems:#?}"
+        );
+        let text = problems.join("\n");
+        for expected in [
+            "--pod-ip: \"ten\" is not an IP address; expected e.g. 10.0.0.5 or fd00::5 (from --pod-ip or SBPROXY_POD_IP)",
+            "--gossip-port: \"abc\" is not a port; expected a number from 1 to 65535 (from --gossip-port or SBMESH_GOSSIP_PORT)",
+            "--node-id: node id \"a b\" contains ' '",
+            "--log-format: \"xml\" is not a log format; expected json or text (from --log-format or SBMESH_LOG_FORMAT)",
+            "--shutdown-grace-ms: \"30s\" is not a number of milliseconds; expected e.g. 30000 (from --shutdown-grace-ms or SBPROXY_SHUTDOWN_GRACE_MS)",
+            "--advertise: \"0.0.0.0\" is unspecified",
+            "--mesh-service: \"bad service.default.svc.cluster.local\" is not a DNS name",
+        ] {
+            assert!(text.contains(expected), "{expected}\nnot in\n{text}");
+        }
+    }
+
+    #[test]
+    fn file_problems_and_flag_problems_together() {
+        let case = Case::new("proxy:\n  acme: { storage_backend: sqlite }\n")
+            .env("SBMESH_GOSSIP_PORT", "x");
+        let problems = case.problems();
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(problems[0].starts_with("proxy.acme.storage_backend: unsupported backend"));
+        assert!(problems[1].starts_with("--gossip-port: "));
+
+        let problems = Case::new("origins: {}\n")
+            .args(|a| a.config = Some("/nonexistent/sb.yml".into()))
+            .problems();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].starts_with("/nonexistent/sb.yml: cannot read: "),
+            "{}",
+            problems[0]
+        );
+    }
+
+    #[test]
+    fn invalid_ids_from_file_or_pod() {
+        let problems = Case::new("origins: {}\n")
+            .env("SBPROXY_POD_NAME", "a b-0")
+            .problems();
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert!(
+            problems[0].starts_with("--pod-name: used as the node id: node id \"a b-0\""),
+            "{}",
+            problems[0]
+        );
+        assert!(
+            problems[1].starts_with(
+                "--pod-name: its StatefulSet part, used as the cluster id: cluster id \"a b\""
+            ),
+            "{}",
+            problems[1]
+        );
+
+        let env = |_: &str| None;
+        let problems = resolve(&Case::new("origins: {}\n").args, &env, "").unwrap_err();
+        assert!(
+            problems[0]
+                .to_string()
+                .starts_with("--node-id: no node id is set and the host name cannot be one"),
+            "{:?}",
+            problems
+        );
+    }
+
+    #[test]
+    fn admin_credentials_go_together() {
+        let problems = Case::new("origins: {}\n")
+            .env("SBMESH_ADMIN_USER", "u")
+            .problems();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].starts_with("--admin-password: an admin user is set"),
+            "{}",
+            problems[0]
+        );
+        let problems = Case::new("proxy:\n  admin: { password: p }\n").problems();
+        assert!(
+            problems[0].starts_with("--admin-user: an admin password is set"),
+            "{}",
+            problems[0]
+        );
+        let problems = Case::new("origins: {}\n")
+            .env("SBMESH_ADMIN_USER", "a:b")
+            .env("SBMESH_ADMIN_PASSWORD", "p")
+            .problems();
+        assert!(
+            problems[0].starts_with("--admin-user: the user must not contain ':'"),
+            "{}",
+            problems[0]
+        );
+        let s = Case::new("origins: {}\n")
+            .env("SBMESH_ADMIN_USER", "u")
+            .env("SBMESH_ADMIN_PASSWORD", "p")
+            .ok();
+        assert_eq!(
+            (s.admin_user.as_deref(), s.admin_password.as_deref()),
+            (Some("u"), Some("p"))
+        );
+        // the sidecar's own credentials do not become the proxy's
+        assert_eq!(s.proxy_authorization, None);
+    }
+
+    #[test]
+    fn reload_target_overrides() {
+        let s = Case::new("proxy:\n  admin: { port: 9191, username: a, password: b }\n")
+            .env(
+                "SBMESH_PROXY_RELOAD_URL",
+                "https://proxy.local:9443/admin/reload",
+            )
+            .env("SBMESH_PROXY_AUTHORIZATION", "Bearer t0k")
+            .ok();
+        assert_eq!(s.proxy_reload_url, "https://proxy.local:9443/admin/reload");
+        assert_eq!(s.proxy_authorization.as_deref(), Some("Bearer t0k"));
+    }
+
+    #[test]
+    fn other_flags() {
+        let s = Case::new("origins: {}\n")
+            .args(|a| {
+                a.admin_listen = Some("[::]:9999".into());
+                a.challenge_listen = Some("127.0.0.1:80".into());
+                a.cert_dir = Some("/certs".into());
+                a.log_format = Some("TEXT".into());
+                a.shutdown_grace_ms = Some("1500".into());
+            })
+            .env("SBMESH_STATE_DIR", "/state")
+            .ok();
+        assert_eq!(s.admin_listen, "[::]:9999".parse().unwrap());
+        assert_eq!(s.challenge_listen, "127.0.0.1:80".parse().unwrap());
+        assert_eq!(s.cert_dir, Path::new("/certs"));
+        assert_eq!(s.state_dir, Path::new("/state"));
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(s.shutdown_grace, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug() {
+        let s = Case::new("proxy:\n  admin: { username: a, password: pw-secret }\n")
+            .env("SBMESH_CLUSTER_KEY", K1)
+            .env("SBMESH_ADMIN_PASSWORD", "admin-secret")
+            .ok();
+        let debug = format!("{s:?}");
+        for secret in [
+            "pw-secret",
+            "admin-secret",
+            K1,
+            "YTpwdy1zZWNyZXQ",
+            "[0, 1, 2",
+        ] {
+            assert!(!debug.contains(secret), "{secret} in {debug}");
+        }
+        assert!(debug.contains("<1 key(s) redacted>"));
+    }
+
+    #[test]
+    fn basic_header() {
+        assert_eq!(
+            basic_authorization("admin", "secret"),
+            "Basic YWRtaW46c2VjcmV0"
+        );
+        assert_eq!(basic_authorization("ü", ""), "Basic w7w6");
+    }
+
+    #[test]
+    fn hostname_fallback() {
+        assert!(!system_hostname(&|_| None).is_empty());
+    }
+}
