@@ -118,11 +118,17 @@ impl Metrics {
             let _ = mesh.state_changes.get_or_create(&StateLabels { state });
         }
         for reason in ["decrypt", "cluster", "replay", "decode", "size"] {
-            let _ = mesh.packets_rejected.get_or_create(&ReasonLabels { reason });
+            let _ = mesh
+                .packets_rejected
+                .get_or_create(&ReasonLabels { reason });
         }
         for transport in [Transport::udp, Transport::tcp] {
-            let _ = mesh.bytes_sent.get_or_create(&TransportLabels { transport });
-            let _ = mesh.bytes_received.get_or_create(&TransportLabels { transport });
+            let _ = mesh
+                .bytes_sent
+                .get_or_create(&TransportLabels { transport });
+            let _ = mesh
+                .bytes_received
+                .get_or_create(&TransportLabels { transport });
         }
         registry.register(
             "mesh_peer_count",

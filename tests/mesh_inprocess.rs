@@ -5,12 +5,19 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sbmesh::mesh::{ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
+use sbmesh::mesh::{
+    ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning,
+};
 use sbmesh::metrics::Metrics;
 
 const KEY: [u8; 32] = [0x42; 32];
 
-async fn node(name: &str, ip: &str, seeds: Vec<String>, keys: Vec<[u8; 32]>) -> (Mesh, Arc<Metrics>) {
+async fn node(
+    name: &str,
+    ip: &str,
+    seeds: Vec<String>,
+    keys: Vec<[u8; 32]>,
+) -> (Mesh, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new());
     let mesh = Mesh::start(
         MeshConfig {
@@ -48,7 +55,10 @@ async fn wait_for(mesh: &Mesh, what: &str, pred: impl Fn(&ClusterStatus) -> bool
         if pred(&s) {
             return s;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}; last status: {s:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; last status: {s:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -102,13 +112,49 @@ async fn a_node_with_another_key_never_joins() {
     let (a, metrics) = node("a", "127.0.32.1", vec![], vec![KEY]).await;
     let (x, _) = node("x", "127.0.32.2", vec![addr(&a)], vec![[0x13; 32]]).await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !metrics.encode().contains("mesh_packets_rejected_total{reason=\"decrypt\"} ") || {
-        let t = metrics.encode();
-        t.contains("mesh_packets_rejected_total{reason=\"decrypt\"} 0\n")
-    } {
+    while !metrics
+        .encode()
+        .contains("mesh_packets_rejected_total{reason=\"decrypt\"} ")
+        || {
+            let t = metrics.encode();
+            t.contains("mesh_packets_rejected_total{reason=\"decrypt\"} 0\n")
+        }
+    {
         assert!(Instant::now() < deadline, "no decrypt rejection counted");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(a.status().await.unwrap().summary.total_nodes, 1);
     assert_eq!(x.status().await.unwrap().summary.total_nodes, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_nodes_form_a_mesh() {
+    // Skip quietly only where the host has no IPv6 loopback at all.
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("SKIP: no IPv6 loopback on this host");
+        return;
+    }
+    let (a, _) = node("a6", "::1", vec![], vec![KEY]).await;
+    let (b, _) = node("b6", "::1", vec![addr(&a)], vec![KEY]).await;
+    for m in [&a, &b] {
+        let s = wait_for(m, "2 members over IPv6", |s| s.summary.total_nodes == 2).await;
+        assert!(
+            s.nodes.iter().all(|n| n.address.starts_with("[::1]:")),
+            "{s:#?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rings_new_old_and_old_interoperate() {
+    let old = [0x01; 32];
+    let new = [0x02; 32];
+    let (a, _) = node("a", "127.0.33.1", vec![], vec![new, old]).await;
+    let (b, _) = node("b", "127.0.33.2", vec![addr(&a)], vec![old]).await;
+    for m in [&a, &b] {
+        wait_for(m, "2 members across a key rotation", |s| {
+            s.summary.total_nodes == 2
+        })
+        .await;
+    }
 }

@@ -65,7 +65,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let state = AdminState {
         mesh: mesh.clone(),
         metrics: metrics.clone(),
-        auth: AdminAuth::new(settings.admin_user.as_deref(), settings.admin_password.as_deref()),
+        auth: AdminAuth::new(
+            settings.admin_user.as_deref(),
+            settings.admin_password.as_deref(),
+        ),
         readiness: vec![mesh_running(mesh.clone())],
     };
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -91,7 +94,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     );
 
     let signal = shutdown_signal().await;
-    info!(signal, grace_ms = settings.shutdown_grace.as_millis() as u64, "draining");
+    info!(
+        signal,
+        grace_ms = settings.shutdown_grace.as_millis() as u64,
+        "draining"
+    );
     let drain = async {
         mesh.leave().await;
         let _ = stop_tx.send(true);

@@ -28,7 +28,11 @@ impl AdminAuth {
     /// let in.
     pub fn new(user: Option<&str>, password: Option<&str>) -> Self {
         let expected = match (user, password) {
-            (Some(u), Some(p)) => Some(digest(&SHA256, format!("{u}:{p}").as_bytes()).as_ref().to_vec()),
+            (Some(u), Some(p)) => Some(
+                digest(&SHA256, format!("{u}:{p}").as_bytes())
+                    .as_ref()
+                    .to_vec(),
+            ),
             _ => None,
         };
         Self { expected }
@@ -49,8 +53,15 @@ impl AdminAuth {
         };
         let Some(creds) = given
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
-            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+            .and_then(|v| {
+                v.strip_prefix("Basic ")
+                    .or_else(|| v.strip_prefix("basic "))
+            })
+            .and_then(|b| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(b.trim())
+                    .ok()
+            })
         else {
             return Verdict::Challenge;
         };
@@ -76,8 +87,14 @@ mod tests {
     fn basic_credentials() {
         let a = AdminAuth::new(Some("admin"), Some("secret"));
         let remote: IpAddr = "10.0.0.1".parse().unwrap();
-        assert_eq!(a.check(Some(&basic("admin:secret")), remote), Verdict::Allow);
-        assert_eq!(a.check(Some(&basic("admin:wrong")), remote), Verdict::Challenge);
+        assert_eq!(
+            a.check(Some(&basic("admin:secret")), remote),
+            Verdict::Allow
+        );
+        assert_eq!(
+            a.check(Some(&basic("admin:wrong")), remote),
+            Verdict::Challenge
+        );
         assert_eq!(a.check(None, remote), Verdict::Challenge);
         assert_eq!(
             a.check(Some(&HeaderValue::from_static("Basic !!!")), remote),
@@ -90,7 +107,13 @@ mod tests {
         let a = AdminAuth::new(None, Some("x"));
         assert_eq!(a.check(None, "127.0.0.1".parse().unwrap()), Verdict::Allow);
         assert_eq!(a.check(None, "::1".parse().unwrap()), Verdict::Allow);
-        assert_eq!(a.check(None, "::ffff:127.0.0.1".parse().unwrap()), Verdict::Allow);
-        assert_eq!(a.check(None, "10.1.1.1".parse().unwrap()), Verdict::LoopbackOnly);
+        assert_eq!(
+            a.check(None, "::ffff:127.0.0.1".parse().unwrap()),
+            Verdict::Allow
+        );
+        assert_eq!(
+            a.check(None, "10.1.1.1".parse().unwrap()),
+            Verdict::LoopbackOnly
+        );
     }
 }

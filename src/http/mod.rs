@@ -45,7 +45,8 @@ impl AdminState {
 /// A readiness check that holds once the mesh runs.
 pub fn mesh_running(mesh: Mesh) -> ReadinessCheck {
     Arc::new(move || {
-        (!mesh.is_running()).then(|| "mesh: not joined yet (waiting up to 5 s for a peer)".to_owned())
+        (!mesh.is_running())
+            .then(|| "mesh: not joined yet (waiting up to 5 s for a peer)".to_owned())
     })
 }
 

@@ -61,7 +61,10 @@ fn with_port(s: &str, port: u16) -> String {
     if let Ok(ip) = s.parse::<std::net::IpAddr>() {
         return SocketAddr::new(ip, port).to_string();
     }
-    if s.starts_with('[') || s.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+    if s.starts_with('[')
+        || s.rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
         return s.to_owned();
     }
     format!("{s}:{port}")
@@ -94,6 +97,9 @@ mod tests {
         let got = src.resolve().await;
         assert!(got.contains(&"127.0.0.9:7946".parse().unwrap()));
         assert!(got.iter().any(|a| a.port() == 7000 && a.ip().is_loopback()));
-        assert!(got.iter().all(|a| a.port() != 7946 || a.ip().to_string() == "127.0.0.9"));
+        assert!(
+            got.iter()
+                .all(|a| a.port() != 7946 || a.ip().to_string() == "127.0.0.9")
+        );
     }
 }

@@ -80,7 +80,8 @@ impl SwimTuning {
         let n = cluster_size.max(1) as f64;
         // memberlist's rule: retransmit 4 * log10(n + 1) times.
         let max_tx = (4.0 * (n + 1.0).log10()).ceil().clamp(3.0, 30.0) as u8;
-        let nz = |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
+        let nz =
+            |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
         foca::Config {
             probe_period: self.probe_period,
             probe_rtt: self.probe_rtt,
@@ -201,25 +202,38 @@ impl Mesh {
         meta: NodeMeta,
     ) -> Result<Mesh, MeshError> {
         if cfg.node_id.is_empty() || cfg.node_id.len() > 253 {
-            return Err(MeshError::NodeId(cfg.node_id, "must be 1 to 253 characters"));
+            return Err(MeshError::NodeId(
+                cfg.node_id,
+                "must be 1 to 253 characters",
+            ));
         }
         let ring = KeyRing::new(cfg.keys.clone()).map_err(|e| MeshError::Key(e.to_string()))?;
         let sealer = Arc::new(Sealer::new(&cfg.cluster_id, ring));
 
         let udp_addr = SocketAddr::new(cfg.bind, cfg.gossip_port);
-        let udp = UdpSocket::bind(udp_addr).await.map_err(|source| MeshError::Bind {
-            what: "gossip (UDP)",
-            addr: udp_addr,
-            source,
-        })?;
+        let udp = UdpSocket::bind(udp_addr)
+            .await
+            .map_err(|source| MeshError::Bind {
+                what: "gossip (UDP)",
+                addr: udp_addr,
+                source,
+            })?;
         let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
-        let tcp = TcpListener::bind(tcp_addr).await.map_err(|source| MeshError::Bind {
-            what: "transport (TCP)",
-            addr: tcp_addr,
-            source,
-        })?;
-        let gossip_port = udp.local_addr().map(|a| a.port()).unwrap_or(cfg.gossip_port);
-        let transport_port = tcp.local_addr().map(|a| a.port()).unwrap_or(cfg.transport_port);
+        let tcp = TcpListener::bind(tcp_addr)
+            .await
+            .map_err(|source| MeshError::Bind {
+                what: "transport (TCP)",
+                addr: tcp_addr,
+                source,
+            })?;
+        let gossip_port = udp
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or(cfg.gossip_port);
+        let transport_port = tcp
+            .local_addr()
+            .map(|a| a.port())
+            .unwrap_or(cfg.transport_port);
 
         let advertise = match cfg.advertise {
             Some(a) => a,
@@ -245,7 +259,12 @@ impl Mesh {
         );
         let udp = Arc::new(udp);
 
-        tokio::spawn(accept_loop(tcp, sealer.clone(), metrics.clone(), cmd_tx.clone()));
+        tokio::spawn(accept_loop(
+            tcp,
+            sealer.clone(),
+            metrics.clone(),
+            cmd_tx.clone(),
+        ));
         tokio::spawn(seed_loop(cfg.seeds.clone(), cmd_tx.clone(), shared.clone()));
         if let Some(path) = cfg.key_file.clone() {
             tokio::spawn(key_file_loop(path, sealer.clone(), cmd_tx.downgrade()));
@@ -281,6 +300,7 @@ impl Mesh {
             next_push_pull: Instant::now() + first_push_pull,
             sized_for: 1,
             leaving: false,
+            peer_keys: HashMap::new(),
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
         };
@@ -369,6 +389,9 @@ struct Driver {
     next_push_pull: Instant,
     sized_for: usize,
     leaving: bool,
+    /// The ring key each peer last used: answering in kind keeps peers on
+    /// different rings of a rolling rotation talking.
+    peer_keys: HashMap<SocketAddr, u32>,
     cmd_tx: mpsc::WeakSender<Command>,
     shared: Arc<Shared>,
 }
@@ -412,8 +435,14 @@ impl Driver {
             self.metrics.mesh.rejected(Reject::Size.label());
             return;
         }
-        let plain = match self.sealer.unseal(Channel::Udp, packet, now_ms()) {
-            Ok(p) => p,
+        let plain = match self.sealer.unseal_keyed(Channel::Udp, packet, now_ms()) {
+            Ok((p, key_id)) => {
+                if self.peer_keys.len() > 4096 {
+                    self.peer_keys.clear();
+                }
+                self.peer_keys.insert(from, key_id);
+                p
+            }
             Err(r) => {
                 self.metrics.mesh.rejected(r.label());
                 debug!(%from, reason = r.label(), "datagram rejected");
@@ -444,7 +473,7 @@ impl Driver {
                         self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
                     }
                     wire::KIND_HELLO_ACK => {
-                        let transport = id.transport();
+                        let transport = (id.transport(), self.peer_keys.get(&id.gossip).copied());
                         if let Err(e) = self.foca.announce(id, &mut self.rt) {
                             debug!(error = %e, "announce failed");
                         }
@@ -467,7 +496,9 @@ impl Driver {
 
     fn count_foca_error(&self, e: &foca::Error) {
         match e {
-            foca::Error::Decode(_) | foca::Error::MalformedPacket | foca::Error::CustomBroadcast(_) => {
+            foca::Error::Decode(_)
+            | foca::Error::MalformedPacket
+            | foca::Error::CustomBroadcast(_) => {
                 self.metrics.mesh.rejected(Reject::Decode.label());
             }
             foca::Error::DataTooBig => self.metrics.mesh.rejected(Reject::Size.label()),
@@ -485,9 +516,10 @@ impl Driver {
 
     fn send_plain(&mut self, to: SocketAddr, plain: &[u8]) {
         let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
+        let key = self.peer_keys.get(&to).copied();
         if self
             .sealer
-            .seal(Channel::Udp, plain, now_ms(), &mut sealed)
+            .seal_with(Channel::Udp, key, plain, now_ms(), &mut sealed)
             .is_err()
         {
             return;
@@ -536,10 +568,7 @@ impl Driver {
                 let _ = reply.send(out);
             }
             Command::Seeds(seeds) => {
-                self.seeds = seeds
-                    .into_iter()
-                    .filter(|s| *s != self.advertise)
-                    .collect();
+                self.seeds = seeds.into_iter().filter(|s| *s != self.advertise).collect();
                 self.hello_seeds();
             }
             Command::PushPullIn(remote, reply) => {
@@ -569,11 +598,7 @@ impl Driver {
     /// Seeds that are not alive members get a hello; the reply names them
     /// so foca can announce to them.
     fn hello_seeds(&mut self) {
-        let known: HashSet<SocketAddr> = self
-            .foca
-            .iter_members()
-            .map(|m| m.id().gossip)
-            .collect();
+        let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         let me = self.foca.identity().clone();
         let targets: Vec<SocketAddr> = self
             .seeds
@@ -607,7 +632,8 @@ impl Driver {
         if Instant::now() >= self.next_push_pull {
             self.next_push_pull = Instant::now() + self.tuning.push_pull_every(size);
             if let Some(peer) = self.random_alive() {
-                self.push_pull(peer.transport());
+                let key = self.peer_keys.get(&peer.gossip).copied();
+                self.push_pull((peer.transport(), key));
             }
         }
         // Forget metadata of members foca forgot.
@@ -665,7 +691,12 @@ impl Driver {
                 .foca
                 .iter_members()
                 .find(|m| m.id().node_id == d.node_id)
-                .map(|m| m.id().transport());
+                .map(|m| {
+                    (
+                        m.id().transport(),
+                        self.peer_keys.get(&m.id().gossip).copied(),
+                    )
+                });
             let Some(addr) = owner else {
                 still.push(d);
                 continue;
@@ -687,9 +718,10 @@ impl Driver {
         }
     }
 
-    fn push_pull(&self, addr: SocketAddr) {
+    fn push_pull(&self, (addr, key): (SocketAddr, Option<u32>)) {
         tokio::spawn(push_pull(
             addr,
+            key,
             self.full_state(),
             self.sealer.clone(),
             self.metrics.clone(),
@@ -740,7 +772,10 @@ impl Driver {
                 Member::new(m.id, m.incarnation, state)
             })
             .collect();
-        if let Err(e) = self.foca.apply_many(updates.into_iter(), false, &mut self.rt) {
+        if let Err(e) = self
+            .foca
+            .apply_many(updates.into_iter(), false, &mut self.rt)
+        {
             debug!(error = %e, "full state not applied");
         }
         for rec in remote.metas {
@@ -767,7 +802,10 @@ impl Driver {
     fn set_local_meta(&mut self, meta: &NodeMeta) {
         let json = encode_meta(meta);
         if json.len() > MAX_META_BYTES {
-            warn!(bytes = json.len(), "node metadata over 64 KiB not published");
+            warn!(
+                bytes = json.len(),
+                "node metadata over 64 KiB not published"
+            );
             return;
         }
         if json == self.local_meta.json {
@@ -798,7 +836,12 @@ impl Driver {
             membership_state: MemberState::Alive,
             incarnation: me.generation,
             last_seen_ms_ago: 0,
-            health: if local_meta.ready { "healthy" } else { "unhealthy" }.into(),
+            health: if local_meta.ready {
+                "healthy"
+            } else {
+                "unhealthy"
+            }
+            .into(),
             version: Some(local_meta.version),
             config_hash: local_meta.config_hash,
             last_reload: local_meta.last_reload,
@@ -884,9 +927,10 @@ impl Driver {
             plain.push(wire::KIND_FOCA);
             plain.extend_from_slice(&data);
             let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
+            let key = self.peer_keys.get(&to.gossip).copied();
             if self
                 .sealer
-                .seal(Channel::Udp, &plain, ts, &mut sealed)
+                .seal_with(Channel::Udp, key, &plain, ts, &mut sealed)
                 .is_err()
             {
                 continue;
@@ -930,7 +974,10 @@ impl Driver {
             }
             OwnedNotification::Idle => info!("no active peers"),
             OwnedNotification::Rejoin(id) => {
-                info!(generation = id.generation, "rejoined the mesh under a renewed identity");
+                info!(
+                    generation = id.generation,
+                    "rejoined the mesh under a renewed identity"
+                );
                 self.republish_digest();
             }
             OwnedNotification::Defunct if !self.leaving => warn!("declared down by the cluster"),
@@ -1032,7 +1079,9 @@ async fn key_file_loop(path: PathBuf, sealer: Arc<Sealer>, alive: mpsc::WeakSend
                 last = Some(bytes);
             }
             Ok(_) => {}
-            Err(e) => warn!(path = %path.display(), error = %e, "key file unreadable; keeping the current keys"),
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "key file unreadable; keeping the current keys")
+            }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -1061,7 +1110,9 @@ async fn accept_loop(
         let (sealer, metrics, cmd) = (sealer.clone(), metrics.clone(), cmd.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(TCP_TIMEOUT, serve_conn(stream, &sealer, &metrics, &cmd)).await {
+            match tokio::time::timeout(TCP_TIMEOUT, serve_conn(stream, &sealer, &metrics, &cmd))
+                .await
+            {
                 Ok(Ok(())) => {}
                 Ok(Err(WireError::Rejected(r))) => {
                     metrics.mesh.rejected(r.label());
@@ -1080,7 +1131,7 @@ async fn serve_conn(
     metrics: &Metrics,
     cmd: &mpsc::Sender<Command>,
 ) -> Result<(), WireError> {
-    let (msg, n) = wire::read_frame(&mut stream, sealer, now_ms).await?;
+    let (msg, n, key_id) = wire::read_frame(&mut stream, sealer, now_ms).await?;
     metrics.mesh.received(Transport::tcp, n);
     let reply = match msg {
         TcpMsg::PushPull(state) => {
@@ -1099,22 +1150,22 @@ async fn serve_conn(
         }
         TcpMsg::MetaReply(_) => return Err(WireError::Rejected(Reject::Decode)),
     };
-    let n = wire::write_frame(&mut stream, sealer, &reply, now_ms()).await?;
+    let n = wire::write_frame(&mut stream, sealer, Some(key_id), &reply, now_ms()).await?;
     metrics.mesh.sent(Transport::tcp, n);
     Ok(())
 }
 
 async fn exchange(
-    addr: SocketAddr,
+    (addr, key): (SocketAddr, Option<u32>),
     msg: TcpMsg,
     sealer: &Sealer,
     metrics: &Metrics,
 ) -> Result<TcpMsg, WireError> {
     let run = async {
         let mut stream = TcpStream::connect(addr).await?;
-        let n = wire::write_frame(&mut stream, sealer, &msg, now_ms()).await?;
+        let n = wire::write_frame(&mut stream, sealer, key, &msg, now_ms()).await?;
         metrics.mesh.sent(Transport::tcp, n);
-        let (reply, n) = wire::read_frame(&mut stream, sealer, now_ms).await?;
+        let (reply, n, _) = wire::read_frame(&mut stream, sealer, now_ms).await?;
         metrics.mesh.received(Transport::tcp, n);
         Ok(reply)
     };
@@ -1131,12 +1182,13 @@ async fn exchange(
 
 async fn push_pull(
     addr: SocketAddr,
+    key: Option<u32>,
     state: FullState,
     sealer: Arc<Sealer>,
     metrics: Arc<Metrics>,
     cmd: mpsc::WeakSender<Command>,
 ) {
-    match exchange(addr, TcpMsg::PushPull(state), &sealer, &metrics).await {
+    match exchange((addr, key), TcpMsg::PushPull(state), &sealer, &metrics).await {
         Ok(TcpMsg::PushPull(remote)) => {
             if let Some(cmd) = cmd.upgrade() {
                 let _ = cmd.send(Command::PushPullDone(remote)).await;
@@ -1148,13 +1200,20 @@ async fn push_pull(
 }
 
 async fn fetch_meta(
-    addr: SocketAddr,
+    (addr, key): (SocketAddr, Option<u32>),
     node_id: String,
     sealer: Arc<Sealer>,
     metrics: Arc<Metrics>,
     cmd: mpsc::WeakSender<Command>,
 ) {
-    let rec = match exchange(addr, TcpMsg::MetaRequest(node_id.clone()), &sealer, &metrics).await {
+    let rec = match exchange(
+        (addr, key),
+        TcpMsg::MetaRequest(node_id.clone()),
+        &sealer,
+        &metrics,
+    )
+    .await
+    {
         Ok(TcpMsg::MetaReply(rec)) => rec.filter(|r| r.node_id == node_id),
         Ok(_) => None,
         Err(e) => {

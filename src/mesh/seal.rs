@@ -316,6 +316,21 @@ impl Sealer {
         now_unix_ms: u64,
         out: &mut Vec<u8>,
     ) -> Result<(), SealError> {
+        self.seal_with(channel, None, payload, now_unix_ms, out)
+    }
+
+    /// Like [`Sealer::seal`], but under the ring key `key_id` when the ring
+    /// still holds it (else the primary). The mesh answers a peer in the
+    /// key that peer used, so a peer still on `[old]` keeps talking to one
+    /// already on `[new, old]` during a rolling rotation.
+    pub fn seal_with(
+        &self,
+        channel: Channel,
+        key_id: Option<u32>,
+        payload: &[u8],
+        now_unix_ms: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), SealError> {
         if payload.len() > channel.max_payload() {
             return Err(SealError::TooLarge {
                 channel,
@@ -327,7 +342,10 @@ impl Sealer {
         rand::fill(&mut nonce).map_err(|_| SealError::Random)?;
 
         let ring = self.current_ring();
-        let (key_id, key) = ring.primary_aead();
+        let (key_id, key) = match key_id.and_then(|id| ring.aead(id).map(|k| (id, k))) {
+            Some(chosen) => chosen,
+            None => ring.primary_aead(),
+        };
 
         let mut header = [0u8; HEADER_LEN];
         let (version, rest) = header.split_at_mut(VERSION_LEN);
@@ -372,6 +390,18 @@ impl Sealer {
         packet: &[u8],
         now_unix_ms: u64,
     ) -> Result<Vec<u8>, Reject> {
+        self.unseal_keyed(channel, packet, now_unix_ms)
+            .map(|(payload, _)| payload)
+    }
+
+    /// Like [`Sealer::unseal`], also returning the id of the ring key that
+    /// opened the packet.
+    pub fn unseal_keyed(
+        &self,
+        channel: Channel,
+        packet: &[u8],
+        now_unix_ms: u64,
+    ) -> Result<(Vec<u8>, u32), Reject> {
         if packet.len() < OVERHEAD || packet.len() > channel.max_packet() {
             return Err(Reject::Size);
         }
@@ -425,7 +455,7 @@ impl Sealer {
             return Err(Reject::Replay);
         }
         buf.drain(..TIMESTAMP_LEN);
-        Ok(buf)
+        Ok((buf, key_id))
     }
 
     fn current_ring(&self) -> Arc<KeyRing> {

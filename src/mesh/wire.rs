@@ -59,6 +59,7 @@ pub enum WireError {
 pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
     w: &mut W,
     sealer: &Sealer,
+    key_id: Option<u32>,
     msg: &TcpMsg,
     now_ms: u64,
 ) -> Result<usize, WireError> {
@@ -66,7 +67,7 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
     let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead() + 4);
     sealed.extend_from_slice(&[0; 4]);
     sealer
-        .seal(Channel::Tcp, &plain, now_ms, &mut sealed)
+        .seal_with(Channel::Tcp, key_id, &plain, now_ms, &mut sealed)
         .map_err(|_| WireError::Rejected(Reject::Size))?;
     let len = sealed.len() - 4;
     if len > MAX_FRAME {
@@ -79,12 +80,12 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
 }
 
 /// Reads one sealed frame, checking its announced length before allocating.
-/// Returns the message and the bytes read.
+/// Returns the message, the bytes read and the id of the key that opened it.
 pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
     r: &mut R,
     sealer: &Sealer,
     now_ms: impl Fn() -> u64,
-) -> Result<(TcpMsg, usize), WireError> {
+) -> Result<(TcpMsg, usize, u32), WireError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
@@ -93,9 +94,9 @@ pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf).await?;
-    let plain = sealer
-        .unseal(Channel::Tcp, &buf, now_ms())
+    let (plain, key_id) = sealer
+        .unseal_keyed(Channel::Tcp, &buf, now_ms())
         .map_err(WireError::Rejected)?;
     let msg = postcard::from_bytes(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
-    Ok((msg, len + 4))
+    Ok((msg, len + 4, key_id))
 }
