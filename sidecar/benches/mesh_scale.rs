@@ -14,8 +14,8 @@
 //! this bench runs that binary (`target/release/sbmesh-sidecar`);
 //! `SBMESH_SIDECAR_BIN=path` runs another one.
 //!
-//! Measured (status = `GET /admin/cluster/status`, polled every 100 ms per
-//! node from 16 threads):
+//! Measured (status = `GET /admin/cluster/status`, polled every 100 ms —
+//! `SBMESH_BENCH_POLL_MS` — per node from 16 threads):
 //! - converge: from the moment the last process was spawned until every
 //!   node's status shows `total_nodes = N`;
 //! - kill -9: from the SIGKILL of one node until every survivor shows it
@@ -48,6 +48,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::*;
+use serde::Deserialize;
 use serde_json::Value;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -84,14 +85,58 @@ fn fetch_metric(addr: SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option
     None
 }
 
-/// Polls every address's status every 100 ms (from up to 16 threads) until
-/// `pred` holds on it; returns per address the time since `t0` at which it
-/// was first seen to hold, or `None` if it never did before `timeout`.
+/// The part of `/admin/cluster/status` the bench reads; serde skips the
+/// rest without building it (a status of 128 members is ~40 KB).
+#[derive(Deserialize)]
+struct Brief {
+    summary: BriefSummary,
+    nodes: Vec<BriefNode>,
+}
+
+#[derive(Deserialize)]
+struct BriefSummary {
+    total_nodes: u64,
+}
+
+#[derive(Deserialize)]
+struct BriefNode {
+    node_id: String,
+    membership_state: String,
+}
+
+impl Brief {
+    fn state_of(&self, id: &str) -> Option<&str> {
+        let mut it = self.nodes.iter().filter(|n| n.node_id == id);
+        match (it.next(), it.next()) {
+            (Some(n), None) => Some(n.membership_state.as_str()),
+            _ => None,
+        }
+    }
+}
+
+fn fetch_brief(addr: SocketAddr) -> Option<Brief> {
+    let r = http_get(
+        addr,
+        "/admin/cluster/status",
+        Some((ADMIN_USER, ADMIN_PASSWORD)),
+    )
+    .ok()?;
+    if r.status != 200 {
+        return None;
+    }
+    serde_json::from_slice(&r.body).ok()
+}
+
+/// Polls every address's status every `interval` (from up to 16 threads)
+/// until `pred` holds on it; returns per address the time since `t0` at
+/// which it was first seen to hold, or `None` if it never did before
+/// `timeout`. A node is no longer polled once it passed.
 fn poll_all(
     addrs: &[SocketAddr],
     t0: Instant,
+    interval: Duration,
     timeout: Duration,
-    pred: impl Fn(&Value) -> bool + Sync,
+    pred: impl Fn(&Brief) -> bool + Sync,
 ) -> Vec<Option<Duration>> {
     let results = Mutex::new(vec![None; addrs.len()]);
     let threads = addrs.len().clamp(1, 16);
@@ -104,13 +149,13 @@ fn poll_all(
                 while !pending.is_empty() && Instant::now() < end {
                     let round = Instant::now();
                     pending.retain(|&i| {
-                        let ok = fetch_status(addrs[i]).is_some_and(|v| pred(&v));
+                        let ok = fetch_brief(addrs[i]).is_some_and(|b| pred(&b));
                         if ok {
                             results.lock().unwrap()[i] = Some(t0.elapsed());
                         }
                         !ok
                     });
-                    if let Some(rest) = POLL_INTERVAL.checked_sub(round.elapsed()) {
+                    if let Some(rest) = interval.checked_sub(round.elapsed()) {
                         std::thread::sleep(rest);
                     }
                 }
@@ -173,6 +218,7 @@ fn main() {
     let loss_secs: u64 = env_or("SBMESH_BENCH_SECS", 600);
     let steady_secs: u64 = env_or("SBMESH_BENCH_STEADY_SECS", 20);
     let timeout = Duration::from_secs(env_or("SBMESH_BENCH_TIMEOUT_SECS", 180));
+    let interval = Duration::from_millis(env_or("SBMESH_BENCH_POLL_MS", 100));
     let prefix: String = env_or("SBMESH_BENCH_PREFIX", "127.0.31".to_string());
 
     if loss.is_some() {
@@ -182,7 +228,7 @@ fn main() {
                 std::process::exit(1);
             }
             eprintln!("re-running inside `unshare -rn`");
-            let st = Command::new("unshare")
+            let st = Command::new(tool("unshare"))
                 .arg("-rn")
                 .arg("--")
                 .arg(std::env::current_exe().expect("current_exe"))
@@ -213,8 +259,8 @@ fn main() {
     let nn = u64::from(n);
 
     // ---- convergence -------------------------------------------------------------
-    let conv = poll_all(&addrs, t_last_start, timeout, |v| {
-        total_nodes(v) == Some(nn)
+    let conv = poll_all(&addrs, t_last_start, interval, timeout, |b| {
+        b.summary.total_nodes == nn
     });
     let converge = summarize("converge", &conv, &ids, timeout);
     if let Some(k) = conv.iter().position(Option::is_none) {
@@ -375,8 +421,8 @@ fn main() {
     c.nodes[victim].kill9();
     let sub: Vec<SocketAddr> = survivors.iter().map(|&i| addrs[i]).collect();
     let sub_ids: Vec<String> = survivors.iter().map(|&i| ids[i].clone()).collect();
-    let det = poll_all(&sub, t0, timeout, |v| {
-        state_of(v, &victim_id).as_deref() == Some("down")
+    let det = poll_all(&sub, t0, interval, timeout, |b| {
+        b.state_of(&victim_id) == Some("down")
     });
     let kill_detect = summarize("kill -9 detected", &det, &sub_ids, timeout);
 
@@ -388,8 +434,8 @@ fn main() {
     let sub_ids: Vec<String> = rest.iter().map(|&i| ids[i].clone()).collect();
     let t0 = Instant::now();
     c.nodes[leaver].sigterm();
-    let det = poll_all(&sub, t0, timeout, |v| {
-        state_of(v, &leaver_id).as_deref() == Some("down")
+    let det = poll_all(&sub, t0, interval, timeout, |b| {
+        b.state_of(&leaver_id) == Some("down")
     });
     let term_detect = summarize("SIGTERM seen", &det, &sub_ids, timeout);
     let exit = match c.nodes[leaver].wait_exit(Duration::from_secs(40)) {

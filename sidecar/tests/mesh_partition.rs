@@ -9,7 +9,8 @@
 //!
 //! Needs `unshare` (util-linux), `ip` (iproute2) and `iptables`;
 //! `scripts/test` installs them. Without `unshare` support the test is
-//! skipped with a message, except in CI where it fails.
+//! skipped with a message, except in CI or under `scripts/test` (which sets
+//! `SBMESH_TEST_REQUIRE_SERVERS`), where it fails.
 
 mod common;
 

@@ -26,6 +26,8 @@ use common::*;
 use serde_json::Value;
 
 const REJECTED: &str = "mesh_packets_rejected_total";
+/// Mesh bytes each node must receive while a mesh is watched for flapping.
+const STABLE_BYTES: f64 = 2000.0;
 
 // ---------------------------------------------------------------------------
 // helpers
@@ -103,10 +105,21 @@ fn bytes_received(n: &Node) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// After convergence: wait for more traffic (each node received at least
-/// `extra` more bytes, i.e. several more probe rounds), then check the mesh
-/// is still the same.
+fn state_changes(c: &Cluster, members: &[usize], state: &str) -> f64 {
+    c.metric_total(
+        members,
+        "mesh_member_state_changes_total",
+        &[("state", state)],
+    )
+}
+
+/// After convergence: wait for more traffic (every node received at least
+/// `extra` more mesh bytes: several probe periods and a suspicion timeout
+/// at the default tuning), then check that the mesh is still the same and
+/// that nobody went `suspect` or `down` meanwhile.
 fn still_converged_after_traffic(c: &Cluster, members: &[usize], extra: f64) {
+    let suspect0 = state_changes(c, members, "suspect");
+    let down0 = state_changes(c, members, "down");
     let base: Vec<f64> = members
         .iter()
         .map(|&i| bytes_received(&c.nodes[i]))
@@ -120,11 +133,18 @@ fn still_converged_after_traffic(c: &Cluster, members: &[usize], extra: f64) {
                 .all(|(&i, b)| bytes_received(&c.nodes[i]) >= b + extra)
         },
     );
-    assert!(
-        c.converged(members),
-        "{:?} fell apart after more probe rounds",
-        c.ids(members)
+    let (suspect1, down1) = (
+        state_changes(c, members, "suspect"),
+        state_changes(c, members, "down"),
     );
+    if !c.converged(members) || suspect1 > suspect0 || down1 > down0 {
+        c.dump();
+        panic!(
+            "{:?} did not stay one healthy mesh: suspect transitions {suspect0} -> {suspect1}, \
+             down transitions {down0} -> {down1}",
+            c.ids(members)
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -418,9 +438,12 @@ fn wrong_key_and_other_cluster_never_join_and_are_counted() {
     let ic = c.spawn(other_cluster);
     let intruders = ["intruder-wrong-key", "intruder-other-cluster"];
 
+    // The intruders are alone, so they keep calling their seeds: wait for
+    // several rounds of rejections, checking the membership on every poll.
+    let rounds = 3.0 * members.len() as f64;
     let mut violation: Option<String> = None;
     c.wait_until(
-        "the members rejected at least 2 packets for reason decrypt and 2 for reason cluster",
+        &format!("the members rejected {rounds} packets for reason decrypt and {rounds} for reason cluster"),
         || {
             for &i in &members {
                 if let Some(v) = c.nodes[i].status() {
@@ -431,8 +454,8 @@ fn wrong_key_and_other_cluster_never_join_and_are_counted() {
                 }
             }
             violation.is_some()
-                || (c.metric_total(&members, REJECTED, &[("reason", "decrypt")]) >= 2.0
-                    && c.metric_total(&members, REJECTED, &[("reason", "cluster")]) >= 2.0)
+                || (c.metric_total(&members, REJECTED, &[("reason", "decrypt")]) >= rounds
+                    && c.metric_total(&members, REJECTED, &[("reason", "cluster")]) >= rounds)
         },
     );
     if let Some(v) = violation {
@@ -518,7 +541,7 @@ fn random_udp_and_tcp_garbage_is_counted_and_harmless() {
     let r = target.get("/healthz", None).expect("healthz");
     assert_eq!(r.status, 200);
     assert!(c.converged(&all), "membership changed after garbage");
-    still_converged_after_traffic(&c, &all, 500.0);
+    still_converged_after_traffic(&c, &all, STABLE_BYTES);
 }
 
 // ---------------------------------------------------------------------------
@@ -672,7 +695,7 @@ fn captured_packets_replayed_tampered_or_truncated_are_rejected() {
     );
 
     assert!(c.converged(&all), "membership changed");
-    still_converged_after_traffic(&c, &all, 500.0);
+    still_converged_after_traffic(&c, &all, STABLE_BYTES);
 }
 
 // ---------------------------------------------------------------------------
@@ -758,7 +781,7 @@ fn rings_interoperate(prefix: &str, ring_a: &str, ring_b: &str) {
     c.spawn(b);
     let all = c.all();
     c.wait_converged(&all);
-    still_converged_after_traffic(&c, &all, 500.0);
+    still_converged_after_traffic(&c, &all, STABLE_BYTES);
     for n in &c.nodes {
         eprintln!("{} rejected: {:?}", n.id(), rejected_by_reason(n));
     }

@@ -12,8 +12,12 @@
 //!   and the log tail of every node are printed before the panic;
 //! - node processes die with the thread that spawned them (`PR_SET_PDEATHSIG`)
 //!   and are SIGKILLed by PID when their [`Node`] is dropped;
-//! - a cluster's temp dir is removed unless the test panicked (then its path
-//!   is printed so the full logs can be read).
+//! - a cluster's temp dir is removed unless the test panicked or
+//!   `SBMESH_KEEP_TMP` is set (then its path is printed so the full logs can
+//!   be read);
+//! - each test uses its own 127.0.X.* block (processes .11, status .12-.18,
+//!   partition .21 inside its own namespace, bench .31) so they run in
+//!   parallel.
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
@@ -659,7 +663,17 @@ impl Drop for Cluster {
         if std::thread::panicking() || std::env::var_os("SBMESH_KEEP_TMP").is_some() {
             eprintln!("kept node logs and state in {}", self.dir.display());
         } else {
-            let _ = fs::remove_dir_all(&self.dir);
+            let mut res = fs::remove_dir_all(&self.dir);
+            for _ in 0..3 {
+                if res.is_ok() || !self.dir.exists() {
+                    return;
+                }
+                std::thread::sleep(POLL_INTERVAL);
+                res = fs::remove_dir_all(&self.dir);
+            }
+            if let Err(e) = res {
+                eprintln!("could not remove {}: {e}", self.dir.display());
+            }
         }
     }
 }
@@ -1055,13 +1069,29 @@ impl Rng {
 // Private network namespaces (`unshare -rn`)
 // ---------------------------------------------------------------------------
 
+/// In CI, or under `scripts/test` (which installs every tool and sets
+/// `SBMESH_TEST_REQUIRE_SERVERS`): a missing prerequisite is a failure there,
+/// not a skip.
 pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+    let set =
+        |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
+    set("CI") || set("SBMESH_TEST_REQUIRE_SERVERS")
+}
+
+/// `name` from PATH, else from /usr/sbin or /sbin (a developer's PATH often
+/// lacks them); the bare name when found nowhere, so the error names it.
+pub fn tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(name))
 }
 
 /// Whether `unshare -rn` works here; `Err` says why not.
 pub fn netns_available() -> Result<(), String> {
-    match Command::new("unshare")
+    match Command::new(tool("unshare"))
         .args(["-rn", "true"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -1079,7 +1109,7 @@ pub fn netns_available() -> Result<(), String> {
 
 /// Inside the namespace: brings `lo` up (a new namespace has it down).
 pub fn netns_setup() {
-    let out = Command::new("ip")
+    let out = Command::new(tool("ip"))
         .args(["link", "set", "lo", "up"])
         .output()
         .expect(
@@ -1098,7 +1128,7 @@ pub fn netns_setup() {
 /// returns). Inside, it sets up `lo` and returns `true` (the caller runs the
 /// body and then calls [`netns_test_passed`]). When namespaces are not
 /// available it prints a SKIP reason and returns `false`, except in CI
-/// (`CI` set), where that is a failure.
+/// or under `scripts/test` (see [`in_ci`]), where that is a failure.
 pub fn enter_netns_test(test_name: &str) -> bool {
     if std::env::var_os(IN_NETNS_ENV).is_some() {
         netns_setup();
@@ -1118,7 +1148,7 @@ pub fn enter_netns_test(test_name: &str) -> bool {
     ));
     let exe = std::env::current_exe().expect("current_exe");
     eprintln!("re-running {test_name} inside `unshare -rn`");
-    let status = Command::new("unshare")
+    let status = Command::new(tool("unshare"))
         .arg("-rn")
         .arg("--")
         .arg(&exe)
@@ -1150,7 +1180,7 @@ pub fn netns_test_passed() {
 
 /// Runs `iptables ARGS`, panicking with the output on failure.
 pub fn iptables(args: &[&str]) {
-    let out = Command::new("iptables")
+    let out = Command::new(tool("iptables"))
         .args(args)
         .output()
         .unwrap_or_else(|e| {
@@ -1167,7 +1197,7 @@ pub fn iptables(args: &[&str]) {
 }
 
 pub fn require_iptables() {
-    match Command::new("iptables").arg("-V").output() {
+    match Command::new(tool("iptables")).arg("-V").output() {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
             "iptables -V failed: {}; scripts/test installs it (apt-get install -y iptables)",
