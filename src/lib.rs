@@ -45,3 +45,4 @@ pub mod http;
 pub mod identity;
 pub mod mesh;
 pub mod metrics;
+pub mod store;
