@@ -64,7 +64,7 @@ impl Default for SwimTuning {
         Self {
             probe_period: Duration::from_millis(1000),
             probe_rtt: Duration::from_millis(400),
-            indirect_probes: 3,
+            indirect_probes: 5,
             suspect_to_down_after: Duration::from_millis(3000),
             gossip_interval: Duration::from_millis(200),
             gossip_fanout: 3,
@@ -458,6 +458,10 @@ impl Driver {
                 if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
                     self.count_foca_error(&e);
                 }
+                // A digest just arrived: fetch its record now, not at the tick.
+                if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
+                    self.fetch_wanted();
+                }
             }
             wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
                 let Ok(id) = postcard::from_bytes::<NodeIdentity>(body) else {
@@ -471,15 +475,16 @@ impl Driver {
                     wire::KIND_HELLO => {
                         let me = self.foca.identity().clone();
                         self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
+                        // Both sides learn each other from the hello itself:
+                        // no feed bursts when a node greets 100+ seeds.
+                        self.learn(id);
                     }
                     wire::KIND_HELLO_ACK => {
                         let transport = (id.transport(), self.peer_keys.get(&id.gossip).copied());
-                        if let Err(e) = self.foca.announce(id, &mut self.rt) {
-                            debug!(error = %e, "announce failed");
-                        }
+                        self.learn(id);
                         if !self.pushed_on_join {
                             self.pushed_on_join = true;
-                            self.push_pull(transport);
+                            self.push_pull(transport, true);
                         }
                     }
                     _ => {
@@ -491,6 +496,16 @@ impl Driver {
                 }
             }
             _ => self.metrics.mesh.rejected(Reject::Decode.label()),
+        }
+    }
+
+    /// Tells foca a member is alive because it just authenticated to us.
+    /// Not gossiped: every member greets its seeds itself, and a node
+    /// greeting 100+ seeds would otherwise flood the gossip backlog.
+    fn learn(&mut self, id: NodeIdentity) {
+        let update = std::iter::once(Member::alive(id));
+        if let Err(e) = self.foca.apply_many(update, false, &mut self.rt) {
+            debug!(error = %e, "member not applied");
         }
     }
 
@@ -572,8 +587,9 @@ impl Driver {
                 self.hello_seeds();
             }
             Command::PushPullIn(remote, reply) => {
+                let records = remote.want_records;
                 self.merge(remote);
-                let _ = reply.send(self.full_state());
+                let _ = reply.send(self.full_state(records));
             }
             Command::PushPullDone(remote) => self.merge(remote),
             Command::MetaIn(node_id, reply) => {
@@ -633,7 +649,7 @@ impl Driver {
             self.next_push_pull = Instant::now() + self.tuning.push_pull_every(size);
             if let Some(peer) = self.random_alive() {
                 let key = self.peer_keys.get(&peer.gossip).copied();
-                self.push_pull((peer.transport(), key));
+                self.push_pull((peer.transport(), key), false);
             }
         }
         // Forget metadata of members foca forgot.
@@ -718,18 +734,20 @@ impl Driver {
         }
     }
 
-    fn push_pull(&self, (addr, key): (SocketAddr, Option<u32>)) {
+    fn push_pull(&self, (addr, key): (SocketAddr, Option<u32>), want_records: bool) {
+        let mut state = self.full_state(false);
+        state.want_records = want_records;
         tokio::spawn(push_pull(
             addr,
             key,
-            self.full_state(),
+            state,
             self.sealer.clone(),
             self.metrics.clone(),
             self.cmd_tx.clone(),
         ));
     }
 
-    fn full_state(&self) -> FullState {
+    fn full_state(&self, with_records: bool) -> FullState {
         let mut members: Vec<WireMember> = self
             .foca
             .iter_membership_state()
@@ -748,12 +766,31 @@ impl Driver {
             incarnation: 0,
             state: 0,
         });
-        let mut metas: Vec<MetaRecord> = self.metas.values().cloned().collect();
-        metas.push(self.local_meta.clone());
+        let records: Vec<MetaRecord> = if with_records {
+            self.metas
+                .values()
+                .chain(std::iter::once(&self.local_meta))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stamps = self
+            .metas
+            .values()
+            .chain(std::iter::once(&self.local_meta))
+            .map(|r| MetaDigest {
+                node_id: r.node_id.clone(),
+                epoch: r.epoch,
+                version: r.version,
+            })
+            .collect();
         FullState {
             from: Some(self.foca.identity().clone()),
             members,
-            metas,
+            stamps,
+            records,
+            want_records: false,
         }
     }
 
@@ -778,10 +815,27 @@ impl Driver {
         {
             debug!(error = %e, "full state not applied");
         }
-        for rec in remote.metas {
+        for rec in remote.records {
             if rec.node_id != me {
                 self.store_meta(rec);
             }
+        }
+        // Newer metadata than ours: fetch it from its owner.
+        let stale: Vec<MetaDigest> = remote
+            .stamps
+            .into_iter()
+            .filter(|d| {
+                d.node_id != me
+                    && self
+                        .metas
+                        .get(&d.node_id)
+                        .is_none_or(|r| r.stamp() < (d.epoch, d.version))
+            })
+            .collect();
+        if !stale.is_empty()
+            && let Ok(mut w) = self.wanted.lock()
+        {
+            w.extend(stale);
         }
     }
 
@@ -960,10 +1014,12 @@ impl Driver {
                 self.last_seen.insert(id.node_id.clone(), Instant::now());
                 // A newcomer learns our metadata from our digest.
                 self.republish_digest();
+                self.update_gauges();
             }
             OwnedNotification::MemberDown(id) => {
                 change(PeerState::down);
                 info!(node_id = %id.node_id, "member down");
+                self.update_gauges();
             }
             OwnedNotification::Rename(old, new) => {
                 debug!(node_id = %new.node_id, old = old.generation, new = new.generation, "member identity renewed");

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::mesh::member::NodeIdentity;
-use crate::mesh::meta::MetaRecord;
+use crate::mesh::meta::{MetaDigest, MetaRecord};
 use crate::mesh::seal::{Channel, MAX_FRAME, Reject, Sealer};
 
 /// Kinds of datagram payload.
@@ -25,11 +25,17 @@ pub(crate) struct WireMember {
 }
 
 /// Everything a member knows: exchanged on join and periodically.
+///
+/// Metadata travels as stamps (owner, epoch, version); whole records only
+/// when the sender asked for them (`want_records`, on join), so the
+/// periodic exchange stays small however large the records are.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct FullState {
     pub from: Option<NodeIdentity>,
     pub members: Vec<WireMember>,
-    pub metas: Vec<MetaRecord>,
+    pub stamps: Vec<MetaDigest>,
+    pub records: Vec<MetaRecord>,
+    pub want_records: bool,
 }
 
 /// Messages of the TCP transport: one request, one reply per connection.
