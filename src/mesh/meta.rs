@@ -76,12 +76,40 @@ impl MetaRecord {
     }
 }
 
-/// The gossiped announcement that a node's metadata changed.
+/// Records up to this size ride inside the gossiped digest itself, so
+/// nobody has to fetch them over TCP (the usual case: a few hundred bytes).
+pub(crate) const MAX_INLINE_META: usize = 640;
+
+/// The gossiped announcement that a node's metadata changed; small records
+/// travel inline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaDigest {
     pub node_id: String,
     pub epoch: u64,
     pub version: u64,
+    pub inline: Option<Vec<u8>>,
+}
+
+impl MetaDigest {
+    /// The digest of a record, carrying it inline when it is small.
+    pub(crate) fn of(rec: &MetaRecord, inline: bool) -> Self {
+        Self {
+            node_id: rec.node_id.clone(),
+            epoch: rec.epoch,
+            version: rec.version,
+            inline: (inline && rec.json.len() <= MAX_INLINE_META).then(|| rec.json.clone()),
+        }
+    }
+
+    /// The record it carries, if inline.
+    pub(crate) fn record(&self) -> Option<MetaRecord> {
+        self.inline.as_ref().map(|json| MetaRecord {
+            node_id: self.node_id.clone(),
+            epoch: self.epoch,
+            version: self.version,
+            json: json.clone(),
+        })
+    }
 }
 
 impl foca::Invalidates for MetaDigest {
@@ -155,6 +183,7 @@ mod tests {
                 node_id: "b".into(),
                 epoch: 1,
                 version: v,
+                inline: None,
             })
             .unwrap()
         };

@@ -300,6 +300,7 @@ impl Mesh {
             next_push_pull: Instant::now() + first_push_pull,
             sized_for: 1,
             leaving: false,
+            last_digest: Instant::now(),
             peer_keys: HashMap::new(),
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
@@ -389,6 +390,7 @@ struct Driver {
     next_push_pull: Instant,
     sized_for: usize,
     leaving: bool,
+    last_digest: Instant,
     /// The ring key each peer last used: answering in kind keeps peers on
     /// different rings of a rolling rotation talking.
     peer_keys: HashMap<SocketAddr, u32>,
@@ -703,6 +705,10 @@ impl Driver {
             if have.is_some_and(|h| h >= (d.epoch, d.version)) {
                 continue;
             }
+            if let Some(rec) = d.record() {
+                self.store_meta(rec);
+                continue;
+            }
             let owner = self
                 .foca
                 .iter_members()
@@ -779,11 +785,7 @@ impl Driver {
             .metas
             .values()
             .chain(std::iter::once(&self.local_meta))
-            .map(|r| MetaDigest {
-                node_id: r.node_id.clone(),
-                epoch: r.epoch,
-                version: r.version,
-            })
+            .map(|r| MetaDigest::of(r, false))
             .collect();
         FullState {
             from: Some(self.foca.identity().clone()),
@@ -867,11 +869,12 @@ impl Driver {
         }
         self.local_meta.json = json;
         self.local_meta.version += 1;
-        let digest = MetaDigest {
-            node_id: self.local_meta.node_id.clone(),
-            epoch: self.local_meta.epoch,
-            version: self.local_meta.version,
-        };
+        self.broadcast_local_meta();
+    }
+
+    fn broadcast_local_meta(&mut self) {
+        self.last_digest = Instant::now();
+        let digest = MetaDigest::of(&self.local_meta, true);
         if let Ok(bytes) = postcard::to_allocvec(&digest)
             && let Err(e) = self.foca.add_broadcast(&bytes)
         {
@@ -1013,7 +1016,7 @@ impl Driver {
                 info!(node_id = %id.node_id, address = %id.gossip, "member up");
                 self.last_seen.insert(id.node_id.clone(), Instant::now());
                 // A newcomer learns our metadata from our digest.
-                self.republish_digest();
+                self.republish_digest(false);
                 self.update_gauges();
             }
             OwnedNotification::MemberDown(id) => {
@@ -1034,29 +1037,22 @@ impl Driver {
                     generation = id.generation,
                     "rejoined the mesh under a renewed identity"
                 );
-                self.republish_digest();
+                self.republish_digest(true);
             }
             OwnedNotification::Defunct if !self.leaving => warn!("declared down by the cluster"),
             _ => {}
         }
     }
 
-    fn republish_digest(&mut self) {
-        let digest = MetaDigest {
-            node_id: self.local_meta.node_id.clone(),
-            epoch: self.local_meta.epoch,
-            version: self.local_meta.version,
-        };
-        // Re-adding the same digest is a no-op for the handler; bump the
-        // version so it travels again.
-        self.local_meta.version += 1;
-        let digest = MetaDigest {
-            version: self.local_meta.version,
-            ..digest
-        };
-        if let Ok(bytes) = postcard::to_allocvec(&digest) {
-            let _ = self.foca.add_broadcast(&bytes);
+    /// Sends our digest around again (newcomers, rejoins). Re-adding the
+    /// same digest is a no-op for foca, so the version moves; at most every
+    /// 2 s, so a burst of joins costs one broadcast, not one per member.
+    fn republish_digest(&mut self, force: bool) {
+        if !force && self.last_digest.elapsed() < Duration::from_secs(2) {
+            return;
         }
+        self.local_meta.version += 1;
+        self.broadcast_local_meta();
     }
 }
 
