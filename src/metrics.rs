@@ -88,11 +88,59 @@ impl MeshMetrics {
     }
 }
 
+/// `{backend,op,result}` of `store_operations_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreOpLabels {
+    /// Backend name (`Store::backend`).
+    pub backend: &'static str,
+    /// Operation: `get`, `put`, `put_if_absent`, `compare_and_swap`, `delete`, `list`, `sweep_expired`.
+    pub op: &'static str,
+    /// `ok`, `error`, `conflict` (create-only or compare-and-swap lost) or `miss` (absent).
+    pub result: &'static str,
+}
+
+/// `{backend}`
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    /// Backend name (`Store::backend`).
+    pub backend: &'static str,
+}
+
+/// Certificate store metrics (SPEC section 8).
+pub struct StoreMetrics {
+    /// `store_operations_total{backend,op,result}`.
+    pub operations: Family<StoreOpLabels, Counter>,
+    /// `store_lock_acquired_total{backend}`.
+    pub lock_acquired: Family<BackendLabels, Counter>,
+}
+
+impl StoreMetrics {
+    /// Counts one store operation.
+    pub fn operation(&self, backend: &'static str, op: &'static str, result: &'static str) {
+        self.operations
+            .get_or_create(&StoreOpLabels {
+                backend,
+                op,
+                result,
+            })
+            .inc();
+    }
+
+    /// Counts one lease lock acquisition.
+    pub fn lock_acquired(&self, backend: &'static str) {
+        self.lock_acquired
+            .get_or_create(&BackendLabels { backend })
+            .inc();
+    }
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
     /// The mesh's metrics.
     pub mesh: MeshMetrics,
+    /// The certificate store's metrics.
+    pub store: StoreMetrics,
 }
 
 impl Default for Metrics {
@@ -155,7 +203,25 @@ impl Metrics {
             "Sealed mesh bytes received, by transport",
             mesh.bytes_received.clone(),
         );
-        Self { registry, mesh }
+        let store = StoreMetrics {
+            operations: Family::default(),
+            lock_acquired: Family::default(),
+        };
+        registry.register(
+            "store_operations",
+            "Certificate store operations, by backend, operation and result",
+            store.operations.clone(),
+        );
+        registry.register(
+            "store_lock_acquired",
+            "Lease locks acquired in the certificate store, by backend",
+            store.lock_acquired.clone(),
+        );
+        Self {
+            registry,
+            mesh,
+            store,
+        }
     }
 
     /// Mutable access for components that register their own families.
@@ -187,6 +253,20 @@ mod tests {
             "mesh_packets_rejected_total{reason=\"replay\"} 1",
             "mesh_bytes_sent_total{transport=\"udp\"} 0",
             "mesh_bytes_received_total{transport=\"tcp\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn exposes_store_names() {
+        let m = Metrics::new();
+        m.store.operation("redis", "get", "miss");
+        m.store.lock_acquired("redis");
+        let text = m.encode();
+        for name in [
+            "store_operations_total{backend=\"redis\",op=\"get\",result=\"miss\"} 1",
+            "store_lock_acquired_total{backend=\"redis\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -23,7 +23,8 @@
 //! - SIGTERM: from the SIGTERM of another node until every survivor shows it
 //!   `down` (and its exit code);
 //! - bytes/node/s: `mesh_bytes_sent_total` (udp + tcp) deltas per node over
-//!   `SBMESH_BENCH_STEADY_SECS` (20) at steady state, after 5 s of settling;
+//!   `SBMESH_BENCH_STEADY_SECS` (20) at steady state, after
+//!   `SBMESH_BENCH_SETTLE_SECS` (30) of settling (the join tail);
 //! - RSS: VmRSS of every process at steady state, median and max.
 //!
 //! With `SBMESH_BENCH_LOSS=p` the bench re-executes itself inside
@@ -217,6 +218,9 @@ fn main() {
     });
     let loss_secs: u64 = env_or("SBMESH_BENCH_SECS", 600);
     let steady_secs: u64 = env_or("SBMESH_BENCH_STEADY_SECS", 20);
+    // Joining disseminates every member's metadata once; steady state is
+    // what follows.
+    let settle_secs: u64 = env_or("SBMESH_BENCH_SETTLE_SECS", 30);
     let timeout = Duration::from_secs(env_or("SBMESH_BENCH_TIMEOUT_SECS", 180));
     let interval = Duration::from_millis(env_or("SBMESH_BENCH_POLL_MS", 100));
     let prefix: String = env_or("SBMESH_BENCH_PREFIX", "127.0.31".to_string());
@@ -274,7 +278,7 @@ fn main() {
     }
 
     // ---- steady state: bytes and RSS -------------------------------------------------
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(settle_secs));
     let sample = || -> Vec<Option<(Instant, f64)>> {
         addrs
             .iter()

@@ -15,6 +15,9 @@ use tracing_subscriber::EnvFilter;
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    // One crypto provider for every TLS client in the process (rediss://,
+    // object stores, ACME): aws-lc-rs. Installing twice is harmless.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = cli::Cli::parse();
     match cli.command {
         cli::Command::Validate(args) => code(commands::validate(&args)),

@@ -8,9 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::http::StatusCode;
-use sbmesh::http::{AdminAuth, AdminState, admin_router, mesh_running};
+use sbmesh::config::StorageBackend;
+use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
 use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
+use sbmesh::store::open::{open_store, probe};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -62,6 +64,22 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         .await
         .context("starting the mesh")?;
 
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let store_health = Arc::new(std::sync::Mutex::new(Some(
+        "store: not probed yet".to_owned(),
+    )));
+    tokio::spawn(keep_store_probed(
+        settings.clone(),
+        metrics.clone(),
+        store_health.clone(),
+        stop_rx.clone(),
+    ));
+    let store_check: ReadinessCheck = Arc::new(move || {
+        store_health
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
+    });
     let state = AdminState {
         mesh: mesh.clone(),
         metrics: metrics.clone(),
@@ -69,9 +87,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             settings.admin_user.as_deref(),
             settings.admin_password.as_deref(),
         ),
-        readiness: vec![mesh_running(mesh.clone())],
+        readiness: vec![mesh_running(mesh.clone()), store_check],
     };
-    let (stop_tx, stop_rx) = watch::channel(false);
 
     let admin = TcpListener::bind(settings.admin_listen)
         .await
@@ -143,6 +160,69 @@ async fn publish_readiness(state: AdminState, mut meta: NodeMeta, stop: watch::R
         if ready != meta.ready {
             meta.ready = ready;
             state.mesh.set_meta(meta.clone()).await;
+        }
+    }
+}
+
+/// Opens the certificate store (`proxy.acme.storage_backend`, else a redb
+/// file in `--state-dir`) and probes it every 5 s; `/readyz` reads the last
+/// outcome. A store that cannot be opened yet is retried, never fatal.
+async fn keep_store_probed(
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    health: Arc<std::sync::Mutex<Option<String>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let acme = settings.config.proxy.acme.as_ref();
+    let backend = acme
+        .and_then(|a| a.storage_backend)
+        .unwrap_or(StorageBackend::Redb);
+    let path = acme
+        .and_then(|a| a.storage_path.clone())
+        .unwrap_or_default();
+    let set = |v: Option<String>| {
+        if let Ok(mut h) = health.lock() {
+            *h = v;
+        }
+    };
+    let mut store = None;
+    let mut logged = false;
+    // Backends without native expiry keep it in the record; sweep those
+    // physically now and then (reads already treat them as absent).
+    let mut next_sweep = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if store.is_none() {
+            match open_store(backend, &path, &settings.state_dir, metrics.clone()).await {
+                Ok(s) => {
+                    info!(backend = %backend, "certificate store opened");
+                    store = Some(s);
+                }
+                Err(e) => {
+                    if !logged {
+                        warn!(backend = %backend, error = %e, "certificate store cannot be opened yet; retrying");
+                        logged = true;
+                    }
+                    set(Some(format!("store: {e}")));
+                }
+            }
+        }
+        if let Some(s) = &store {
+            match probe(s.as_ref()).await {
+                Ok(()) => set(None),
+                Err(e) => set(Some(format!("store: {e}"))),
+            }
+            if tokio::time::Instant::now() >= next_sweep {
+                next_sweep = tokio::time::Instant::now() + Duration::from_secs(600);
+                match s.sweep_expired().await {
+                    Ok(0) => {}
+                    Ok(n) => info!(removed = n, "expired store records swept"),
+                    Err(e) => warn!(error = %e, "store sweep failed"),
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.wait_for(|s| *s) => return,
         }
     }
 }

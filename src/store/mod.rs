@@ -15,6 +15,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub mod file;
+pub mod instrumented;
+pub mod lock;
+pub mod memory;
+pub mod object;
+pub mod open;
+pub mod redb;
+pub mod redis;
+pub mod sealed;
+
 /// An opaque version of a stored value: compare-and-swap succeeds only
 /// against the version the caller read.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

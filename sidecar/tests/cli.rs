@@ -1,0 +1,160 @@
+//! The sidecar's command line as a user meets it: `keygen`, `validate` and
+//! the exit codes of `run` (SPEC section 1), and `/readyz` naming an
+//! unreachable store.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{http_get, sidecar_bin};
+
+fn sidecar(args: &[&str]) -> std::process::Output {
+    Command::new(sidecar_bin())
+        .args(args)
+        .env_remove("SBMESH_CLUSTER_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("sidecar runs")
+}
+
+#[test]
+fn keygen_prints_a_fresh_64_hex_key() {
+    let a = sidecar(&["keygen"]);
+    let b = sidecar(&["keygen"]);
+    assert!(a.status.success());
+    let ka = String::from_utf8(a.stdout).unwrap();
+    let kb = String::from_utf8(b.stdout).unwrap();
+    assert_eq!(ka.trim().len(), 64, "{ka:?}");
+    assert!(ka.trim().bytes().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(ka, kb, "two keys are equal");
+}
+
+#[test]
+fn validate_exit_codes_and_problem_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yml");
+    std::fs::write(&good, "proxy:\n  admin: {enabled: true, port: 9090}\n").unwrap();
+    let out = sidecar(&["validate", "--config", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    let bad = dir.path().join("bad.yml");
+    std::fs::write(
+        &bad,
+        "proxy:\n  cluster: {gossip_port: 99999}\n  acme: {enabled: true, storage_backend: sqlite}\n",
+    )
+    .unwrap();
+    let out = sidecar(&["validate", "--config", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("proxy.acme.storage_backend: ") && l.contains("redis")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("proxy.cluster.gossip_port: ")),
+        "{text}"
+    );
+}
+
+#[test]
+fn run_with_a_bad_config_exits_2_printing_the_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("sb.yml");
+    std::fs::write(
+        &bad,
+        "proxy:\n  acme: {enabled: true, storage_backend: sqlite}\n",
+    )
+    .unwrap();
+    let out = sidecar(&["run", "--config", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("proxy.acme.storage_backend: "), "{text}");
+
+    // Peers without a key: refused with the way to make one.
+    let ok = dir.path().join("ok.yml");
+    std::fs::write(&ok, "proxy:\n  admin: {enabled: true}\n").unwrap();
+    let out = sidecar(&[
+        "run",
+        "--config",
+        ok.to_str().unwrap(),
+        "--seeds",
+        "127.0.0.1:7946",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("keygen"));
+}
+
+#[test]
+fn readyz_names_an_unreachable_store_and_the_process_drains_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("sb.yml");
+    // Port 1 on loopback: nothing listens there.
+    std::fs::write(
+        &cfg,
+        "proxy:\n  acme: {enabled: false, storage_backend: redis, storage_path: \"redis://127.0.0.1:1/0\"}\n",
+    )
+    .unwrap();
+    let admin = "127.0.19.1:9091";
+    let mut child = Command::new(sidecar_bin())
+        .args([
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--node-id",
+            "lonely",
+            "--bind",
+            "127.0.19.1",
+            "--admin-listen",
+            admin,
+            "--challenge-listen",
+            "127.0.19.1:8089",
+            "--state-dir",
+            dir.path().join("state").to_str().unwrap(),
+            "--cert-dir",
+            dir.path().join("certs").to_str().unwrap(),
+            "--log-format",
+            "text",
+        ])
+        .env_remove("SBMESH_CLUSTER_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sidecar starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        if let Ok(r) = http_get(admin.parse().unwrap(), "/readyz", None) {
+            let body = String::from_utf8_lossy(&r.body).into_owned();
+            if r.status == 503 && body.contains("store:") && !body.contains("mesh:") {
+                break body;
+            }
+        }
+        assert!(Instant::now() < deadline, "/readyz never named the store");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).expect("readyz JSON");
+    assert_eq!(v["ready"], false);
+    assert!(v["reasons"][0].as_str().unwrap().contains("redis"), "{v}");
+    assert_eq!(
+        http_get(admin.parse().unwrap(), "/healthz", None)
+            .unwrap()
+            .status,
+        200
+    );
+
+    // SIGTERM: a clean drain exits 0.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0));
+}
