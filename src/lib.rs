@@ -45,4 +45,5 @@ pub mod http;
 pub mod identity;
 pub mod mesh;
 pub mod metrics;
+pub mod reload;
 pub mod store;

@@ -7,6 +7,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// Membership state of a peer, as a label value.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -134,6 +135,22 @@ impl StoreMetrics {
     }
 }
 
+/// Config reloader metrics (SPEC section 8).
+pub struct ReloaderMetrics {
+    /// `reloader_reloads_total`: reload POSTs answered or failed.
+    pub reloads: Counter,
+    /// `reloader_reloads_failed_total`: reload POSTs that did not deliver.
+    pub reloads_failed: Counter,
+    /// `reloader_last_reload_successful`: 1 when the last POST delivered.
+    pub last_reload_successful: Gauge,
+    /// `reloader_last_reload_success_timestamp_seconds`: unix time of the
+    /// last delivered POST.
+    pub last_reload_success_timestamp_seconds: Gauge<f64, AtomicU64>,
+    /// `reloader_config_invalid_total`: new config contents that failed
+    /// validation (and were not POSTed).
+    pub config_invalid: Counter,
+}
+
 /// All metrics of one process.
 pub struct Metrics {
     registry: Registry,
@@ -141,6 +158,8 @@ pub struct Metrics {
     pub mesh: MeshMetrics,
     /// The certificate store's metrics.
     pub store: StoreMetrics,
+    /// The config reloader's metrics.
+    pub reloader: ReloaderMetrics,
 }
 
 impl Default for Metrics {
@@ -217,10 +236,43 @@ impl Metrics {
             "Lease locks acquired in the certificate store, by backend",
             store.lock_acquired.clone(),
         );
+        let reloader = ReloaderMetrics {
+            reloads: Counter::default(),
+            reloads_failed: Counter::default(),
+            last_reload_successful: Gauge::default(),
+            last_reload_success_timestamp_seconds: Gauge::default(),
+            config_invalid: Counter::default(),
+        };
+        registry.register(
+            "reloader_reloads",
+            "Config reload POSTs to the proxy, whatever their result",
+            reloader.reloads.clone(),
+        );
+        registry.register(
+            "reloader_reloads_failed",
+            "Config reload POSTs that did not deliver (refused, busy, other status, no answer)",
+            reloader.reloads_failed.clone(),
+        );
+        registry.register(
+            "reloader_last_reload_successful",
+            "1 when the last config reload POST delivered, else 0",
+            reloader.last_reload_successful.clone(),
+        );
+        registry.register(
+            "reloader_last_reload_success_timestamp_seconds",
+            "Unix time of the last delivered config reload",
+            reloader.last_reload_success_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "reloader_config_invalid",
+            "New config file contents that failed validation and were not POSTed",
+            reloader.config_invalid.clone(),
+        );
         Self {
             registry,
             mesh,
             store,
+            reloader,
         }
     }
 
@@ -253,6 +305,22 @@ mod tests {
             "mesh_packets_rejected_total{reason=\"replay\"} 1",
             "mesh_bytes_sent_total{transport=\"udp\"} 0",
             "mesh_bytes_received_total{transport=\"tcp\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn exposes_reloader_names() {
+        let m = Metrics::new();
+        m.reloader.config_invalid.inc();
+        let text = m.encode();
+        for name in [
+            "reloader_reloads_total 0",
+            "reloader_reloads_failed_total 0",
+            "reloader_last_reload_successful 0",
+            "reloader_last_reload_success_timestamp_seconds 0",
+            "reloader_config_invalid_total 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

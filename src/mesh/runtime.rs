@@ -511,6 +511,15 @@ impl Driver {
         }
     }
 
+    /// Every member foca knows but ourselves: after a restart foca may hold
+    /// our previous identity (declared down); that is us, not a peer.
+    fn peers(&self) -> impl Iterator<Item = &Member<NodeIdentity>> {
+        let me = &self.foca.identity().node_id;
+        self.foca
+            .iter_membership_state()
+            .filter(move |m| &m.id().node_id != me)
+    }
+
     fn count_foca_error(&self, e: &foca::Error) {
         match e {
             foca::Error::Decode(_)
@@ -569,8 +578,7 @@ impl Driver {
             }
             Command::Members(reply) => {
                 let mut out: Vec<MemberInfo> = self
-                    .foca
-                    .iter_membership_state()
+                    .peers()
                     .map(|m| MemberInfo {
                         node_id: m.id().node_id.clone(),
                         state: m.state().into(),
@@ -655,18 +663,14 @@ impl Driver {
             }
         }
         // Forget metadata of members foca forgot.
-        let present: HashSet<&String> = self
-            .foca
-            .iter_membership_state()
-            .map(|m| &m.id().node_id)
-            .collect();
+        let present: HashSet<String> = self.peers().map(|m| m.id().node_id.clone()).collect();
         self.metas.retain(|k, _| present.contains(k));
         self.last_seen.retain(|k, _| present.contains(k));
     }
 
     fn update_gauges(&self) {
         let mut counts = [0i64; 3];
-        for m in self.foca.iter_membership_state() {
+        for m in self.peers() {
             counts[match m.state() {
                 foca::State::Alive => 0,
                 foca::State::Suspect => 1,
@@ -755,8 +759,7 @@ impl Driver {
 
     fn full_state(&self, with_records: bool) -> FullState {
         let mut members: Vec<WireMember> = self
-            .foca
-            .iter_membership_state()
+            .peers()
             .map(|m| WireMember {
                 id: m.id().clone(),
                 incarnation: m.incarnation(),
@@ -905,8 +908,7 @@ impl Driver {
             certificates: local_meta.certificates,
         }];
         let mut others: Vec<NodeStatus> = self
-            .foca
-            .iter_membership_state()
+            .peers()
             .map(|m| {
                 let id = m.id();
                 let meta = self.metas.get(&id.node_id).map(|r| r.meta());

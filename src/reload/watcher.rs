@@ -1,0 +1,164 @@
+//! Watches the config file and turns what it finds into
+//! [`Input::ContentSeen`] for the state machine.
+//!
+//! inotify (through `notify`) watches the file's *directory*, not the file:
+//! the kubelet updates a ConfigMap mount by renaming a `..data` symlink over
+//! the old one, editors rename a temporary file over the original, and
+//! either replaces the inode a file watch would be attached to. Any event in
+//! the directory opens a debounce window; at its end the file is read,
+//! hashed and validated. A full re-read every `rescan` catches whatever
+//! inotify missed (overflowed queues, unsupported file systems).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::event::{AccessKind, AccessMode};
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+
+use super::machine::Input;
+use crate::config::{self, Problem};
+
+/// Largest config file read; a larger one is invalid.
+pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+
+/// What one read of the config file found.
+#[derive(Debug)]
+pub enum Observation {
+    /// The file was read; `problems` holds the errors when it is invalid.
+    Content {
+        /// Lowercase hex sha256 of the raw bytes.
+        sha256: String,
+        /// Validation errors and warnings; valid when none is an error.
+        problems: Vec<Problem>,
+    },
+    /// The file could not be read (missing mid-swap, permissions): nothing
+    /// to decide on; the next event or rescan reads it again.
+    Unreadable(String),
+}
+
+/// Reads, hashes and validates the config file the way `validate` does
+/// (interpolating `${VAR}` from the process environment).
+pub async fn observe(path: &Path) -> Observation {
+    let raw = match read_bounded(path).await {
+        Ok(raw) => raw,
+        Err(e) => return Observation::Unreadable(format!("{}: {e}", path.display())),
+    };
+    let sha256 = config::sha256_hex(&raw);
+    if raw.len() as u64 > MAX_CONFIG_BYTES {
+        return Observation::Content {
+            sha256,
+            problems: vec![Problem::error(
+                path.display().to_string(),
+                format!("larger than {MAX_CONFIG_BYTES} bytes"),
+            )],
+        };
+    }
+    let problems = match config::parse_bytes(&raw, &|name| std::env::var(name).ok()) {
+        Ok(cfg) => cfg.warnings(),
+        Err(problems) => problems,
+    };
+    Observation::Content { sha256, problems }
+}
+
+/// Reads at most one byte more than [`MAX_CONFIG_BYTES`].
+async fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    let file = tokio::fs::File::open(path).await?;
+    let mut raw = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut raw)
+        .await?;
+    Ok(raw)
+}
+
+/// Starts an inotify watch of `path`'s directory; every relevant event
+/// lands (coalesced) in the returned receiver. `None` when the watch cannot
+/// be set up: the rescan alone then notices changes.
+fn watch_directory(path: &Path) -> Option<(RecommendedWatcher, mpsc::Receiver<()>)> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let (tx, rx) = mpsc::channel(1);
+    let handler = move |event: notify::Result<Event>| {
+        let relevant = match &event {
+            // Opens and reads (our own, among others) change nothing.
+            Ok(event) => match event.kind {
+                EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+                EventKind::Access(_) => false,
+                _ => true,
+            },
+            // An error (e.g. a queue overflow) may hide a change: look.
+            Err(_) => true,
+        };
+        if relevant {
+            // A full channel already holds a wake-up: coalesce.
+            let _ = tx.try_send(());
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(watcher) => watcher,
+        Err(e) => {
+            tracing::warn!(error = %e, "reload: cannot start inotify; relying on the rescan");
+            return None;
+        }
+    };
+    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
+        tracing::warn!(dir = %dir.display(), error = %e, "reload: cannot watch the config directory; relying on the rescan");
+        return None;
+    }
+    Some((watcher, rx))
+}
+
+/// Watches `path` forever, sending what it reads to `tx`: once at start,
+/// after every debounced burst of directory events (when `watch`), and every
+/// `rescan`. Returns when `tx` is closed.
+pub async fn run(
+    path: PathBuf,
+    debounce: Duration,
+    rescan: Duration,
+    watch: bool,
+    tx: mpsc::Sender<Input>,
+) {
+    // Without a watch, a channel that never yields (its sender is kept
+    // alive here): only the rescan remains.
+    let (_idle_tx, idle_rx) = mpsc::channel(1);
+    let (_watcher, mut events) = match watch.then(|| watch_directory(&path)).flatten() {
+        Some((watcher, rx)) => (Some(watcher), rx),
+        None => (None, idle_rx),
+    };
+    let mut rescan = tokio::time::interval(rescan.max(Duration::from_millis(10)));
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_logged: Option<String> = None;
+    loop {
+        tokio::select! {
+            _ = rescan.tick() => {}
+            Some(()) = events.recv() => {
+                // Let the rest of the burst (a kubelet swap is several
+                // events) land before reading.
+                tokio::time::sleep(debounce).await;
+                while events.try_recv().is_ok() {}
+            }
+        }
+        let input = match observe(&path).await {
+            Observation::Unreadable(reason) => {
+                tracing::debug!(%reason, "reload: config file unreadable for now");
+                continue;
+            }
+            Observation::Content { sha256, problems } => {
+                let valid = !problems.iter().any(Problem::is_error);
+                if !valid && last_logged.as_deref() != Some(sha256.as_str()) {
+                    for problem in problems.iter().filter(|p| p.is_error()) {
+                        tracing::warn!(config = %path.display(), %problem, "reload: invalid config, not reloading");
+                    }
+                    last_logged = Some(sha256.clone());
+                }
+                Input::ContentSeen { sha256, valid }
+            }
+        };
+        if tx.send(input).await.is_err() {
+            return;
+        }
+    }
+}

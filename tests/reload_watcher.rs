@@ -1,0 +1,486 @@
+//! The config reloader against a stand-in proxy admin server: every distinct
+//! content reaches the proxy once, an invalid one never, one POST at a time.
+//!
+//! The stand-in records each POST with its `Authorization` header and the
+//! sha256 of the config file at that moment, and answers as each test
+//! scripts it. Waits poll with generous deadlines; the only fixed waits are
+//! the windows in which something must *not* happen.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sbmesh::config;
+use sbmesh::metrics::Metrics;
+use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig, ReloaderHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const AUTH: &str = "Basic cmVsb2FkZXI6c2VjcmV0";
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One POST as the stand-in saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    authorization: Option<String>,
+    /// sha256 of the config file when the POST arrived.
+    file_sha: String,
+    status: u16,
+    at: Instant,
+}
+
+struct ProxyState {
+    config: PathBuf,
+    posts: Mutex<Vec<Seen>>,
+    script: Mutex<VecDeque<u16>>,
+    delay: Duration,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+/// The stand-in proxy admin server.
+struct Proxy {
+    addr: SocketAddr,
+    state: Arc<ProxyState>,
+}
+
+impl Proxy {
+    async fn start(config: &Path, script: &[u16], delay: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener, config, script, delay)
+    }
+
+    fn serve(listener: TcpListener, config: &Path, script: &[u16], delay: Duration) -> Self {
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(ProxyState {
+            config: config.to_path_buf(),
+            posts: Mutex::new(Vec::new()),
+            script: Mutex::new(script.iter().copied().collect()),
+            delay,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+        });
+        let shared = state.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(answer(stream, shared.clone()));
+            }
+        });
+        Self { addr, state }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/admin/reload", self.addr)
+    }
+
+    fn posts(&self) -> Vec<Seen> {
+        self.state.posts.lock().unwrap().clone()
+    }
+
+    fn shas(&self) -> Vec<String> {
+        self.posts().into_iter().map(|p| p.file_sha).collect()
+    }
+}
+
+/// Answers one HTTP/1.1 request (the reloader sends bodiless POSTs), then
+/// closes the connection.
+async fn answer(mut stream: TcpStream, state: Arc<ProxyState>) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("POST /admin/reload HTTP/1.1"), "{head}");
+    let authorization = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_string())
+    });
+    let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    state.max_in_flight.fetch_max(now, Ordering::SeqCst);
+    let file_sha = std::fs::read(&state.config)
+        .map(|raw| config::sha256_hex(&raw))
+        .unwrap_or_else(|e| format!("unreadable: {e}"));
+    tokio::time::sleep(state.delay).await;
+    let status = state.script.lock().unwrap().pop_front().unwrap_or(200);
+    state.posts.lock().unwrap().push(Seen {
+        authorization,
+        file_sha,
+        status,
+        at: Instant::now(),
+    });
+    state.in_flight.fetch_sub(1, Ordering::SeqCst);
+    let response =
+        format!("HTTP/1.1 {status} Scripted\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
+/// A valid `sb.yml`, distinct per `version`.
+fn valid(version: usize) -> String {
+    let text = format!(
+        "proxy:\n  admin: {{ port: 9090 }}\norigins:\n  \"v{version}.example.com\": {{}}\n"
+    );
+    assert!(config::parse(&text).is_ok(), "test config must be valid");
+    text
+}
+
+fn sha(text: &str) -> String {
+    config::sha256_hex(text.as_bytes())
+}
+
+/// Editor-style write: a temporary file renamed over the original.
+fn write_rename_over(path: &Path, text: &str) {
+    let tmp = path.with_extension("yml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A ConfigMap mount as the kubelet maintains it: `sb.yml -> ..data/sb.yml`,
+/// `..data -> ..<timestamp>`, swapped by renaming `..data_tmp` over `..data`.
+struct Kubelet {
+    dir: PathBuf,
+    generation: usize,
+    current: Option<PathBuf>,
+}
+
+impl Kubelet {
+    fn new(dir: &Path, text: &str) -> Self {
+        let mut k = Self {
+            dir: dir.to_path_buf(),
+            generation: 0,
+            current: None,
+        };
+        k.publish(text);
+        std::os::unix::fs::symlink("..data/sb.yml", dir.join("sb.yml")).unwrap();
+        k
+    }
+
+    fn publish(&mut self, text: &str) {
+        self.generation += 1;
+        let name = format!("..2026_01_01_00_00_00.{:09}", self.generation);
+        let data = self.dir.join(&name);
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("sb.yml"), text).unwrap();
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
+        if let Some(old) = self.current.replace(data) {
+            std::fs::remove_dir_all(old).unwrap();
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join("sb.yml")
+    }
+}
+
+fn reloader(path: &Path, url: &str) -> ReloaderConfig {
+    ReloaderConfig {
+        authorization: Some(AUTH.into()),
+        debounce: Duration::from_millis(100),
+        rescan: Duration::from_secs(3600),
+        post_timeout: Duration::from_secs(5),
+        ..ReloaderConfig::new(path, url)
+    }
+}
+
+fn spawn(config: ReloaderConfig, metrics: &Arc<Metrics>) -> ReloaderHandle {
+    Reloader::spawn(config, metrics.clone()).unwrap()
+}
+
+/// Polls `cond` until it holds, or panics with `what` after [`DEADLINE`].
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn delivered(handle: &ReloaderHandle) -> ReloadStatus {
+    handle.status().borrow().clone()
+}
+
+async fn wait_delivered(proxy: &Proxy, handle: &ReloaderHandle, text: &str) {
+    let want = sha(text);
+    wait_for(&format!("delivery of {want}"), || {
+        proxy
+            .posts()
+            .last()
+            .is_some_and(|p| p.file_sha == want && p.status == 200)
+            && delivered(handle).delivered_hash == Some(format!("sha256:{want}"))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_swaps_are_each_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut kubelet = Kubelet::new(dir.path(), &valid(1));
+    let proxy = Proxy::start(&kubelet.path(), &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&kubelet.path(), &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    kubelet.publish(&valid(2));
+    wait_delivered(&proxy, &handle, &valid(2)).await;
+    // A swap to identical content is no change.
+    kubelet.publish(&valid(2));
+    kubelet.publish(&valid(3));
+    wait_delivered(&proxy, &handle, &valid(3)).await;
+
+    assert_eq!(
+        proxy.shas(),
+        vec![sha(&valid(1)), sha(&valid(2)), sha(&valid(3))]
+    );
+    assert!(
+        proxy
+            .posts()
+            .iter()
+            .all(|p| p.authorization.as_deref() == Some(AUTH))
+    );
+    assert_eq!(metrics.reloader.reloads.get(), 3);
+    assert_eq!(metrics.reloader.reloads_failed.get(), 0);
+    assert_eq!(metrics.reloader.last_reload_successful.get(), 1);
+    let status = delivered(&handle);
+    assert_eq!(status.last_result.map(|r| r.result).as_deref(), Some("ok"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_and_rename_over_writes_are_each_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    std::fs::write(&path, valid(2)).unwrap();
+    wait_delivered(&proxy, &handle, &valid(2)).await;
+    // Rewriting the same bytes, in place and by rename, is no change.
+    std::fs::write(&path, valid(2)).unwrap();
+    write_rename_over(&path, &valid(2));
+    write_rename_over(&path, &valid(3));
+    wait_delivered(&proxy, &handle, &valid(3)).await;
+
+    assert_eq!(
+        proxy.shas(),
+        vec![sha(&valid(1)), sha(&valid(2)), sha(&valid(3))]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_of_50_changes_delivers_the_final_content_one_post_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(0)).unwrap();
+    // A slow proxy widens the window in which a second POST could overlap.
+    let proxy = Proxy::start(&path, &[], Duration::from_millis(40)).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(0)).await;
+
+    for version in 1..=50 {
+        write_rename_over(&path, &valid(version));
+        tokio::time::sleep(Duration::from_millis(5 + (version as u64 % 4) * 10)).await;
+    }
+    wait_delivered(&proxy, &handle, &valid(50)).await;
+
+    assert_eq!(proxy.state.max_in_flight.load(Ordering::SeqCst), 1);
+    // Collapsed: far fewer POSTs than changes.
+    assert!(proxy.posts().len() < 51, "{} POSTs", proxy.posts().len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_yaml_is_never_posted_and_keeps_the_delivered_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    let broken = "proxy:\n  admin: [unclosed\n";
+    write_rename_over(&path, broken);
+    wait_for("the invalid count", || {
+        metrics.reloader.config_invalid.get() == 1
+    })
+    .await;
+    let status = delivered(&handle);
+    assert_eq!(
+        status.delivered_hash,
+        Some(format!("sha256:{}", sha(&valid(1))))
+    );
+    assert_eq!(
+        status.last_result.map(|r| r.result).as_deref(),
+        Some("invalid")
+    );
+
+    write_rename_over(&path, &valid(2));
+    wait_delivered(&proxy, &handle, &valid(2)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(1)), sha(&valid(2))]);
+    assert_eq!(metrics.reloader.config_invalid.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflict_is_retried_after_about_500_ms() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[409], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    let posts = proxy.posts();
+    assert_eq!(
+        posts.iter().map(|p| p.status).collect::<Vec<_>>(),
+        [409, 200]
+    );
+    let gap = posts[1].at - posts[0].at;
+    assert!(gap >= Duration::from_millis(450), "retried after {gap:?}");
+    assert_eq!(metrics.reloader.reloads.get(), 2);
+    assert_eq!(metrics.reloader.reloads_failed.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_retried_with_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[500, 503], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    let posts = proxy.posts();
+    assert_eq!(
+        posts.iter().map(|p| p.status).collect::<Vec<_>>(),
+        [500, 503, 200]
+    );
+    // 500 ms, then 1 s.
+    assert!(posts[2].at - posts[1].at >= Duration::from_millis(900));
+    assert_eq!(metrics.reloader.reloads_failed.get(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_content_is_not_retried_until_it_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[400], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let config = ReloaderConfig {
+        // Frequent re-reads give a wrong retry every chance to happen.
+        rescan: Duration::from_millis(200),
+        ..reloader(&path, &proxy.url())
+    };
+    let handle = spawn(config, &metrics);
+    wait_for("the refusal", || {
+        delivered(&handle).last_result.map(|r| r.result).as_deref() == Some("refused")
+    })
+    .await;
+    // The window in which a retry must not happen (several 500 ms retries'
+    // worth, several rescans).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(1))]);
+    assert_eq!(delivered(&handle).delivered_hash, None);
+    assert_eq!(metrics.reloader.last_reload_successful.get(), 0);
+
+    write_rename_over(&path, &valid(2));
+    wait_delivered(&proxy, &handle, &valid(2)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(1)), sha(&valid(2))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_down_is_retried_and_delivered_once_it_is_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    // Reserve a port, then close it: connections are refused.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let url = format!("http://{addr}/admin/reload");
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &url), &metrics);
+    wait_for("two failed attempts", || {
+        metrics.reloader.reloads_failed.get() >= 2
+    })
+    .await;
+    assert_eq!(
+        delivered(&handle).last_result.map(|r| r.result).as_deref(),
+        Some("failed")
+    );
+
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let proxy = Proxy::serve(listener, &path, &[], Duration::ZERO);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(1))]);
+    assert_eq!(metrics.reloader.last_reload_successful.get(), 1);
+    assert!(metrics.reloader.last_reload_success_timestamp_seconds.get() > 1.0e9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rescan_delivers_with_the_watcher_disabled() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let config = ReloaderConfig {
+        watch: false,
+        rescan: Duration::from_secs(1),
+        ..reloader(&path, &proxy.url())
+    };
+    let handle = spawn(config, &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    write_rename_over(&path, &valid(2));
+    wait_delivered(&proxy, &handle, &valid(2)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(1)), sha(&valid(2))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_change_reloads_the_current_content_once_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    wait_delivered(&proxy, &handle, &valid(1)).await;
+
+    handle.certificates_changed();
+    wait_for("the second POST", || proxy.posts().len() == 2).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(1)), sha(&valid(1))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assumed_delivered_content_is_not_posted_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let config = ReloaderConfig {
+        assume_delivered: Some(sha(&valid(1))),
+        ..reloader(&path, &proxy.url())
+    };
+    let handle = spawn(config, &metrics);
+    write_rename_over(&path, &valid(2));
+    wait_delivered(&proxy, &handle, &valid(2)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(2))]);
+}
