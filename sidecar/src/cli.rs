@@ -18,7 +18,13 @@ pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9091";
 
 /// `sbmesh-sidecar`: runs beside an sbproxy container.
 #[derive(Debug, Parser)]
-#[command(name = "sbmesh-sidecar", version, about, propagate_version = true)]
+#[command(
+    name = "sbmesh-sidecar",
+    version,
+    about,
+    propagate_version = true,
+    args_override_self = true
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -157,6 +163,16 @@ pub struct RunArgs {
     /// Drain budget after SIGTERM/SIGINT, in milliseconds [default: 30000]
     #[arg(long, env = "SBPROXY_SHUTDOWN_GRACE_MS", value_name = "MS")]
     pub shutdown_grace_ms: Option<String>,
+
+    /// Quiet time after a config change before it is validated and POSTed,
+    /// in milliseconds [default: 200]
+    #[arg(long, env = "SBMESH_RELOAD_DEBOUNCE_MS", value_name = "MS")]
+    pub reload_debounce_ms: Option<String>,
+
+    /// Full re-read of the config file as a safety net, every N seconds
+    /// [default: 30]
+    #[arg(long, env = "SBMESH_RELOAD_RESCAN_SECS", value_name = "SECS")]
+    pub reload_rescan_secs: Option<String>,
 }
 
 /// Flags of `validate`.
@@ -256,6 +272,9 @@ mod tests {
             ("state-dir", "SBMESH_STATE_DIR"),
             ("log-format", "SBMESH_LOG_FORMAT"),
             ("shutdown-grace-ms", "SBPROXY_SHUTDOWN_GRACE_MS"),
+            // Issue 4 (hot reload) adds these two.
+            ("reload-debounce-ms", "SBMESH_RELOAD_DEBOUNCE_MS"),
+            ("reload-rescan-secs", "SBMESH_RELOAD_RESCAN_SECS"),
         ];
         for (long, env) in expected {
             let arg = run

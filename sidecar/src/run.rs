@@ -12,6 +12,7 @@ use sbmesh::config::StorageBackend;
 use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
 use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
+use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig};
 use sbmesh::store::open::{open_store, probe};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -103,7 +104,26 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let challenge_router = Router::new().fallback(|| async { StatusCode::NOT_FOUND });
     let challenge_task = tokio::spawn(serve(challenge, challenge_router, stop_rx.clone()));
 
-    tokio::spawn(publish_readiness(state, meta, stop_rx.clone()));
+    // Hot reload: every distinct valid content of --config is POSTed to the
+    // proxy once. The proxy read the file as it is now when it started.
+    let reload_cfg = ReloaderConfig {
+        authorization: settings.proxy_authorization.clone(),
+        debounce: settings.reload_debounce,
+        rescan: settings.reload_rescan,
+        assume_delivered: Some(settings.config_sha256.clone()),
+        ..ReloaderConfig::new(
+            settings.config_path.clone(),
+            settings.proxy_reload_url.clone(),
+        )
+    };
+    let reloader = Reloader::spawn(reload_cfg, metrics.clone())
+        .map_err(|e| anyhow::anyhow!("--proxy-reload-url / --proxy-authorization: {e}"))?;
+    tokio::spawn(publish_meta(
+        state,
+        meta,
+        reloader.status(),
+        stop_rx.clone(),
+    ));
     info!(
         admin = %settings.admin_listen,
         challenge = %settings.challenge_listen,
@@ -117,6 +137,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         "draining"
     );
     let drain = async {
+        drop(reloader);
         mesh.leave().await;
         let _ = stop_tx.send(true);
         let _ = admin_task.await;
@@ -147,18 +168,41 @@ async fn serve(listener: TcpListener, router: Router, mut stop: watch::Receiver<
     }
 }
 
-/// Keeps this node's `ready` flag in its mesh metadata current, so every
-/// node's status shows every node's health.
-async fn publish_readiness(state: AdminState, mut meta: NodeMeta, stop: watch::Receiver<bool>) {
+/// The one owner of this node's mesh metadata: readiness (every 500 ms)
+/// and the reloader's delivered config hash and last result, so every
+/// node's status shows which pod runs which config.
+async fn publish_meta(
+    state: AdminState,
+    mut meta: NodeMeta,
+    mut reload: watch::Receiver<ReloadStatus>,
+    stop: watch::Receiver<bool>,
+) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = reload.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+        }
         if *stop.borrow() {
             return;
         }
-        let ready = state.not_ready_reasons().is_empty();
-        if ready != meta.ready {
-            meta.ready = ready;
+        let mut next = meta.clone();
+        next.ready = state.not_ready_reasons().is_empty();
+        {
+            let r = reload.borrow();
+            if let Some(hash) = &r.delivered_hash {
+                next.config_hash = Some(hash.clone());
+            }
+            if r.last_result.is_some() {
+                next.last_reload = r.last_result.clone();
+            }
+        }
+        if next != meta {
+            meta = next;
             state.mesh.set_meta(meta.clone()).await;
         }
     }

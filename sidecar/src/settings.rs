@@ -98,6 +98,10 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// `--shutdown-grace-ms`.
     pub shutdown_grace: Duration,
+    /// `--reload-debounce-ms`.
+    pub reload_debounce: Duration,
+    /// `--reload-rescan-secs`.
+    pub reload_rescan: Duration,
 }
 
 impl fmt::Debug for Settings {
@@ -257,6 +261,16 @@ const LOG_FORMAT: Flag = Flag {
 const SHUTDOWN_GRACE_MS: Flag = Flag {
     long: "--shutdown-grace-ms",
     env: "SBPROXY_SHUTDOWN_GRACE_MS",
+};
+
+const RELOAD_DEBOUNCE_MS: Flag = Flag {
+    long: "--reload-debounce-ms",
+    env: "SBMESH_RELOAD_DEBOUNCE_MS",
+};
+
+const RELOAD_RESCAN_SECS: Flag = Flag {
+    long: "--reload-rescan-secs",
+    env: "SBMESH_RELOAD_RESCAN_SECS",
 };
 
 const SHARED_KEY_PATH: &str = "proxy.cluster.security.shared_key";
@@ -475,6 +489,20 @@ pub fn resolve(
             parse_millis,
         )
         .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+    let reload_debounce = r
+        .parsed(
+            &RELOAD_DEBOUNCE_MS,
+            args.reload_debounce_ms.as_deref(),
+            parse_millis,
+        )
+        .unwrap_or(Duration::from_millis(200));
+    let reload_rescan = r
+        .parsed(
+            &RELOAD_RESCAN_SECS,
+            args.reload_rescan_secs.as_deref(),
+            parse_secs,
+        )
+        .unwrap_or(Duration::from_secs(30));
 
     if r.problems.iter().any(Problem::is_error) {
         return Err(r.problems);
@@ -506,6 +534,8 @@ pub fn resolve(
         state_dir,
         log_format,
         shutdown_grace,
+        reload_debounce,
+        reload_rescan,
     })
 }
 
@@ -794,6 +824,15 @@ fn parse_log_format(text: &str) -> Result<LogFormat, String> {
         _ => Err(format!(
             "{text:?} is not a log format; expected json or text"
         )),
+    }
+}
+
+fn parse_secs(text: &str) -> Result<Duration, String> {
+    match text.parse::<u64>() {
+        Ok(0) | Err(_) => Err(format!(
+            "{text:?} is not a positive number of seconds; expected e.g. 30"
+        )),
+        Ok(n) => Ok(Duration::from_secs(n)),
     }
 }
 
