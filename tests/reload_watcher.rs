@@ -279,7 +279,7 @@ async fn in_place_and_rename_over_writes_are_each_delivered_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn burst_of_50_changes_delivers_the_final_content_one_post_at_a_time() {
+async fn two_hundred_changes_in_bursts_deliver_the_final_content_one_post_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sb.yml");
     std::fs::write(&path, valid(0)).unwrap();
@@ -289,15 +289,22 @@ async fn burst_of_50_changes_delivers_the_final_content_one_post_at_a_time() {
     let handle = spawn(reloader(&path, &proxy.url()), &metrics);
     wait_delivered(&proxy, &handle, &valid(0)).await;
 
-    for version in 1..=50 {
+    // 10 bursts of 20 changes; between bursts a pause longer than the
+    // debounce, so POSTs start while the next burst is being written.
+    for version in 1..=200 {
         write_rename_over(&path, &valid(version));
-        tokio::time::sleep(Duration::from_millis(5 + (version as u64 % 4) * 10)).await;
+        let pause = if version % 20 == 0 {
+            250
+        } else {
+            2 + (version as u64 % 4) * 4
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
-    wait_delivered(&proxy, &handle, &valid(50)).await;
+    wait_delivered(&proxy, &handle, &valid(200)).await;
 
     assert_eq!(proxy.state.max_in_flight.load(Ordering::SeqCst), 1);
     // Collapsed: far fewer POSTs than changes.
-    assert!(proxy.posts().len() < 51, "{} POSTs", proxy.posts().len());
+    assert!(proxy.posts().len() < 201, "{} POSTs", proxy.posts().len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
