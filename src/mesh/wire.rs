@@ -106,3 +106,55 @@ pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
     let msg = postcard::from_bytes(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
     Ok((msg, len + 4, key_id))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The decode half of "nothing from the network can panic us": what
+    //! comes out of an authenticated packet is still decoded defensively.
+    //! (The unseal half is `tests/mesh_seal_props.rs`.)
+
+    use super::*;
+    use crate::mesh::meta::{DigestHandler, MetaDigest, Wanted};
+    use foca::{AccumulatingRuntime, Foca, PostcardCodec};
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+
+    fn foca() -> Foca<NodeIdentity, PostcardCodec, rand::rngs::StdRng, DigestHandler> {
+        let me = NodeIdentity {
+            node_id: "me".into(),
+            gossip: "127.0.0.1:7946".parse().unwrap(),
+            transport_port: 8946,
+            generation: 1,
+        };
+        let mut config = foca::Config::simple();
+        config.max_packet_size = std::num::NonZeroUsize::new(1400).unwrap();
+        Foca::with_custom_broadcast(
+            me,
+            config,
+            rand::rngs::StdRng::seed_from_u64(7),
+            PostcardCodec,
+            DigestHandler::new("me", Wanted::default()),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 100_000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn decoding_arbitrary_payloads_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..1500)) {
+            let _ = postcard::from_bytes::<TcpMsg>(&bytes);
+            let _ = postcard::from_bytes::<NodeIdentity>(&bytes);
+            let _ = postcard::from_bytes::<MetaDigest>(&bytes);
+            let mut f = foca();
+            let mut rt = AccumulatingRuntime::new();
+            let _ = f.handle_data(&bytes, &mut rt);
+        }
+    }
+
+    #[test]
+    fn a_large_announced_length_does_not_allocate() {
+        // A frame whose postcard vector length claims 2^60 elements.
+        let bytes = [0u8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert!(postcard::from_bytes::<TcpMsg>(&bytes).is_err());
+    }
+}
