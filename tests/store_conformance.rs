@@ -14,6 +14,8 @@ use std::time::Duration;
 
 mod object_servers;
 
+use object_servers::{require_servers, server_env};
+
 use sbmesh::store::file::FileStore;
 use sbmesh::store::memory::MemoryStore;
 use sbmesh::store::redb::RedbStore;
@@ -83,28 +85,6 @@ async fn s3_store() -> Option<Arc<dyn Store>> {
 async fn azure_store() -> Option<Arc<dyn Store>> {
     let endpoint = server_env("SBMESH_TEST_AZURE_BLOB_ENDPOINT")?;
     Some(object_servers::azure_store(&endpoint).await)
-}
-
-/// Whether a missing server fails the run instead of skipping.
-fn require_servers() -> bool {
-    std::env::var("SBMESH_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
-}
-
-/// The value of a server's environment variable; `None` (and a SKIP line)
-/// when unset, or a panic when servers are required.
-fn server_env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                !require_servers(),
-                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
-                 run the suite through scripts/test, which starts the servers and sets it"
-            );
-            eprintln!("SKIP: {var} is not set (scripts/test starts the servers)");
-            None
-        }
-    }
 }
 
 /// What a test does when its constructor gave no store.

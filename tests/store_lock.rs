@@ -19,6 +19,8 @@
 
 mod object_servers;
 
+use object_servers::server_env;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -114,25 +116,6 @@ async fn azure_store() -> Option<Fixture> {
         slow: 3,
         ..Fixture::from(object_servers::azure_store(&endpoint).await)
     })
-}
-
-fn require_servers() -> bool {
-    std::env::var("SBMESH_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
-}
-
-fn server_env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                !require_servers(),
-                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
-                 run the suite through scripts/test, which starts the servers and sets it"
-            );
-            eprintln!("SKIP: {var} is not set (scripts/test starts the servers)");
-            None
-        }
-    }
 }
 
 /// One test per check for one backend.

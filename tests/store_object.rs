@@ -11,6 +11,8 @@
 
 mod object_servers;
 
+use object_servers::server_env;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,24 +22,6 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sbmesh::store::object::ObjectBackend;
 use sbmesh::store::{Store, StoreError};
-
-fn require_servers() -> bool {
-    std::env::var("SBMESH_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
-}
-
-fn server_env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                !require_servers(),
-                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: run through scripts/test"
-            );
-            eprintln!("SKIP: {var} is not set (scripts/test starts the servers)");
-            None
-        }
-    }
-}
 
 /// One object store server with a fresh bucket: our store on `prefix`, and
 /// a raw `object_store` client on the same bucket to look underneath.

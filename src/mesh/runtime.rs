@@ -541,19 +541,23 @@ impl Driver {
     }
 
     fn send_plain(&mut self, to: SocketAddr, plain: &[u8]) {
-        let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
-        let key = self.peer_keys.get(&to).copied();
-        if self
-            .sealer
-            .seal_with(Channel::Udp, key, plain, now_ms(), &mut sealed)
-            .is_err()
-        {
+        let Some(sealed) = self.seal_for(to, plain) else {
             return;
-        }
+        };
         match self.udp.try_send_to(&sealed, to) {
             Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
             Err(e) => debug!(%to, error = %e, "gossip send failed"),
         }
+    }
+
+    /// Seals a datagram for `to`, in the ring key that peer last used.
+    fn seal_for(&self, to: SocketAddr, plain: &[u8]) -> Option<Vec<u8>> {
+        let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
+        let key = self.peer_keys.get(&to).copied();
+        self.sealer
+            .seal_with(Channel::Udp, key, plain, now_ms(), &mut sealed)
+            .ok()?;
+        Some(sealed)
     }
 
     fn fire_timers(&mut self) {
@@ -980,20 +984,13 @@ impl Driver {
                 .push(Reverse((Instant::now() + after, self.timer_seq)));
             self.timer_slots.insert(self.timer_seq, timer);
         }
-        let ts = now_ms();
         while let Some((to, data)) = self.rt.to_send() {
             let mut plain = Vec::with_capacity(data.len() + 1);
             plain.push(wire::KIND_FOCA);
             plain.extend_from_slice(&data);
-            let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
-            let key = self.peer_keys.get(&to.gossip).copied();
-            if self
-                .sealer
-                .seal_with(Channel::Udp, key, &plain, ts, &mut sealed)
-                .is_err()
-            {
+            let Some(sealed) = self.seal_for(to.gossip, &plain) else {
                 continue;
-            }
+            };
             match self.udp.send_to(&sealed, to.gossip).await {
                 Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
                 Err(e) => debug!(to = %to.gossip, error = %e, "gossip send failed"),

@@ -1,4 +1,6 @@
-//! S3 (moto) and Azure Blob (Azurite) stores for tests: each call makes a
+//! The test servers `scripts/test` starts, as the tests reach them: the
+//! environment variables that name them ([`server_env`]), and S3 (moto) and
+//! Azure Blob (Azurite) stores for tests: each call makes a
 //! fresh bucket or container, so tests (and nextest's one process per test)
 //! never see each other's records.
 //!
@@ -129,4 +131,27 @@ async fn send(request: HttpRequest, url: &str) {
         .unwrap_or_else(|e| panic!("PUT {url}: {e}"));
     let status = response.status();
     assert!(status.is_success(), "PUT {url}: {status}");
+}
+
+/// Whether a missing server fails the run instead of skipping
+/// (`SBMESH_TEST_REQUIRE_SERVERS=1`, set by `scripts/test`).
+pub fn require_servers() -> bool {
+    std::env::var("SBMESH_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+}
+
+/// The value of a server's environment variable; `None` (and a SKIP line)
+/// when unset, or a panic when servers are required.
+pub fn server_env(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            assert!(
+                !require_servers(),
+                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
+                 run the suite through scripts/test, which starts the servers and sets it"
+            );
+            eprintln!("SKIP: {var} is not set (scripts/test starts the servers)");
+            None
+        }
+    }
 }
