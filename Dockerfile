@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1.7
-# One image with both binaries: sbmesh-sidecar (and, once it exists,
-# sbmesh-operator). Build: docker build -t sbmesh .
+# One image with both binaries: sbmesh-sidecar (the default entrypoint) and
+# sbmesh-operator (the operator Deployment and every rendered pod name their
+# binary explicitly). Build: docker build -t sbmesh .
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
@@ -9,11 +10,11 @@ WORKDIR /src
 # dependencies build once and stay cached until Cargo.lock or a manifest changes.
 COPY Cargo.toml Cargo.lock ./
 COPY sidecar/Cargo.toml sidecar/Cargo.toml
-# COPY operator/Cargo.toml operator/Cargo.toml
+COPY operator/Cargo.toml operator/Cargo.toml
 RUN <<'STUBS'
 set -eu
 # A stub for every target the manifests declare, at its path or cargo's default.
-for manifest in Cargo.toml sidecar/Cargo.toml; do
+for manifest in Cargo.toml sidecar/Cargo.toml operator/Cargo.toml; do
   dir=$(dirname "$manifest")
   awk '
     function flush() {
@@ -41,29 +42,27 @@ for manifest in Cargo.toml sidecar/Cargo.toml; do
 done
 # The root package is the library, found by convention.
 mkdir -p src && : >src/lib.rs
-cargo build --release --locked -p sbmesh-sidecar
-# cargo build --release --locked -p sbmesh-operator
+cargo build --release --locked -p sbmesh-sidecar -p sbmesh-operator
 STUBS
 
 # The real sources. Drop the stub builds of the workspace's own crates so they
 # are rebuilt from these files whatever their timestamps.
 COPY . .
-RUN cargo clean --release -p sbmesh -p sbmesh-sidecar \
- && cargo build --release --locked -p sbmesh-sidecar \
+RUN cargo clean --release -p sbmesh -p sbmesh-sidecar -p sbmesh-operator \
+ && cargo build --release --locked -p sbmesh-sidecar -p sbmesh-operator \
  && install -D -m 0755 target/release/sbmesh-sidecar /out/sbmesh-sidecar \
+ && install -D -m 0755 target/release/sbmesh-operator /out/sbmesh-operator \
  && install -d -o 65532 -g 65532 /out/var/lib/sbproxy/certs /out/var/lib/sbproxy/sidecar
-# RUN cargo clean --release -p sbmesh-operator \
-#  && cargo build --release --locked -p sbmesh-operator \
-#  && install -D -m 0755 target/release/sbmesh-operator /out/sbmesh-operator
 
 # glibc, libgcc, CA certificates and a nonroot user (65532); no shell.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /out/sbmesh-sidecar /usr/local/bin/sbmesh-sidecar
-# COPY --from=builder /out/sbmesh-operator /usr/local/bin/sbmesh-operator
+COPY --from=builder /out/sbmesh-operator /usr/local/bin/sbmesh-operator
 # Default --state-dir and --cert-dir, writable without a volume mounted.
 COPY --from=builder --chown=65532:65532 /out/var/lib/sbproxy /var/lib/sbproxy
 USER 65532:65532
-# gossip (UDP), transport (TCP), admin, ACME HTTP-01 responder
+# Sidecar: gossip (UDP), transport (TCP), admin, ACME HTTP-01 responder.
+# The operator's /metrics and /healthz (8080) are declared by its Deployment.
 EXPOSE 7946/udp 8946/tcp 9091/tcp 8089/tcp
 ENTRYPOINT ["/usr/local/bin/sbmesh-sidecar"]
 CMD ["run"]

@@ -40,6 +40,7 @@
 //! # }
 //! ```
 
+pub mod acme;
 pub mod config;
 pub mod http;
 pub mod identity;

@@ -160,6 +160,62 @@ pub struct Metrics {
     pub store: StoreMetrics,
     /// The config reloader's metrics.
     pub reloader: ReloaderMetrics,
+    /// The ACME issuer's and challenge responder's metrics.
+    pub acme: AcmeMetrics,
+}
+
+/// `{result=...}`
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// The outcome.
+    pub result: &'static str,
+}
+
+/// `{host=...}`
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabels {
+    /// The certificate's hostname.
+    pub host: String,
+}
+
+/// ACME metrics (SPEC section 8).
+pub struct AcmeMetrics {
+    /// `acme_orders_total{result="issued|failed|skipped"}`.
+    pub orders: Family<ResultLabels, Counter>,
+    /// `acme_challenge_requests_total{result="hit|miss|rejected"}`.
+    pub challenge_requests: Family<ResultLabels, Counter>,
+    /// `sbproxy_cert_expiry_seconds{host}`: seconds until notAfter.
+    pub cert_expiry_seconds: Family<HostLabels, Gauge>,
+}
+
+impl AcmeMetrics {
+    /// Counts one order outcome: `issued`, `failed` or `skipped`.
+    pub fn order(&self, result: &'static str) {
+        self.orders.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts one challenge request: `hit`, `miss` or `rejected`.
+    pub fn challenge(&self, result: &'static str) {
+        self.challenge_requests
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Sets the expiry gauge of `host`.
+    pub fn set_expiry(&self, host: &str, seconds_left: i64) {
+        self.cert_expiry_seconds
+            .get_or_create(&HostLabels {
+                host: host.to_owned(),
+            })
+            .set(seconds_left);
+    }
+
+    /// Drops the expiry gauge of a host no longer served.
+    pub fn forget_host(&self, host: &str) {
+        self.cert_expiry_seconds.remove(&HostLabels {
+            host: host.to_owned(),
+        });
+    }
 }
 
 impl Default for Metrics {
@@ -268,11 +324,40 @@ impl Metrics {
             "New config file contents that failed validation and were not POSTed",
             reloader.config_invalid.clone(),
         );
+        let acme = AcmeMetrics {
+            orders: Family::default(),
+            challenge_requests: Family::default(),
+            cert_expiry_seconds: Family::default(),
+        };
+        for result in ["issued", "failed", "skipped"] {
+            let _ = acme.orders.get_or_create(&ResultLabels { result });
+        }
+        for result in ["hit", "miss", "rejected"] {
+            let _ = acme
+                .challenge_requests
+                .get_or_create(&ResultLabels { result });
+        }
+        registry.register(
+            "acme_orders",
+            "ACME orders this node placed or passed over, by result",
+            acme.orders.clone(),
+        );
+        registry.register(
+            "acme_challenge_requests",
+            "HTTP-01 challenge requests answered by this node, by result",
+            acme.challenge_requests.clone(),
+        );
+        registry.register(
+            "sbproxy_cert_expiry_seconds",
+            "Seconds until the notAfter of the certificate written for each host",
+            acme.cert_expiry_seconds.clone(),
+        );
         Self {
             registry,
             mesh,
             store,
             reloader,
+            acme,
         }
     }
 
@@ -324,6 +409,26 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn exposes_acme_names() {
+        let m = Metrics::new();
+        m.acme.order("issued");
+        m.acme.challenge("rejected");
+        m.acme.set_expiry("a.example.com", 3600);
+        let text = m.encode();
+        for name in [
+            "acme_orders_total{result=\"issued\"} 1",
+            "acme_orders_total{result=\"skipped\"} 0",
+            "acme_challenge_requests_total{result=\"rejected\"} 1",
+            "acme_challenge_requests_total{result=\"hit\"} 0",
+            "sbproxy_cert_expiry_seconds{host=\"a.example.com\"} 3600",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+        m.acme.forget_host("a.example.com");
+        assert!(!m.encode().contains("a.example.com"));
     }
 
     #[test]

@@ -173,6 +173,24 @@ pub struct RunArgs {
     /// [default: 30]
     #[arg(long, env = "SBMESH_RELOAD_RESCAN_SECS", value_name = "SECS")]
     pub reload_rescan_secs: Option<String>,
+
+    /// Lease of a hostname's order lock, in seconds: a replica that dies
+    /// mid-order holds the hostname back at most this long [default: 60]
+    #[arg(long, env = "SBMESH_ACME_ORDER_LOCK_TTL_SECS", value_name = "SECS")]
+    pub acme_order_lock_ttl_secs: Option<String>,
+
+    /// New ACME orders the whole cluster may place per account and
+    /// interval (see --acme-orders-interval-secs) [default: 300]
+    #[arg(long, env = "SBMESH_ACME_MAX_ORDERS", value_name = "N")]
+    pub acme_max_orders: Option<String>,
+
+    /// The interval of --acme-max-orders, in seconds [default: 10800]
+    #[arg(long, env = "SBMESH_ACME_ORDERS_INTERVAL_SECS", value_name = "SECS")]
+    pub acme_orders_interval_secs: Option<String>,
+
+    /// Orders this replica runs at once [default: 16]
+    #[arg(long, env = "SBMESH_ACME_CONCURRENT_ORDERS", value_name = "N")]
+    pub acme_concurrent_orders: Option<String>,
 }
 
 /// Flags of `validate`.
@@ -275,6 +293,17 @@ mod tests {
             // Issue 4 (hot reload) adds these two.
             ("reload-debounce-ms", "SBMESH_RELOAD_DEBOUNCE_MS"),
             ("reload-rescan-secs", "SBMESH_RELOAD_RESCAN_SECS"),
+            // Issue 6 (ACME): limits of the issuer.
+            (
+                "acme-order-lock-ttl-secs",
+                "SBMESH_ACME_ORDER_LOCK_TTL_SECS",
+            ),
+            ("acme-max-orders", "SBMESH_ACME_MAX_ORDERS"),
+            (
+                "acme-orders-interval-secs",
+                "SBMESH_ACME_ORDERS_INTERVAL_SECS",
+            ),
+            ("acme-concurrent-orders", "SBMESH_ACME_CONCURRENT_ORDERS"),
         ];
         for (long, env) in expected {
             let arg = run

@@ -2,20 +2,27 @@
 //! runs them until SIGTERM/SIGINT, then drains.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
+use axum::extract::Request;
 use axum::http::StatusCode;
-use sbmesh::config::StorageBackend;
+use axum::response::IntoResponse;
+use sbmesh::acme::challenge::{ChallengeBook, challenge_router};
+use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus};
+use sbmesh::config::{SbConfig, StorageBackend};
 use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
-use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
+use sbmesh::mesh::seal::KeyRing;
+use sbmesh::mesh::{AcmeInfo, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
-use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig};
-use sbmesh::store::open::{open_store, probe};
+use sbmesh::reload::{ReloadStatus, ReloadTrigger, Reloader, ReloaderConfig};
+use sbmesh::store::Store;
+use sbmesh::store::open::{open_cluster_store, probe};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tower::ServiceExt;
 use tracing::{info, warn};
 
 use crate::settings::Settings;
@@ -69,10 +76,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let store_health = Arc::new(std::sync::Mutex::new(Some(
         "store: not probed yet".to_owned(),
     )));
+    let (store_tx, store_rx) = watch::channel(None);
     tokio::spawn(keep_store_probed(
         settings.clone(),
         metrics.clone(),
         store_health.clone(),
+        store_tx,
         stop_rx.clone(),
     ));
     let store_check: ReadinessCheck = Arc::new(move || {
@@ -96,13 +105,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         .with_context(|| format!("binding --admin-listen {}", settings.admin_listen))?;
     let admin_task = tokio::spawn(serve(admin, admin_router(state.clone()), stop_rx.clone()));
 
-    // The HTTP-01 responder arrives with the ACME issuer; until then the
-    // port answers 404 for every path, as it will for unknown tokens.
+    // The HTTP-01 responder needs the store; until the store is open the
+    // port answers 404 for every path, as it does for unknown tokens.
     let challenge = TcpListener::bind(settings.challenge_listen)
         .await
         .with_context(|| format!("binding --challenge-listen {}", settings.challenge_listen))?;
-    let challenge_router = Router::new().fallback(|| async { StatusCode::NOT_FOUND });
-    let challenge_task = tokio::spawn(serve(challenge, challenge_router, stop_rx.clone()));
+    let responder: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
+    let challenge_task = tokio::spawn(serve(
+        challenge,
+        deferred_router(responder.clone()),
+        stop_rx.clone(),
+    ));
 
     // Hot reload: every distinct valid content of --config is POSTed to the
     // proxy once. The proxy read the file as it is now when it started.
@@ -118,10 +131,35 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     };
     let reloader = Reloader::spawn(reload_cfg, metrics.clone())
         .map_err(|e| anyhow::anyhow!("--proxy-reload-url / --proxy-authorization: {e}"))?;
+
+    // ACME: hostnames follow the config file; the manager starts once the
+    // store is open.
+    let (config_tx, config_rx) = watch::channel(Arc::new(settings.config.clone()));
+    tokio::spawn(follow_config(
+        settings.clone(),
+        reloader.status(),
+        config_tx,
+        stop_rx.clone(),
+    ));
+    let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
+    let acme_task = tokio::spawn(run_acme(
+        settings.clone(),
+        AcmeParts {
+            mesh: mesh.clone(),
+            metrics: metrics.clone(),
+            config: config_rx,
+            reload: reloader.trigger(),
+            store: store_rx,
+            responder,
+            status: acme_tx,
+        },
+        stop_rx.clone(),
+    ));
     tokio::spawn(publish_meta(
         state,
         meta,
         reloader.status(),
+        acme_rx,
         stop_rx.clone(),
     ));
     info!(
@@ -137,6 +175,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         "draining"
     );
     let drain = async {
+        acme_task.abort();
         drop(reloader);
         mesh.leave().await;
         let _ = stop_tx.send(true);
@@ -151,6 +190,111 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         Err(_) => {
             warn!("drain budget ran out");
             Ok(EXIT_DRAIN_TIMEOUT)
+        }
+    }
+}
+
+/// A router that answers 404 until `slot` is filled, then delegates to it.
+fn deferred_router(slot: Arc<OnceLock<Router>>) -> Router {
+    Router::new().fallback(move |req: Request| {
+        let slot = slot.clone();
+        async move {
+            match slot.get() {
+                Some(router) => match router.clone().oneshot(req).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                },
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    })
+}
+
+/// Re-reads the config file after every reload attempt and every 5 s, and
+/// publishes each new valid content: the ACME manager follows its origins.
+async fn follow_config(
+    settings: Settings,
+    mut reload: watch::Receiver<ReloadStatus>,
+    config: watch::Sender<Arc<SbConfig>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut last_hash = settings.config_sha256.clone();
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = reload.changed() => if r.is_err() { return; },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let path = settings.config_path.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            sbmesh::config::load(&path, &crate::settings::process_env)
+        })
+        .await;
+        if let Ok(Ok(loaded)) = loaded
+            && loaded.sha256_hex_of_raw_file != last_hash
+        {
+            last_hash = loaded.sha256_hex_of_raw_file;
+            let _ = config.send(Arc::new(loaded.config));
+        }
+    }
+}
+
+/// What the ACME task needs from the rest of the sidecar.
+struct AcmeParts {
+    mesh: Mesh,
+    metrics: Arc<Metrics>,
+    config: watch::Receiver<Arc<SbConfig>>,
+    reload: ReloadTrigger,
+    store: watch::Receiver<Option<Arc<dyn Store>>>,
+    responder: Arc<OnceLock<Router>>,
+    status: watch::Sender<AcmeStatus>,
+}
+
+/// Waits for the store, then serves challenges from it and runs the ACME
+/// manager, forwarding its status into the node metadata.
+async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Receiver<bool>) {
+    let store = tokio::select! {
+        s = parts.store.wait_for(Option::is_some) => match s {
+            Ok(s) => match s.clone() {
+                Some(store) => store,
+                None => return,
+            },
+            Err(_) => return,
+        },
+        _ = stop.wait_for(|s| *s) => return,
+    };
+    let book = ChallengeBook::new(store.clone(), parts.metrics.clone());
+    let _ = parts.responder.set(challenge_router(book.clone()));
+    let key_ring = settings
+        .cluster_key
+        .clone()
+        .and_then(|keys| KeyRing::new(keys).ok());
+    let cfg = AcmeManagerConfig {
+        key_ring,
+        max_concurrent_orders: settings.acme_concurrent_orders,
+        max_orders_per_interval: settings.acme_max_orders,
+        order_interval: settings.acme_orders_interval,
+        order_lock_ttl: settings.acme_order_lock_ttl,
+        ..AcmeManagerConfig::new(settings.node_id.clone(), settings.cert_dir.clone())
+    };
+    let manager = AcmeManager::spawn(
+        cfg,
+        AcmeInputs {
+            store,
+            mesh: parts.mesh,
+            metrics: parts.metrics,
+            config: parts.config,
+            reload: parts.reload,
+            book,
+        },
+    );
+    let mut status = manager.status();
+    loop {
+        let _ = parts.status.send(status.borrow_and_update().clone());
+        tokio::select! {
+            r = status.changed() => if r.is_err() { return; },
+            _ = stop.wait_for(|s| *s) => return,
         }
     }
 }
@@ -175,6 +319,7 @@ async fn publish_meta(
     state: AdminState,
     mut meta: NodeMeta,
     mut reload: watch::Receiver<ReloadStatus>,
+    mut acme: watch::Receiver<AcmeStatus>,
     stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -182,6 +327,11 @@ async fn publish_meta(
         tokio::select! {
             _ = tick.tick() => {}
             r = reload.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+            r = acme.changed() => {
                 if r.is_err() {
                     return;
                 }
@@ -201,6 +351,14 @@ async fn publish_meta(
                 next.last_reload = r.last_result.clone();
             }
         }
+        {
+            let a = acme.borrow_and_update();
+            next.certificates = a.certificates.clone();
+            next.acme = (!a.not_eligible.is_empty() || a.refusal.is_some()).then(|| AcmeInfo {
+                not_eligible: a.not_eligible.clone(),
+                refusal: a.refusal.clone(),
+            });
+        }
         if next != meta {
             meta = next;
             state.mesh.set_meta(meta.clone()).await;
@@ -215,6 +373,7 @@ async fn keep_store_probed(
     settings: Settings,
     metrics: Arc<Metrics>,
     health: Arc<std::sync::Mutex<Option<String>>>,
+    opened: watch::Sender<Option<Arc<dyn Store>>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let acme = settings.config.proxy.acme.as_ref();
@@ -236,9 +395,18 @@ async fn keep_store_probed(
     let mut next_sweep = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         if store.is_none() {
-            match open_store(backend, &path, &settings.state_dir, metrics.clone()).await {
+            match open_cluster_store(
+                backend,
+                &path,
+                &settings.state_dir,
+                &settings.cluster_id,
+                metrics.clone(),
+            )
+            .await
+            {
                 Ok(s) => {
                     info!(backend = %backend, "certificate store opened");
+                    let _ = opened.send(Some(s.clone()));
                     store = Some(s);
                 }
                 Err(e) => {

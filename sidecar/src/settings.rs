@@ -102,6 +102,14 @@ pub struct Settings {
     pub reload_debounce: Duration,
     /// `--reload-rescan-secs`.
     pub reload_rescan: Duration,
+    /// `--acme-order-lock-ttl-secs`.
+    pub acme_order_lock_ttl: Duration,
+    /// `--acme-max-orders`.
+    pub acme_max_orders: u32,
+    /// `--acme-orders-interval-secs`.
+    pub acme_orders_interval: Duration,
+    /// `--acme-concurrent-orders`.
+    pub acme_concurrent_orders: usize,
 }
 
 impl fmt::Debug for Settings {
@@ -271,6 +279,26 @@ const RELOAD_DEBOUNCE_MS: Flag = Flag {
 const RELOAD_RESCAN_SECS: Flag = Flag {
     long: "--reload-rescan-secs",
     env: "SBMESH_RELOAD_RESCAN_SECS",
+};
+
+const ACME_ORDER_LOCK_TTL_SECS: Flag = Flag {
+    long: "--acme-order-lock-ttl-secs",
+    env: "SBMESH_ACME_ORDER_LOCK_TTL_SECS",
+};
+
+const ACME_MAX_ORDERS: Flag = Flag {
+    long: "--acme-max-orders",
+    env: "SBMESH_ACME_MAX_ORDERS",
+};
+
+const ACME_ORDERS_INTERVAL_SECS: Flag = Flag {
+    long: "--acme-orders-interval-secs",
+    env: "SBMESH_ACME_ORDERS_INTERVAL_SECS",
+};
+
+const ACME_CONCURRENT_ORDERS: Flag = Flag {
+    long: "--acme-concurrent-orders",
+    env: "SBMESH_ACME_CONCURRENT_ORDERS",
 };
 
 const SHARED_KEY_PATH: &str = "proxy.cluster.security.shared_key";
@@ -503,6 +531,32 @@ pub fn resolve(
             parse_secs,
         )
         .unwrap_or(Duration::from_secs(30));
+    let acme_order_lock_ttl = r
+        .parsed(
+            &ACME_ORDER_LOCK_TTL_SECS,
+            args.acme_order_lock_ttl_secs.as_deref(),
+            parse_secs,
+        )
+        .unwrap_or(Duration::from_secs(60));
+    let acme_max_orders = r
+        .parsed(&ACME_MAX_ORDERS, args.acme_max_orders.as_deref(), |t| {
+            parse_count(t).and_then(|n| u32::try_from(n).map_err(|_| format!("{t:?} is too large")))
+        })
+        .unwrap_or(300);
+    let acme_orders_interval = r
+        .parsed(
+            &ACME_ORDERS_INTERVAL_SECS,
+            args.acme_orders_interval_secs.as_deref(),
+            parse_secs,
+        )
+        .unwrap_or(Duration::from_secs(3 * 3600));
+    let acme_concurrent_orders = r
+        .parsed(
+            &ACME_CONCURRENT_ORDERS,
+            args.acme_concurrent_orders.as_deref(),
+            parse_count,
+        )
+        .unwrap_or(16);
 
     if r.problems.iter().any(Problem::is_error) {
         return Err(r.problems);
@@ -536,6 +590,10 @@ pub fn resolve(
         shutdown_grace,
         reload_debounce,
         reload_rescan,
+        acme_order_lock_ttl,
+        acme_max_orders,
+        acme_orders_interval,
+        acme_concurrent_orders,
     })
 }
 
@@ -833,6 +891,15 @@ fn parse_secs(text: &str) -> Result<Duration, String> {
             "{text:?} is not a positive number of seconds; expected e.g. 30"
         )),
         Ok(n) => Ok(Duration::from_secs(n)),
+    }
+}
+
+fn parse_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!(
+            "{text:?} is not a positive whole number; expected e.g. 16"
+        )),
+        Ok(n) => Ok(n),
     }
 }
 

@@ -34,6 +34,17 @@ pub struct CertificateInfo {
     pub serial: String,
 }
 
+/// A node's ACME state beyond its certificates, as shown in status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AcmeInfo {
+    /// Origins that cannot be ordered over HTTP-01 (wildcards).
+    pub not_eligible: Vec<String>,
+    /// Why the node does not order certificates, when it does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+}
+
 /// What a node says about itself.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -48,6 +59,9 @@ pub struct NodeMeta {
     pub last_reload: Option<LastReload>,
     /// Certificates the node has handed to its proxy.
     pub certificates: Vec<CertificateInfo>,
+    /// ACME state (present once ACME is enabled).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acme: Option<AcmeInfo>,
 }
 
 /// A node's metadata as exchanged between members.

@@ -910,6 +910,7 @@ impl Driver {
             config_hash: local_meta.config_hash,
             last_reload: local_meta.last_reload,
             certificates: local_meta.certificates,
+            acme: local_meta.acme,
         }];
         let mut others: Vec<NodeStatus> = self
             .peers()
@@ -940,6 +941,7 @@ impl Driver {
                     config_hash: meta.config_hash,
                     last_reload: meta.last_reload,
                     certificates: meta.certificates,
+                    acme: meta.acme,
                 }
             })
             .collect();

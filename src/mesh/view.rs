@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::meta::{CertificateInfo, LastReload};
+use crate::mesh::meta::{AcmeInfo, CertificateInfo, LastReload};
 
 /// A member's membership state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -87,6 +87,10 @@ pub struct NodeStatus {
     pub last_reload: Option<LastReload>,
     /// Certificates it has written.
     pub certificates: Vec<CertificateInfo>,
+    /// Its ACME state: wildcard origins it does not order, and why it does
+    /// not order at all when it does not. Absent while ACME is disabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<AcmeInfo>,
 }
 
 impl ClusterStatus {

@@ -41,6 +41,31 @@ pub async fn open_store(
     state_dir: &Path,
     metrics: Arc<Metrics>,
 ) -> Result<Arc<dyn Store>, StoreError> {
+    open(backend, storage_path, state_dir, None, metrics).await
+}
+
+/// [`open_store`] for the replicas of one cluster: on Redis, whose database
+/// several clusters may share, keys live under the namespace
+/// `sbmesh/<cluster_id>` (the other backends name their place in
+/// `storage_path` already).
+pub async fn open_cluster_store(
+    backend: StorageBackend,
+    storage_path: &str,
+    state_dir: &Path,
+    cluster_id: &str,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn Store>, StoreError> {
+    let namespace = format!("{}/{cluster_id}", super::redis::DEFAULT_NAMESPACE);
+    open(backend, storage_path, state_dir, Some(&namespace), metrics).await
+}
+
+async fn open(
+    backend: StorageBackend,
+    storage_path: &str,
+    state_dir: &Path,
+    redis_namespace: Option<&str>,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn Store>, StoreError> {
     let storage_path = storage_path.trim();
     let needs_path = |what: &str| {
         if storage_path.is_empty() {
@@ -60,10 +85,11 @@ pub async fn open_store(
         StorageBackend::Memory => instrument(MemoryStore::new(), metrics),
         StorageBackend::Redis => {
             needs_path("")?;
-            instrument(
-                RedisStore::connect(storage_path, REDIS_OP_TIMEOUT).await?,
-                metrics,
-            )
+            let mut store = RedisStore::connect(storage_path, REDIS_OP_TIMEOUT).await?;
+            if let Some(namespace) = redis_namespace {
+                store = store.with_namespace(namespace)?;
+            }
+            instrument(store, metrics)
         }
         StorageBackend::Redb => instrument(
             RedbStore::open(local_dir(storage_path, state_dir, None)).await?,

@@ -20,6 +20,8 @@
 //!   parallel.
 #![allow(dead_code)]
 
+pub mod acme;
+
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};

@@ -1,0 +1,326 @@
+//! `install`: everything a cluster needs to run the operator, as one YAML
+//! stream, so that `sbmesh-operator install | kubectl apply -f -` is the
+//! whole installation: the CRDs, the operator's Namespace, its
+//! ServiceAccount, RBAC with exactly the verbs the controller uses, and a
+//! 2-replica Deployment (one leads through the Lease, the other waits).
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, HTTPGetAction, Namespace, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+use crate::cli::{InstallArgs, RbacScope};
+use crate::crd;
+use crate::render::{NONROOT_UID, field_env, restricted_security_context, to_json};
+
+/// Name of the ServiceAccount, the Deployment, and the (Cluster)Role.
+pub const OPERATOR_NAME: &str = "sbmesh-operator";
+/// Name of the Role (and RoleBinding) for the leader Lease.
+pub const LEADER_ROLE_NAME: &str = "sbmesh-operator-leader";
+/// The operator binary in the image.
+pub const OPERATOR_COMMAND: &str = "/usr/local/bin/sbmesh-operator";
+/// Port of `/metrics` and `/healthz` (`run --metrics-listen`).
+pub const METRICS_PORT: i32 = 8080;
+
+/// One RBAC rule: an API group, its resources, and the verbs on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// API group (`""` is the core group).
+    pub api_group: &'static str,
+    /// Resources (and subresources, as `statefulsets/status`).
+    pub resources: &'static [&'static str],
+    /// Verbs.
+    pub verbs: &'static [&'static str],
+}
+
+/// Every call the controller makes on the objects it manages, and nothing
+/// more (least privilege). Granted in the watched namespace (Role) or in
+/// all of them (ClusterRole). The controller's code and this table change
+/// together.
+pub const CONTROLLER_RULES: &[Rule] = &[
+    Rule {
+        api_group: "sbproxy.dev",
+        resources: &["sbproxies"],
+        verbs: &["list", "watch"],
+    },
+    Rule {
+        api_group: "sbproxy.dev",
+        resources: &["sbproxies/status"],
+        verbs: &["patch"],
+    },
+    Rule {
+        api_group: "sbproxy.dev",
+        resources: &["sbproxyconfigs"],
+        verbs: &["get", "list", "watch"],
+    },
+    // The StatefulSet's status (replicas, readyReplicas) comes with the
+    // object in the apply answer and the watch: no statefulsets/status rule.
+    Rule {
+        api_group: "apps",
+        resources: &["statefulsets"],
+        verbs: &["list", "watch", "create", "patch"],
+    },
+    Rule {
+        api_group: "",
+        resources: &["services", "configmaps"],
+        verbs: &["list", "watch", "create", "patch"],
+    },
+    Rule {
+        api_group: "policy",
+        resources: &["poddisruptionbudgets"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+    },
+    // The cluster-key Secret is read by name and created once: never
+    // listed, watched, updated or deleted.
+    Rule {
+        api_group: "",
+        resources: &["secrets"],
+        verbs: &["get", "create"],
+    },
+    Rule {
+        api_group: "events.k8s.io",
+        resources: &["events"],
+        verbs: &["create", "patch"],
+    },
+];
+
+/// The leader Lease (`sbproxy-operator-leader`), always in the operator's
+/// own namespace, whatever the scope.
+pub const LEADER_RULES: &[Rule] = &[Rule {
+    api_group: "coordination.k8s.io",
+    resources: &["leases"],
+    verbs: &["get", "create", "update"],
+}];
+
+/// The RBAC rules of `rules` as Kubernetes PolicyRules.
+pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
+    rules
+        .iter()
+        .map(|rule| PolicyRule {
+            api_groups: Some(vec![rule.api_group.to_string()]),
+            resources: Some(rule.resources.iter().map(|r| r.to_string()).collect()),
+            verbs: rule.verbs.iter().map(|v| v.to_string()).collect(),
+            ..PolicyRule::default()
+        })
+        .collect()
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            OPERATOR_NAME.to_string(),
+        ),
+        (
+            "app.kubernetes.io/component".to_string(),
+            "operator".to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            OPERATOR_NAME.to_string(),
+        ),
+    ])
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespace.map(str::to_string),
+        labels: Some(labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+fn subject(ns: &str) -> Vec<Subject> {
+    vec![Subject {
+        kind: "ServiceAccount".to_string(),
+        name: OPERATOR_NAME.to_string(),
+        namespace: Some(ns.to_string()),
+        ..Subject::default()
+    }]
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".to_string(),
+        kind: kind.to_string(),
+        name: name.to_string(),
+    }
+}
+
+/// Every object of the installation, in the order `kubectl apply` needs
+/// them: CRDs, Namespace, ServiceAccount, RBAC, Deployment.
+pub fn install_objects(args: &InstallArgs) -> Vec<Value> {
+    let ns = args.namespace.as_str();
+    let mut out: Vec<Value> = crd::crds().iter().map(to_json).collect();
+    out.push(to_json(&Namespace {
+        metadata: meta(ns, None),
+        ..Namespace::default()
+    }));
+    out.push(to_json(&ServiceAccount {
+        metadata: meta(OPERATOR_NAME, Some(ns)),
+        ..ServiceAccount::default()
+    }));
+    match args.rbac_scope {
+        RbacScope::Namespace => {
+            out.push(to_json(&Role {
+                metadata: meta(OPERATOR_NAME, Some(ns)),
+                rules: Some(policy_rules(CONTROLLER_RULES)),
+            }));
+            out.push(to_json(&RoleBinding {
+                metadata: meta(OPERATOR_NAME, Some(ns)),
+                role_ref: role_ref("Role", OPERATOR_NAME),
+                subjects: Some(subject(ns)),
+            }));
+        }
+        RbacScope::Cluster => {
+            out.push(to_json(&ClusterRole {
+                metadata: meta(OPERATOR_NAME, None),
+                rules: Some(policy_rules(CONTROLLER_RULES)),
+                ..ClusterRole::default()
+            }));
+            out.push(to_json(&ClusterRoleBinding {
+                metadata: meta(OPERATOR_NAME, None),
+                role_ref: role_ref("ClusterRole", OPERATOR_NAME),
+                subjects: Some(subject(ns)),
+            }));
+        }
+    }
+    out.push(to_json(&Role {
+        metadata: meta(LEADER_ROLE_NAME, Some(ns)),
+        rules: Some(policy_rules(LEADER_RULES)),
+    }));
+    out.push(to_json(&RoleBinding {
+        metadata: meta(LEADER_ROLE_NAME, Some(ns)),
+        role_ref: role_ref("Role", LEADER_ROLE_NAME),
+        subjects: Some(subject(ns)),
+    }));
+    out.push(to_json(&deployment(args)));
+    out
+}
+
+fn deployment(args: &InstallArgs) -> Deployment {
+    let ns = args.namespace.as_str();
+    let mut run_args = vec!["run".to_string()];
+    let mut env = vec![
+        EnvVar {
+            name: "SBMESH_SIDECAR_IMAGE".to_string(),
+            value: Some(args.image.clone()),
+            ..EnvVar::default()
+        },
+        field_env("POD_NAME", "metadata.name"),
+        field_env("SBMESH_LEASE_NAMESPACE", "metadata.namespace"),
+    ];
+    match args.rbac_scope {
+        RbacScope::Namespace => {
+            run_args.extend(["--namespace".to_string(), ns.to_string()]);
+            env.push(field_env("SBMESH_OPERATOR_NAMESPACE", "metadata.namespace"));
+        }
+        RbacScope::Cluster => run_args.push("--all-namespaces".to_string()),
+    }
+    let selector = BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            OPERATOR_NAME.to_string(),
+        ),
+        (
+            "app.kubernetes.io/component".to_string(),
+            "operator".to_string(),
+        ),
+    ]);
+    let healthz = Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/healthz".to_string()),
+            port: IntOrString::String("metrics".to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
+    };
+    Deployment {
+        metadata: meta(OPERATOR_NAME, Some(ns)),
+        spec: Some(DeploymentSpec {
+            // One leads; the other takes the Lease within 15 s when it goes.
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(OPERATOR_NAME.to_string()),
+                    // SIGTERM drains in-flight reconciles within
+                    // SBPROXY_SHUTDOWN_GRACE_MS (30 s): leave room for it.
+                    termination_grace_period_seconds: Some(40),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(NONROOT_UID),
+                        run_as_group: Some(NONROOT_UID),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".to_string(),
+                            ..SeccompProfile::default()
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    containers: vec![Container {
+                        name: OPERATOR_NAME.to_string(),
+                        image: Some(args.image.clone()),
+                        command: Some(vec![OPERATOR_COMMAND.to_string()]),
+                        args: Some(run_args),
+                        env: Some(env),
+                        ports: Some(vec![ContainerPort {
+                            name: Some("metrics".to_string()),
+                            container_port: METRICS_PORT,
+                            protocol: Some("TCP".to_string()),
+                            ..ContainerPort::default()
+                        }]),
+                        liveness_probe: Some(healthz.clone()),
+                        readiness_probe: Some(healthz),
+                        resources: Some(ResourceRequirements {
+                            requests: Some(BTreeMap::from([
+                                ("cpu".to_string(), Quantity("50m".to_string())),
+                                ("memory".to_string(), Quantity("64Mi".to_string())),
+                            ])),
+                            limits: Some(BTreeMap::from([(
+                                "memory".to_string(),
+                                Quantity("256Mi".to_string()),
+                            )])),
+                            ..ResourceRequirements::default()
+                        }),
+                        security_context: Some(restricted_security_context()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+/// [`install_objects`] as a YAML stream.
+pub fn install_yaml(args: &InstallArgs) -> String {
+    crd::yaml_stream(&install_objects(args))
+}
+
+/// The `install` command: prints [`install_yaml`].
+pub fn command(args: &InstallArgs) -> anyhow::Result<ExitCode> {
+    print!("{}", install_yaml(args));
+    Ok(ExitCode::SUCCESS)
+}

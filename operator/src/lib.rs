@@ -1,0 +1,18 @@
+//! `sbmesh-operator`: turns an `SBProxy` (and the `SBProxyConfig` it names)
+//! into a StatefulSet whose pods carry the sbmesh sidecar, with its Services,
+//! ConfigMap, cluster-key Secret and PodDisruptionBudget.
+//!
+//! It renders and applies objects, nothing else: reloads, pod addresses and
+//! ACME belong to the sidecar. One pure function, [`render::render`], makes
+//! the objects for both the `render` command and the controller, so what a
+//! user previews is what is applied.
+
+pub mod cli;
+pub mod crd;
+pub mod inject;
+pub mod install;
+pub mod leader;
+pub mod reconcile;
+pub mod render;
+pub mod run;
+pub mod telemetry;

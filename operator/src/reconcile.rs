@@ -1,0 +1,783 @@
+//! The SBProxy controller: SBProxy + SBProxyConfig -> [`render::render`]
+//! -> server-side apply -> status (SPEC section 9).
+//!
+//! It watches SBProxies (one namespace or all), the objects it owns
+//! (StatefulSet, Services, ConfigMap, PodDisruptionBudget — so a pod
+//! becoming ready re-reconciles and the status follows), and SBProxyConfigs:
+//! an edit of one reconciles, within seconds, every SBProxy of its namespace
+//! whose `spec.configRef.name` names it ([`proxies_for_config`]).
+//!
+//! # API calls
+//!
+//! The install RBAC must grant exactly these (plus the Lease verbs of
+//! [`crate::leader`]):
+//!
+//! | group | resource | verbs | why |
+//! |---|---|---|---|
+//! | `sbproxy.dev` | `sbproxies` | list, watch | the primary watch |
+//! | `sbproxy.dev` | `sbproxies/status` | patch | status merge patch |
+//! | `sbproxy.dev` | `sbproxyconfigs` | get, list, watch | GET the referenced config; watch for edits |
+//! | `apps` | `statefulsets` | list, watch, create, patch | owned watch; server-side apply (its answer carries replicas / readyReplicas) |
+//! | core | `services`, `configmaps` | list, watch, create, patch | owned watch; server-side apply |
+//! | `policy` | `poddisruptionbudgets` | get, list, watch, create, patch, delete | owned watch; apply; GET + DELETE when replicas drop to 1 |
+//! | core | `secrets` | get, create | the cluster key: GET, then POST once; never list, watch, update, patch or delete |
+//! | `events.k8s.io` | `events` | create, patch | Normal/Warning Events (a repeat is a patch of the series) |
+//!
+//! Calls made per reconcile, in order: GET the SBProxyConfig; GET the
+//! cluster-key Secret (only with clustering on and no `clusterSecretRef`);
+//! then either (refusal) PATCH status when it changed + POST a Warning
+//! Event, or (applied) POST the Secret when render asks for one, PATCH
+//! (apply) StatefulSet, headless Service, Service, ConfigMap, and the PDB
+//! or, without one, GET + DELETE of a PDB left from a larger scale; PATCH
+//! status when it changed; POST Normal Events for a created Secret, a
+//! deleted PDB, and a changed spec or config. An SBProxy being deleted gets
+//! no call. After an API error: a best-effort PATCH of `status.lastError`.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+use tracing::{debug, info, warn};
+
+use crate::crd::{SBProxy, SBProxyConfig, SBProxyStatus};
+use crate::render::{self, Refusal, RenderOptions, Rendered};
+use crate::telemetry::{Metrics, ReconcileResult};
+
+/// Field manager of every server-side apply (SPEC section 9).
+pub const FIELD_MANAGER: &str = "sbmesh-operator";
+/// `reportingController` of the Events.
+pub const REPORTING_CONTROLLER: &str = "sbmesh-operator";
+/// Periodic re-check of an applied SBProxy: repairs drift nobody watches.
+pub const REQUEUE_APPLIED: Duration = Duration::from_secs(5 * 60);
+/// Re-check of a refused SBProxy (SPEC section 9).
+pub const REQUEUE_REFUSED: Duration = Duration::from_secs(60);
+/// First retry after an API error; doubles per consecutive failure.
+pub const ERROR_BACKOFF_FIRST: Duration = Duration::from_secs(5);
+/// Longest retry delay after API errors.
+pub const ERROR_BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
+/// Label every rendered object carries; the owned watches select on it so
+/// the operator caches only its own ConfigMaps, Services, etc.
+pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=sbmesh-operator";
+/// Coalesces bursts of watch events (a rollout's status updates) into one
+/// reconcile; small enough that a config edit still lands within seconds.
+const DEBOUNCE: Duration = Duration::from_millis(500);
+/// An Event note is at most 1 kB (events.k8s.io/v1).
+const EVENT_NOTE_MAX: usize = 1024;
+
+/// Condition type: every replica is ready.
+pub const READY: &str = "Ready";
+/// Condition type: the spec was refused (True) or applied (False).
+pub const DEGRADED: &str = "Degraded";
+
+/// A reconcile that could not finish; the error policy retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the API server failed.
+    #[error("{verb} {what}: {source}")]
+    Kube {
+        /// What was attempted (`get`, `apply`, …).
+        verb: &'static str,
+        /// The object (`Secret ns/name`).
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The SBProxy came without a namespace (it is a namespaced kind, so
+    /// only a broken watch answer could do this).
+    #[error("SBProxy {0} has no namespace")]
+    NoNamespace(String),
+}
+
+impl Error {
+    fn kube(verb: &'static str, what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Kube { verb, what, source }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Sidecar image for SBProxies that do not name one.
+    pub sidecar_image: String,
+    /// Metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Consecutive failures per SBProxy, for the error backoff.
+    failures: Mutex<HashMap<ObjectRef<SBProxy>, u32>>,
+}
+
+impl Context {
+    /// A context whose Events are reported as `reporter`.
+    pub fn new(
+        client: Client,
+        sidecar_image: impl Into<String>,
+        metrics: Arc<Metrics>,
+        reporter: Reporter,
+    ) -> Self {
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            sidecar_image: sidecar_image.into(),
+            metrics,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<SBProxy>, u32>> {
+        // The map holds plain counters: a panic elsewhere cannot leave it
+        // half-updated, so a poisoned lock is still usable.
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The Event reporter for this process.
+pub fn reporter(instance: Option<String>) -> Reporter {
+    Reporter {
+        controller: REPORTING_CONTROLLER.to_owned(),
+        instance,
+    }
+}
+
+/// Which SBProxies the controller watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// One namespace.
+    Namespace(String),
+    /// Every namespace.
+    All,
+}
+
+impl Scope {
+    fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match self {
+            Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+            Scope::All => Api::all(client.clone()),
+        }
+    }
+}
+
+/// The SBProxies of `config`'s namespace whose `spec.configRef.name` is
+/// `config`'s name: what an edit of `config` must reconcile.
+pub fn proxies_for_config(
+    config: &SBProxyConfig,
+    proxies: &[Arc<SBProxy>],
+) -> Vec<ObjectRef<SBProxy>> {
+    let Some(ns) = config.metadata.namespace.as_deref() else {
+        return Vec::new();
+    };
+    let name = config.name_any();
+    proxies
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns) && p.spec.config_ref.name == name)
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// The controller, wired: SBProxies in `scope`, the objects they own, and
+/// SBProxyConfig edits mapped through the controller's own SBProxy cache.
+pub fn controller(client: &Client, scope: &Scope) -> Controller<SBProxy> {
+    let owned = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+    let controller = Controller::new(scope.api::<SBProxy>(client), watcher::Config::default())
+        .with_config(controller::Config::default().debounce(DEBOUNCE));
+    let proxies = controller.store();
+    controller
+        .owns(scope.api::<StatefulSet>(client), owned())
+        .owns(scope.api::<Service>(client), owned())
+        .owns(scope.api::<ConfigMap>(client), owned())
+        .owns(scope.api::<PodDisruptionBudget>(client), owned())
+        .watches(
+            scope.api::<SBProxyConfig>(client),
+            watcher::Config::default(),
+            move |config| proxies_for_config(&config, &proxies.state()),
+        )
+}
+
+/// Runs the controller until `stop` resolves and every in-flight reconcile
+/// has finished (the caller bounds that wait).
+pub async fn run(
+    ctx: Arc<Context>,
+    scope: Scope,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    controller(&ctx.client, &scope)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((proxy, action)) => debug!(%proxy, ?action, "reconciled"),
+                // error_policy already logged it.
+                Err(controller::Error::ReconcilerFailed(..)) => {}
+                Err(e) => warn!(error = %e, "controller"),
+            }
+        })
+        .await;
+}
+
+/// How one reconcile ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Applied,
+    Refused,
+    /// Being deleted: the garbage collector removes the owned objects;
+    /// applying them again would only race it.
+    Deleting,
+}
+
+/// Reconciles one SBProxy. `Ok` requeues after 5 min when applied, after
+/// 60 s when refused, and waits for a change (making no call) while the
+/// SBProxy is being deleted; `Err` goes to [`error_policy`].
+pub async fn reconcile(proxy: Arc<SBProxy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let outcome = reconcile_proxy(&proxy, &ctx).await;
+    let result = match &outcome {
+        Ok(Outcome::Applied | Outcome::Deleting) => ReconcileResult::ok,
+        Ok(Outcome::Refused) => ReconcileResult::refused,
+        Err(_) => ReconcileResult::error,
+    };
+    ctx.metrics.observe_reconcile(result, started.elapsed());
+    match outcome {
+        Ok(outcome) => {
+            ctx.failures().remove(&ObjectRef::from_obj(proxy.as_ref()));
+            Ok(match outcome {
+                Outcome::Applied => Action::requeue(REQUEUE_APPLIED),
+                Outcome::Refused => Action::requeue(REQUEUE_REFUSED),
+                Outcome::Deleting => Action::await_change(),
+            })
+        }
+        Err(e) => {
+            record_error(&proxy, &ctx, &e).await;
+            Err(e)
+        }
+    }
+}
+
+/// Requeues a failed SBProxy with exponential backoff ([`error_backoff`]).
+pub fn error_policy(proxy: Arc<SBProxy>, error: &Error, ctx: Arc<Context>) -> Action {
+    let failures = {
+        let mut map = ctx.failures();
+        let n = map.entry(ObjectRef::from_obj(proxy.as_ref())).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = error_backoff(failures);
+    warn!(
+        proxy = %ObjectRef::from_obj(proxy.as_ref()),
+        %error,
+        failures,
+        retry_in_s = delay.as_secs(),
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+/// Delay before retry number `failures` (1-based): 5 s, 10 s, 20 s, …, at
+/// most 5 min.
+pub fn error_backoff(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    ERROR_BACKOFF_FIRST
+        .saturating_mul(1u32 << doublings)
+        .min(ERROR_BACKOFF_MAX)
+}
+
+async fn reconcile_proxy(proxy: &SBProxy, ctx: &Context) -> Result<Outcome, Error> {
+    let name = proxy.name_any();
+    let ns = proxy
+        .metadata
+        .namespace
+        .clone()
+        .ok_or_else(|| Error::NoNamespace(name.clone()))?;
+    if proxy.metadata.deletion_timestamp.is_some() {
+        return Ok(Outcome::Deleting);
+    }
+    let config_name = &proxy.spec.config_ref.name;
+    let config = Api::<SBProxyConfig>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(config_name)
+        .await
+        .map_err(Error::kube(
+            "get",
+            format!("SBProxyConfig {ns}/{config_name}"),
+        ))?;
+
+    // The generated key lives in a Secret the operator owns only when the
+    // user names none; a clusterSecretRef Secret is theirs and not read.
+    let generated_key =
+        proxy.spec.clustering.enabled && proxy.spec.clustering.cluster_secret_ref.is_none();
+    let existing_secret = if generated_key {
+        let secret_name = render::cluster_key_secret_name(proxy);
+        Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&secret_name)
+            .await
+            .map_err(Error::kube("get", format!("Secret {ns}/{secret_name}")))?
+    } else {
+        None
+    };
+    let opts = RenderOptions {
+        sidecar_image: ctx.sidecar_image.clone(),
+        // Randomness only when a Secret may be created from it.
+        fresh_cluster_key: if generated_key && existing_secret.is_none() {
+            render::fresh_cluster_key()
+        } else {
+            String::new()
+        },
+    };
+    match render::render(proxy, config.as_ref(), existing_secret.as_ref(), &opts) {
+        Ok(rendered) => {
+            apply(proxy, &ns, ctx, rendered).await?;
+            Ok(Outcome::Applied)
+        }
+        Err(refusal) => {
+            refuse(proxy, &ns, ctx, &refusal).await?;
+            Ok(Outcome::Refused)
+        }
+    }
+}
+
+/// A refusal changes no workload: status and a Warning Event only.
+async fn refuse(proxy: &SBProxy, ns: &str, ctx: &Context, refusal: &Refusal) -> Result<(), Error> {
+    let reason = refusal.reason.as_str();
+    info!(proxy = %format!("{ns}/{}", proxy.name_any()), reason, message = %refusal.message, "refused");
+    let old = proxy.status.clone().unwrap_or_default();
+    let generation = proxy.metadata.generation;
+    let conditions = vec![
+        condition(
+            &old.conditions,
+            READY,
+            false,
+            reason,
+            &refusal.message,
+            generation,
+        ),
+        condition(
+            &old.conditions,
+            DEGRADED,
+            true,
+            reason,
+            &refusal.message,
+            generation,
+        ),
+    ];
+    // The last applied configHash and replica counts stay: they still
+    // describe what runs.
+    let new = SBProxyStatus {
+        observed_generation: generation,
+        last_error: Some(refusal.message.clone()),
+        conditions,
+        ..old.clone()
+    };
+    if new != old {
+        patch_status(proxy, ns, ctx, &new).await?;
+    }
+    publish(
+        proxy,
+        ctx,
+        EventType::Warning,
+        reason,
+        "Refuse",
+        refusal.message.clone(),
+    )
+    .await;
+    Ok(())
+}
+
+async fn apply(proxy: &SBProxy, ns: &str, ctx: &Context, rendered: Rendered) -> Result<(), Error> {
+    let name = proxy.name_any();
+    let client = &ctx.client;
+    // Created/deleted objects, as (Event reason, note).
+    let mut done: Vec<(&'static str, String)> = Vec::new();
+
+    if let Some(secret) = &rendered.cluster_key_secret {
+        let secret_name = secret.name_any();
+        // POST, never PUT/PATCH: an existing key (made by a concurrent
+        // reconcile or by hand) is kept, whatever it holds.
+        match Api::<Secret>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), secret)
+            .await
+        {
+            Ok(_) => done.push((
+                "ClusterKeyCreated",
+                format!("created Secret {secret_name} with a fresh cluster key"),
+            )),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                debug!(secret = %secret_name, "cluster-key Secret already exists; kept");
+            }
+            Err(e) => {
+                return Err(Error::kube("create", format!("Secret {ns}/{secret_name}"))(
+                    e,
+                ));
+            }
+        }
+    }
+
+    let sts = server_side_apply(client, ns, &rendered.stateful_set).await?;
+    server_side_apply(client, ns, &rendered.headless_service).await?;
+    server_side_apply(client, ns, &rendered.service).await?;
+    server_side_apply(client, ns, &rendered.config_map).await?;
+    let pdb_name = format!("{name}-pdb");
+    match &rendered.pdb {
+        Some(pdb) => {
+            server_side_apply(client, ns, pdb).await?;
+        }
+        // SPEC: a PDB only when replicas > 1. After a scale to 1, remove the
+        // one this operator made, so what runs is what `render` shows.
+        None => {
+            if delete_stale_pdb(proxy, ns, ctx, &pdb_name).await? {
+                done.push((
+                    "PodDisruptionBudgetDeleted",
+                    format!("deleted PodDisruptionBudget {pdb_name}: one replica needs none"),
+                ));
+            }
+        }
+    }
+
+    let old = proxy.status.clone().unwrap_or_default();
+    let generation = proxy.metadata.generation;
+    let desired = proxy.spec.replicas;
+    let sts_status = sts.status.as_ref();
+    let replicas = sts_status.map(|s| s.replicas);
+    let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let all_ready = ready == desired && replicas == Some(desired);
+    let ready_reason = if all_ready {
+        "AllReplicasReady"
+    } else {
+        "ReplicasNotReady"
+    };
+    let conditions = vec![
+        condition(
+            &old.conditions,
+            READY,
+            all_ready,
+            ready_reason,
+            &format!("{ready}/{desired} replicas ready"),
+            generation,
+        ),
+        condition(
+            &old.conditions,
+            DEGRADED,
+            false,
+            "Reconciled",
+            "the spec is applied",
+            generation,
+        ),
+    ];
+    let new = SBProxyStatus {
+        observed_generation: generation,
+        config_hash: Some(rendered.config_hash.clone()),
+        replicas: Some(replicas.unwrap_or(0)),
+        ready_replicas: Some(ready),
+        last_error: None,
+        conditions,
+    };
+    // Objects change when the spec or the config does; a requeue or a pod
+    // turning ready changes none, and publishes no Event.
+    let spec_changed = old.observed_generation != generation
+        || old.config_hash.as_deref() != Some(rendered.config_hash.as_str());
+    if new != old {
+        patch_status(proxy, ns, ctx, &new).await?;
+    }
+    // One reason per kind of change: the Recorder folds repeats of a
+    // reason into a series that keeps the first note, so a note must not
+    // carry what varies between repeats (hashes, replica counts).
+    for (reason, note) in done {
+        info!(proxy = %format!("{ns}/{name}"), reason, %note, "object created or deleted");
+        publish(proxy, ctx, EventType::Normal, reason, "Apply", note).await;
+    }
+    if spec_changed {
+        let mut note = format!(
+            "applied StatefulSet {}, Services {} and {}, ConfigMap {}",
+            rendered.stateful_set.name_any(),
+            rendered.headless_service.name_any(),
+            rendered.service.name_any(),
+            rendered.config_map.name_any(),
+        );
+        if let Some(pdb) = &rendered.pdb {
+            note.push_str(&format!(", PodDisruptionBudget {}", pdb.name_any()));
+        }
+        info!(
+            proxy = %format!("{ns}/{name}"),
+            generation = ?generation,
+            config_hash = %rendered.config_hash,
+            replicas = desired,
+            "applied"
+        );
+        publish(proxy, ctx, EventType::Normal, "Applied", "Apply", note).await;
+    }
+    Ok(())
+}
+
+async fn server_side_apply<K>(client: &Client, ns: &str, obj: &K) -> Result<K, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let name = obj.name_any();
+    let what = || format!("{} {ns}/{name}", K::kind(&K::DynamicType::default()));
+    Api::<K>::namespaced(client.clone(), ns)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .map_err(|source| Error::Kube {
+            verb: "apply",
+            what: what(),
+            source,
+        })
+}
+
+/// Deletes `<name>-pdb` when it exists and is this operator's (its
+/// managed-by label); true when it was deleted.
+async fn delete_stale_pdb(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    pdb_name: &str,
+) -> Result<bool, Error> {
+    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
+    let Some(existing) = api.get_opt(pdb_name).await.map_err(Error::kube(
+        "get",
+        format!("PodDisruptionBudget {ns}/{pdb_name}"),
+    ))?
+    else {
+        return Ok(false);
+    };
+    let labels = existing.labels();
+    let ours = labels
+        .get("app.kubernetes.io/managed-by")
+        .map(String::as_str)
+        == Some(FIELD_MANAGER)
+        && labels.get("app.kubernetes.io/instance") == Some(&proxy.name_any());
+    if !ours {
+        debug!(pdb = %pdb_name, "PodDisruptionBudget not made by this operator; left alone");
+        return Ok(false);
+    }
+    // The uid precondition: never delete a PDB recreated since the GET.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(pdb_name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(false),
+        Err(e) => Err(Error::kube(
+            "delete",
+            format!("PodDisruptionBudget {ns}/{pdb_name}"),
+        )(e)),
+    }
+}
+
+/// `existing`'s condition of `type_` updated; `lastTransitionTime` moves
+/// only when the status does.
+fn condition(
+    existing: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    let last_transition_time = existing
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(Timestamp::now()));
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// Merge patch of the status subresource. Explicit nulls clear fields the
+/// new status no longer has (`lastError` after a fixed refusal).
+async fn patch_status(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    status: &SBProxyStatus,
+) -> Result<(), Error> {
+    let name = proxy.name_any();
+    let body = json!({ "status": status_patch(status) });
+    Api::<SBProxy>::namespaced(ctx.client.clone(), ns)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(Error::kube(
+            "patch status of",
+            format!("SBProxy {ns}/{name}"),
+        ))?;
+    Ok(())
+}
+
+fn status_patch(status: &SBProxyStatus) -> Value {
+    let mut map = match serde_json::to_value(status) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    for key in [
+        "observedGeneration",
+        "configHash",
+        "replicas",
+        "readyReplicas",
+        "lastError",
+    ] {
+        map.entry(key).or_insert(Value::Null);
+    }
+    Value::Object(map)
+}
+
+/// Best effort: an API error is written to `status.lastError` so `kubectl
+/// get -o yaml` shows why nothing changes. The error policy retries anyway.
+async fn record_error(proxy: &SBProxy, ctx: &Context, error: &Error) {
+    let Some(ns) = proxy.metadata.namespace.as_deref() else {
+        return;
+    };
+    let message = error.to_string();
+    if proxy.status.as_ref().and_then(|s| s.last_error.as_deref()) == Some(message.as_str()) {
+        return;
+    }
+    let body = json!({ "status": { "lastError": message } });
+    if let Err(e) = Api::<SBProxy>::namespaced(ctx.client.clone(), ns)
+        .patch_status(
+            &proxy.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&body),
+        )
+        .await
+    {
+        debug!(error = %e, "could not record the error in status.lastError");
+    }
+}
+
+/// Publishes an Event about `proxy`. Events are advisory: a failure is
+/// logged, never fails the reconcile.
+async fn publish(
+    proxy: &SBProxy,
+    ctx: &Context,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(truncate(note, EVENT_NOTE_MAX)),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &proxy.object_ref(&())).await {
+        warn!(error = %e, reason, "could not publish an Event");
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(3);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        assert_eq!(error_backoff(1), Duration::from_secs(5));
+        assert_eq!(error_backoff(2), Duration::from_secs(10));
+        assert_eq!(error_backoff(3), Duration::from_secs(20));
+        assert_eq!(error_backoff(7), Duration::from_secs(300));
+        assert_eq!(error_backoff(u32::MAX), Duration::from_secs(300));
+        assert_eq!(error_backoff(0), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn transition_time_moves_only_with_the_status() {
+        let then = Time(Timestamp::UNIX_EPOCH);
+        let old = vec![Condition {
+            type_: READY.into(),
+            status: "False".into(),
+            reason: "ReplicasNotReady".into(),
+            message: "0/3 replicas ready".into(),
+            observed_generation: Some(1),
+            last_transition_time: then.clone(),
+        }];
+        let same = condition(
+            &old,
+            READY,
+            false,
+            "ReplicasNotReady",
+            "1/3 replicas ready",
+            Some(2),
+        );
+        assert_eq!(same.last_transition_time, then);
+        assert_eq!(same.message, "1/3 replicas ready");
+        let flipped = condition(
+            &old,
+            READY,
+            true,
+            "AllReplicasReady",
+            "3/3 replicas ready",
+            Some(2),
+        );
+        assert_ne!(flipped.last_transition_time, then);
+    }
+
+    #[test]
+    fn status_patch_clears_absent_fields() {
+        let p = status_patch(&SBProxyStatus::default());
+        assert_eq!(p["lastError"], Value::Null);
+        assert!(p.as_object().is_some_and(|m| m.contains_key("lastError")));
+        assert_eq!(p["conditions"], json!([]));
+    }
+
+    #[test]
+    fn truncate_keeps_char_boundaries() {
+        let s = "é".repeat(600);
+        let t = truncate(s, EVENT_NOTE_MAX);
+        assert!(t.len() <= EVENT_NOTE_MAX);
+        assert!(t.ends_with("..."));
+        assert_eq!(truncate("short".into(), 10), "short");
+    }
+}

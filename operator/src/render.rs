@@ -1,0 +1,1087 @@
+//! From an SBProxy (and the SBProxyConfig it names) to the objects of SPEC
+//! section 9: one pure function, [`render`], used by the `render` command and
+//! by the controller, so what a user previews is what is applied.
+//!
+//! Two properties keep a running fleet calm:
+//! - the pod template depends on neither `spec.replicas` nor the config
+//!   text, so scaling and config edits restart no pod (the sidecar reloads
+//!   the proxy when the mounted ConfigMap changes);
+//! - randomness (a fresh cluster key) comes in through [`RenderOptions`],
+//!   so the same inputs always give the same objects.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{
+    RollingUpdateStatefulSetStrategy, StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use sbmesh::config::Problem;
+use serde_json::Value;
+use serde_norway::Value as Yaml;
+
+use crate::crd::{self, SBProxy, SBProxyConfig};
+
+/// Name of the proxy container.
+pub const PROXY_CONTAINER: &str = "proxy";
+/// Name of the sidecar (an initContainer with `restartPolicy: Always`).
+pub const SIDECAR_CONTAINER: &str = "sbmesh-sidecar";
+/// The sidecar binary in the image (absolute: the image has no shell).
+pub const SIDECAR_COMMAND: &str = "/usr/local/bin/sbmesh-sidecar";
+/// Volume of the ConfigMap holding `sb.yml`.
+pub const CONFIG_VOLUME: &str = "sbproxy-config";
+/// The emptyDir both containers share (certificates, sidecar state).
+pub const DATA_VOLUME: &str = "sbproxy-data";
+/// Where the ConfigMap is mounted, in both containers.
+pub const CONFIG_DIR: &str = "/etc/sbproxy";
+/// Where the shared emptyDir is mounted, in both containers.
+pub const DATA_DIR: &str = "/var/lib/sbproxy";
+/// The ConfigMap key holding the config text.
+pub const CONFIG_KEY: &str = "sb.yml";
+/// The key of the generated cluster-key Secret.
+pub const CLUSTER_KEY_KEY: &str = "cluster-key";
+/// The uid (and gid) the sidecar runs as: distroless `nonroot`.
+pub const NONROOT_UID: i64 = 65532;
+/// Port of `<name>-svc` that reaches the sidecar's HTTP-01 responder.
+pub const ACME_SERVICE_PORT: i32 = 80;
+/// `app.kubernetes.io/managed-by` of every object the operator makes.
+pub const MANAGER: &str = "sbmesh-operator";
+
+/// What the caller supplies so that [`render`] stays pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Sidecar image for SBProxies whose `spec.sidecar.image` is absent.
+    pub sidecar_image: String,
+    /// The key of a cluster-key Secret to create: 64 lowercase hex chars
+    /// ([`fresh_cluster_key`]). Read only when such a Secret is rendered.
+    pub fresh_cluster_key: String,
+}
+
+/// The objects of one SBProxy (SPEC section 9), all in its namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// `<name>-proxy`.
+    pub stateful_set: StatefulSet,
+    /// `<name>-mesh`: headless, gossip and transport ports.
+    pub headless_service: Service,
+    /// `<name>-svc`: `http` and `acme`.
+    pub service: Service,
+    /// `<name>-config`, key `sb.yml`.
+    pub config_map: ConfigMap,
+    /// The Secret to create: only when clustering is enabled, no
+    /// `clusterSecretRef` names another one, and none exists yet.
+    pub cluster_key_secret: Option<Secret>,
+    /// `<name>-pdb`: only when replicas > 1.
+    pub pdb: Option<PodDisruptionBudget>,
+    /// `sha256:<hex>` of the config text.
+    pub config_hash: String,
+}
+
+impl Rendered {
+    /// Every object, as JSON, in the order they are applied: ConfigMap,
+    /// Secret, Services, StatefulSet, PodDisruptionBudget.
+    pub fn objects(&self) -> Vec<Value> {
+        let mut out = vec![to_json(&self.config_map)];
+        if let Some(secret) = &self.cluster_key_secret {
+            out.push(to_json(secret));
+        }
+        out.push(to_json(&self.headless_service));
+        out.push(to_json(&self.service));
+        out.push(to_json(&self.stateful_set));
+        if let Some(pdb) = &self.pdb {
+            out.push(to_json(pdb));
+        }
+        out
+    }
+
+    /// [`Rendered::objects`] as a YAML stream.
+    pub fn objects_yaml(&self) -> String {
+        crd::yaml_stream(&self.objects())
+    }
+}
+
+/// A k8s-openapi object as JSON.
+pub(crate) fn to_json<T: serde::Serialize>(object: &T) -> Value {
+    // k8s-openapi objects always serialise to JSON.
+    serde_json::to_value(object).unwrap_or(Value::Null)
+}
+
+/// Why an SBProxy is not applied (SPEC section 9, "Refusals").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// `spec.replicas` is outside 1–128.
+    TooManyReplicas,
+    /// `spec.configRef` names no SBProxyConfig.
+    ConfigNotFound,
+    /// `spec.config` is not valid YAML, or its sidecar sections fail `validate`.
+    ConfigInvalid,
+    /// Several replicas would each order certificates into a pod-local store.
+    AcmeStoreNotShared,
+}
+
+impl RefusalReason {
+    /// The reason as written in the `Degraded` condition and the Event.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RefusalReason::TooManyReplicas => "TooManyReplicas",
+            RefusalReason::ConfigNotFound => "ConfigNotFound",
+            RefusalReason::ConfigInvalid => "ConfigInvalid",
+            RefusalReason::AcmeStoreNotShared => "AcmeStoreNotShared",
+        }
+    }
+}
+
+/// A refusal: nothing is applied; the message goes to `status.lastError`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", reason.as_str())]
+pub struct Refusal {
+    /// Machine-readable reason.
+    pub reason: RefusalReason,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(reason: RefusalReason, message: impl Into<String>) -> Self {
+        Refusal {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// The SPEC's AcmeStoreNotShared message for `replicas` and the backend as
+/// written (`""` when `storage_backend` is omitted).
+pub fn acme_store_not_shared_message(replicas: i32, backend: &str) -> String {
+    format!(
+        "spec.replicas is {replicas} and proxy.acme.enabled is true with storage_backend \"{backend}\", \
+         which is local to one pod. Each replica would open its own order for the same hostname, \
+         and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. \
+         Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, \
+         or issue certificates with cert-manager and leave proxy.acme disabled."
+    )
+}
+
+/// Name of the cluster-key Secret the operator creates: `<name>-cluster-key`.
+pub fn cluster_key_secret_name(proxy: &SBProxy) -> String {
+    format!("{}-cluster-key", proxy.name_any())
+}
+
+/// A fresh cluster key: 32 random bytes as 64 lowercase hex chars.
+pub fn fresh_cluster_key() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
+/// The labels of every object (and of the pods).
+pub fn labels(instance: &str) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(instance);
+    labels.insert("app.kubernetes.io/managed-by".into(), MANAGER.into());
+    labels
+}
+
+/// The labels that select an SBProxy's pods.
+pub fn selector_labels(instance: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), "sbproxy".to_string()),
+        (
+            "app.kubernetes.io/instance".to_string(),
+            instance.to_string(),
+        ),
+    ])
+}
+
+/// Renders the objects of `proxy`, or says why it must not be applied.
+///
+/// `config` is the SBProxyConfig named by `spec.configRef` (`None`: not
+/// found). `existing_secret` is the `<name>-cluster-key` Secret when it
+/// exists: it is then referenced, never rendered again. Owner references
+/// are set when the SBProxy has a uid (it has one when read from a cluster).
+///
+/// Checks, in order: replicas (TooManyReplicas), the config's presence
+/// (ConfigNotFound), the config itself (ConfigInvalid), then the ACME store
+/// against the replica count (AcmeStoreNotShared).
+pub fn render(
+    proxy: &SBProxy,
+    config: Option<&SBProxyConfig>,
+    existing_secret: Option<&Secret>,
+    opts: &RenderOptions,
+) -> Result<Rendered, Refusal> {
+    let spec = &proxy.spec;
+    let name = proxy.name_any();
+    let ns = proxy.namespace().unwrap_or_else(|| "default".to_string());
+
+    if spec.replicas > crd::MAX_REPLICAS || spec.replicas < 1 {
+        return Err(Refusal::new(
+            RefusalReason::TooManyReplicas,
+            format!(
+                "spec.replicas is {}; an SBProxy runs 1 to {} replicas. Set spec.replicas within that range.",
+                spec.replicas,
+                crd::MAX_REPLICAS
+            ),
+        ));
+    }
+    let Some(config) = config else {
+        return Err(Refusal::new(
+            RefusalReason::ConfigNotFound,
+            format!(
+                "spec.configRef.name is {:?} but no SBProxyConfig of that name exists in namespace {ns:?}. \
+                 Create it, or point spec.configRef.name at an existing SBProxyConfig.",
+                spec.config_ref.name
+            ),
+        ));
+    };
+    let text = &config.spec.config;
+    check_config(proxy, &ns, text)?;
+
+    let owner = owner_reference(proxy);
+    let meta = |object_name: String| ObjectMeta {
+        name: Some(object_name),
+        namespace: Some(ns.clone()),
+        labels: Some(labels(&name)),
+        owner_references: owner.clone().map(|o| vec![o]),
+        ..ObjectMeta::default()
+    };
+
+    let config_map = ConfigMap {
+        metadata: meta(format!("{name}-config")),
+        data: Some(BTreeMap::from([(CONFIG_KEY.to_string(), text.clone())])),
+        ..ConfigMap::default()
+    };
+
+    let generated_key = spec.clustering.enabled && spec.clustering.cluster_secret_ref.is_none();
+    let cluster_key_secret = (generated_key && existing_secret.is_none()).then(|| Secret {
+        // No owner reference: the key outlives the SBProxy's clustering
+        // being turned off, and a re-created SBProxy rejoins with it.
+        metadata: ObjectMeta {
+            owner_references: None,
+            ..meta(cluster_key_secret_name(proxy))
+        },
+        type_: Some("Opaque".to_string()),
+        data: Some(BTreeMap::from([(
+            CLUSTER_KEY_KEY.to_string(),
+            ByteString(opts.fresh_cluster_key.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    });
+
+    let selector = selector_labels(&name);
+    let headless_service = Service {
+        metadata: meta(format!("{name}-mesh")),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_string()),
+            // Seeds must resolve before a pod is ready: readiness waits for the mesh.
+            publish_not_ready_addresses: Some(true),
+            selector: Some(selector.clone()),
+            ports: Some(vec![
+                service_port("gossip", "UDP", spec.clustering.gossip_port, "gossip"),
+                service_port(
+                    "transport",
+                    "TCP",
+                    spec.clustering.transport_port,
+                    "transport",
+                ),
+            ]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    let service = Service {
+        metadata: meta(format!("{name}-svc")),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_string()),
+            selector: Some(selector.clone()),
+            ports: Some(vec![
+                service_port("http", "TCP", spec.port, "http"),
+                service_port("acme", "TCP", ACME_SERVICE_PORT, "acme"),
+            ]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+
+    let stateful_set = StatefulSet {
+        metadata: meta(format!("{name}-proxy")),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(spec.replicas),
+            service_name: Some(format!("{name}-mesh")),
+            pod_management_policy: Some("OrderedReady".to_string()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                rolling_update: Some(RollingUpdateStatefulSetStrategy {
+                    partition: Some(0),
+                    ..RollingUpdateStatefulSetStrategy::default()
+                }),
+            }),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..LabelSelector::default()
+            },
+            template: pod_template(proxy, &name, opts),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    };
+
+    let pdb = (spec.replicas > 1).then(|| PodDisruptionBudget {
+        metadata: meta(format!("{name}-pdb")),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    });
+
+    Ok(Rendered {
+        stateful_set,
+        headless_service,
+        service,
+        config_map,
+        cluster_key_secret,
+        pdb,
+        config_hash: format!("sha256:{}", sbmesh::config::sha256_hex(text.as_bytes())),
+    })
+}
+
+fn owner_reference(proxy: &SBProxy) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: crd::API_VERSION.to_string(),
+        kind: "SBProxy".to_string(),
+        name: proxy.name_any(),
+        uid: proxy.metadata.uid.clone().filter(|uid| !uid.is_empty())?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    })
+}
+
+fn service_port(name: &str, protocol: &str, port: i32, target: &str) -> ServicePort {
+    ServicePort {
+        name: Some(name.to_string()),
+        protocol: Some(protocol.to_string()),
+        port,
+        target_port: Some(IntOrString::String(target.to_string())),
+        ..ServicePort::default()
+    }
+}
+
+/// The pod template. Reads neither `spec.replicas` nor the config text.
+fn pod_template(proxy: &SBProxy, name: &str, opts: &RenderOptions) -> PodTemplateSpec {
+    let spec = &proxy.spec;
+    let mesh = spec.clustering.enabled.then(|| {
+        let (secret, key) = match &spec.clustering.cluster_secret_ref {
+            Some(r) => (r.name.clone(), r.key.clone()),
+            None => (cluster_key_secret_name(proxy), CLUSTER_KEY_KEY.to_string()),
+        };
+        MeshSettings {
+            service: format!("{name}-mesh"),
+            cluster_domain: spec.clustering.cluster_domain.clone(),
+            gossip_port: spec.clustering.gossip_port,
+            transport_port: spec.clustering.transport_port,
+            key_secret: secret,
+            key_secret_key: key,
+        }
+    });
+    let sidecar = sidecar_container(&SidecarSettings {
+        image: spec
+            .sidecar
+            .image
+            .clone()
+            .unwrap_or_else(|| opts.sidecar_image.clone()),
+        cluster_id: name.to_string(),
+        admin_port: spec.sidecar.admin_port,
+        challenge_port: spec.sidecar.challenge_port,
+        proxy_admin_port: Some(spec.admin_port),
+        mesh,
+        authorization: spec
+            .admin_auth_secret_ref
+            .as_ref()
+            .map(|r| (r.name.clone(), r.key.clone())),
+        resources: spec.sidecar.resources.clone(),
+        config_volume: CONFIG_VOLUME.to_string(),
+        data_volume: DATA_VOLUME.to_string(),
+    });
+    let proxy_container = Container {
+        name: PROXY_CONTAINER.to_string(),
+        image: Some(spec.image.clone()),
+        ports: Some(vec![
+            container_port("http", spec.port, "TCP"),
+            container_port("admin", spec.admin_port, "TCP"),
+        ]),
+        // The proxy interpolates ${SBPROXY_POD_NAME} and ${SBPROXY_POD_IP}
+        // in sb.yml as the sidecar does.
+        env: Some(vec![
+            field_env("SBPROXY_POD_NAME", "metadata.name"),
+            field_env("SBPROXY_POD_IP", "status.podIP"),
+        ]),
+        readiness_probe: Some(http_probe("/health", "http")),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(vec![
+            mount(CONFIG_VOLUME, CONFIG_DIR, true),
+            mount(DATA_VOLUME, DATA_DIR, false),
+        ]),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels(name)),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            init_containers: Some(vec![sidecar]),
+            containers: vec![proxy_container],
+            // Both containers run as the sidecar's user: the certificate
+            // keys it writes for the proxy are 0600 (SPEC section 6), so the
+            // proxy must be the same user to read them. fsGroup makes the
+            // shared emptyDir writable by it.
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(NONROOT_UID),
+                run_as_group: Some(NONROOT_UID),
+                fs_group: Some(NONROOT_UID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_string(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            volumes: Some(vec![
+                Volume {
+                    name: CONFIG_VOLUME.to_string(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: format!("{name}-config"),
+                        ..ConfigMapVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+                data_volume(DATA_VOLUME),
+            ]),
+            ..PodSpec::default()
+        }),
+    }
+}
+
+/// The shared emptyDir.
+pub fn data_volume(name: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }
+}
+
+/// The mesh part of the sidecar's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshSettings {
+    /// Headless Service whose records are the seeds.
+    pub service: String,
+    /// Cluster DNS domain.
+    pub cluster_domain: String,
+    /// Gossip port (UDP).
+    pub gossip_port: i32,
+    /// Transport port (TCP).
+    pub transport_port: i32,
+    /// Secret holding the cluster key ring.
+    pub key_secret: String,
+    /// Key of that Secret.
+    pub key_secret_key: String,
+}
+
+/// Everything the sidecar container is built from; `render` and `inject`
+/// both fill one in, so the two never disagree on the container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SidecarSettings {
+    /// Image.
+    pub image: String,
+    /// `SBMESH_CLUSTER_ID`.
+    pub cluster_id: String,
+    /// Admin listener port (probes, metrics).
+    pub admin_port: i32,
+    /// HTTP-01 responder port.
+    pub challenge_port: i32,
+    /// The proxy's admin port, for the reload URL; `None`: the sidecar's own
+    /// default (`proxy.admin.port` from sb.yml, else 9090).
+    pub proxy_admin_port: Option<i32>,
+    /// The gossip mesh; `None`: the sidecar runs alone.
+    pub mesh: Option<MeshSettings>,
+    /// Secret name and key of the reload `Authorization` header.
+    pub authorization: Option<(String, String)>,
+    /// Resources; `None`: small requests, no limits.
+    pub resources: Option<ResourceRequirements>,
+    /// Volume holding sb.yml, mounted at [`CONFIG_DIR`].
+    pub config_volume: String,
+    /// Shared volume, mounted at [`DATA_DIR`].
+    pub data_volume: String,
+}
+
+/// The sidecar as a native sidecar: an initContainer with `restartPolicy:
+/// Always`, so it starts before the proxy, stays up beside it, and stops
+/// after it.
+pub fn sidecar_container(s: &SidecarSettings) -> Container {
+    let mut env = vec![
+        field_env("SBPROXY_POD_NAME", "metadata.name"),
+        field_env("SBPROXY_POD_IP", "status.podIP"),
+        field_env("SBMESH_NAMESPACE", "metadata.namespace"),
+        value_env("SBMESH_CLUSTER_ID", &s.cluster_id),
+        value_env("SBMESH_CONFIG", &format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+        value_env("SBMESH_ADMIN_LISTEN", &format!("0.0.0.0:{}", s.admin_port)),
+        value_env(
+            "SBMESH_CHALLENGE_LISTEN",
+            &format!("0.0.0.0:{}", s.challenge_port),
+        ),
+        value_env("SBMESH_CERT_DIR", &format!("{DATA_DIR}/certs")),
+        value_env("SBMESH_STATE_DIR", &format!("{DATA_DIR}/sidecar")),
+    ];
+    if let Some(port) = s.proxy_admin_port {
+        env.push(value_env(
+            "SBMESH_PROXY_RELOAD_URL",
+            &format!("http://127.0.0.1:{port}/admin/reload"),
+        ));
+    }
+    let mut ports = vec![
+        container_port("sidecar-admin", s.admin_port, "TCP"),
+        container_port("acme", s.challenge_port, "TCP"),
+    ];
+    if let Some(mesh) = &s.mesh {
+        env.extend([
+            value_env("SBMESH_MESH_SERVICE", &mesh.service),
+            value_env("SBMESH_CLUSTER_DOMAIN", &mesh.cluster_domain),
+            value_env("SBMESH_GOSSIP_PORT", &mesh.gossip_port.to_string()),
+            value_env("SBMESH_TRANSPORT_PORT", &mesh.transport_port.to_string()),
+            secret_env("SBMESH_CLUSTER_KEY", &mesh.key_secret, &mesh.key_secret_key),
+        ]);
+        ports.push(container_port("gossip", mesh.gossip_port, "UDP"));
+        ports.push(container_port("transport", mesh.transport_port, "TCP"));
+    }
+    if let Some((secret, key)) = &s.authorization {
+        env.push(secret_env("SBMESH_PROXY_AUTHORIZATION", secret, key));
+    }
+    Container {
+        name: SIDECAR_CONTAINER.to_string(),
+        image: Some(s.image.clone()),
+        command: Some(vec![SIDECAR_COMMAND.to_string()]),
+        args: Some(vec!["run".to_string()]),
+        restart_policy: Some("Always".to_string()),
+        env: Some(env),
+        ports: Some(ports),
+        readiness_probe: Some(http_probe("/readyz", "sidecar-admin")),
+        liveness_probe: Some(Probe {
+            // Generous: a stuck process, not a slow CA, is what this catches.
+            failure_threshold: Some(6),
+            ..http_probe("/healthz", "sidecar-admin")
+        }),
+        resources: Some(
+            s.resources
+                .clone()
+                .unwrap_or_else(default_sidecar_resources),
+        ),
+        volume_mounts: Some(vec![
+            mount(&s.config_volume, CONFIG_DIR, true),
+            mount(&s.data_volume, DATA_DIR, false),
+        ]),
+        security_context: Some(restricted_security_context()),
+        ..Container::default()
+    }
+}
+
+/// Non-root 65532, read-only root file system, no capabilities, no
+/// privilege escalation: the sidecar and the operator run under it.
+pub fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NONROOT_UID),
+        run_as_group: Some(NONROOT_UID),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// Requests that let the scheduler count the sidecar; no limits, so a
+/// burst of ACME work is never throttled or killed.
+fn default_sidecar_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), Quantity("50m".to_string())),
+            ("memory".to_string(), Quantity("64Mi".to_string())),
+        ])),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn container_port(name: &str, port: i32, protocol: &str) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_string()),
+        container_port: port,
+        protocol: Some(protocol.to_string()),
+        ..ContainerPort::default()
+    }
+}
+
+fn http_probe(path: &str, port: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String(port.to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
+    }
+}
+
+fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: volume.to_string(),
+        mount_path: path.to_string(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn value_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.to_string()),
+        ..EnvVar::default()
+    }
+}
+
+/// An environment variable from the downward API (`fieldRef`).
+pub(crate) fn field_env(name: &str, field: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field.to_string(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.to_string(),
+                key: key.to_string(),
+                ..SecretKeySelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The config checks: ConfigInvalid, then AcmeStoreNotShared.
+
+/// What the sidecar's environment will hold, as far as it is known before a
+/// pod exists: literal values the operator sets, and stand-ins of the right
+/// form for what only the pod knows (its name, its IP, Secret values).
+/// Every other variable is unknown: unset in the sidecar unless the image
+/// sets it, so a value that depends on one is left for the sidecar to check.
+fn known_env(proxy: &SBProxy, ns: &str) -> BTreeMap<&'static str, String> {
+    let spec = &proxy.spec;
+    let name = proxy.name_any();
+    let mut env = BTreeMap::from([
+        ("SBPROXY_POD_NAME", format!("{name}-proxy-0")),
+        ("HOSTNAME", format!("{name}-proxy-0")),
+        // TEST-NET-1: any address of the right form.
+        ("SBPROXY_POD_IP", "192.0.2.1".to_string()),
+        ("SBMESH_NAMESPACE", ns.to_string()),
+        ("SBMESH_CLUSTER_ID", name.clone()),
+        ("SBMESH_CONFIG", format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+        (
+            "SBMESH_ADMIN_LISTEN",
+            format!("0.0.0.0:{}", spec.sidecar.admin_port),
+        ),
+        (
+            "SBMESH_CHALLENGE_LISTEN",
+            format!("0.0.0.0:{}", spec.sidecar.challenge_port),
+        ),
+        ("SBMESH_CERT_DIR", format!("{DATA_DIR}/certs")),
+        ("SBMESH_STATE_DIR", format!("{DATA_DIR}/sidecar")),
+        (
+            "SBMESH_PROXY_RELOAD_URL",
+            format!("http://127.0.0.1:{}/admin/reload", spec.admin_port),
+        ),
+    ]);
+    if spec.clustering.enabled {
+        env.insert("SBMESH_MESH_SERVICE", format!("{name}-mesh"));
+        env.insert(
+            "SBMESH_CLUSTER_DOMAIN",
+            spec.clustering.cluster_domain.clone(),
+        );
+        env.insert(
+            "SBMESH_GOSSIP_PORT",
+            spec.clustering.gossip_port.to_string(),
+        );
+        env.insert(
+            "SBMESH_TRANSPORT_PORT",
+            spec.clustering.transport_port.to_string(),
+        );
+        env.insert("SBMESH_CLUSTER_KEY", "0".repeat(64));
+    }
+    if spec.admin_auth_secret_ref.is_some() {
+        env.insert(
+            "SBMESH_PROXY_AUTHORIZATION",
+            "Basic c2JtZXNoOnNibWVzaA==".to_string(),
+        );
+    }
+    env
+}
+
+/// ConfigInvalid and AcmeStoreNotShared, in that order (the SPEC's message
+/// wins for `storage_backend: sqlite`, which the sidecar refuses as unknown).
+fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
+    let config_name = &proxy.spec.config_ref.name;
+    let invalid = |problems: Vec<String>| {
+        Refusal::new(
+            RefusalReason::ConfigInvalid,
+            format!(
+                "SBProxyConfig {config_name:?} in namespace {ns:?}: spec.config is not a valid sb.yml:\n{}",
+                problems.join("\n")
+            ),
+        )
+    };
+    if text.len() > crd::MAX_CONFIG_BYTES {
+        return Err(invalid(vec![format!(
+            "(file): {} bytes; a ConfigMap holds at most {} (1 MiB)",
+            text.len(),
+            crd::MAX_CONFIG_BYTES
+        )]));
+    }
+
+    let env = known_env(proxy, ns);
+    let is_known = |var: &str| env.contains_key(var);
+    let lookup = |var: &str| env.get(var).cloned();
+    let interpolated = sbmesh::config::interpolate(text, &lookup)
+        .map_err(|problem| invalid(vec![problem.to_string()]))?;
+    // The text as written, to tell which values depend on unknown variables.
+    // It may fail to parse where the interpolated text does not; then
+    // nothing is excused.
+    let raw: Option<Yaml> = serde_norway::from_str(text).ok();
+    let tree: Option<Yaml> = serde_norway::from_str::<Yaml>(&interpolated)
+        .ok()
+        .and_then(|mut v| v.apply_merge().ok().map(|()| v));
+
+    let acme = tree.as_ref().and_then(|t| yaml_at(t, &["proxy", "acme"]));
+    let acme_enabled = acme.and_then(|a| a.get("enabled")).and_then(Yaml::as_bool) == Some(true);
+    let backend = acme
+        .and_then(|a| a.get("storage_backend"))
+        .and_then(scalar_text)
+        .unwrap_or_default();
+    let backend_unknown = raw
+        .as_ref()
+        .and_then(|r| yaml_at(r, &["proxy", "acme", "storage_backend"]))
+        .is_some_and(|v| mentions_unknown(v, &is_known));
+    let local_store = matches!(backend.trim(), "" | "redb" | "memory" | "sqlite");
+    let not_shared = proxy.spec.replicas > 1 && acme_enabled && local_store && !backend_unknown;
+
+    let mut problems = match sbmesh::config::parse(&interpolated) {
+        Ok(_) => Vec::new(),
+        Err(problems) => problems,
+    };
+    problems.extend(admin_port_problem(proxy, tree.as_ref()));
+    let problems: Vec<String> = problems
+        .into_iter()
+        .filter(Problem::is_error)
+        .filter(|p| !(not_shared && p.path == "proxy.acme.storage_backend"))
+        .filter(|p| !depends_on_unknown(raw.as_ref(), &p.path, &is_known))
+        .map(|p| p.to_string())
+        .collect();
+    if !problems.is_empty() {
+        return Err(invalid(problems));
+    }
+    if not_shared {
+        return Err(Refusal::new(
+            RefusalReason::AcmeStoreNotShared,
+            acme_store_not_shared_message(proxy.spec.replicas, backend.trim()),
+        ));
+    }
+    Ok(())
+}
+
+/// The sidecar POSTs reloads to `spec.adminPort`: a config whose
+/// `proxy.admin.port` says otherwise would never be reloaded.
+fn admin_port_problem(proxy: &SBProxy, tree: Option<&Yaml>) -> Option<Problem> {
+    let port = tree.and_then(|t| yaml_at(t, &["proxy", "admin", "port"]))?;
+    let port = scalar_text(port)?;
+    let port: i64 = port.trim().parse().ok()?;
+    (port != i64::from(proxy.spec.admin_port)).then(|| {
+        Problem::error(
+            "proxy.admin.port",
+            format!(
+                "is {port} but spec.adminPort of the SBProxy is {}; the sidecar POSTs reloads to \
+                 spec.adminPort, so make the two equal",
+                proxy.spec.admin_port
+            ),
+        )
+    })
+}
+
+fn yaml_at<'a>(value: &'a Yaml, keys: &[&str]) -> Option<&'a Yaml> {
+    keys.iter().try_fold(value, |v, key| v.get(*key))
+}
+
+fn scalar_text(value: &Yaml) -> Option<String> {
+    match value {
+        Yaml::String(s) => Some(s.clone()),
+        Yaml::Number(n) => Some(n.to_string()),
+        Yaml::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// Whether the problem at `path` (as sbmesh writes paths:
+/// `proxy.cluster.seeds[1]`, `origins."a.example.com"`) concerns a value
+/// written with a `${VAR}` the operator cannot know. When the path does not
+/// exist as written, its nearest existing ancestor is looked at.
+fn depends_on_unknown(raw: Option<&Yaml>, path: &str, is_known: &dyn Fn(&str) -> bool) -> bool {
+    let Some(raw) = raw else { return false };
+    let Some(segments) = path_segments(path) else {
+        return false;
+    };
+    let mut node = raw;
+    for segment in &segments {
+        let next = match segment {
+            Segment::Key(key) => node.get(key.as_str()),
+            Segment::Index(i) => node.get(*i),
+        };
+        match next {
+            Some(next) => node = next,
+            None => break,
+        }
+    }
+    mentions_unknown(node, is_known)
+}
+
+enum Segment {
+    Key(String),
+    Index(usize),
+}
+
+/// Splits a problem path into keys and indexes; `None` for the locations
+/// that are not YAML paths (`line 2, column 5`, `(yaml)`, `(root)`).
+fn path_segments(path: &str) -> Option<Vec<Segment>> {
+    if path.starts_with('(') || path.starts_with("line ") {
+        return None;
+    }
+    let mut segments = Vec::new();
+    let mut chars = path.chars().peekable();
+    while chars.peek().is_some() {
+        match chars.peek() {
+            Some('.') => {
+                chars.next();
+            }
+            Some('"') => {
+                chars.next();
+                let mut key = String::new();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => key.extend(chars.next()),
+                        '"' => break,
+                        c => key.push(c),
+                    }
+                }
+                segments.push(Segment::Key(key));
+            }
+            Some('[') => {
+                chars.next();
+                let digits: String = chars.by_ref().take_while(|c| *c != ']').collect();
+                segments.push(Segment::Index(digits.parse().ok()?));
+            }
+            _ => {
+                let mut key = String::new();
+                while let Some(&c) = chars.peek() {
+                    if c == '.' || c == '[' {
+                        break;
+                    }
+                    key.push(c);
+                    chars.next();
+                }
+                segments.push(Segment::Key(key));
+            }
+        }
+    }
+    Some(segments)
+}
+
+/// Whether any key or scalar under `value` references an unknown variable.
+fn mentions_unknown(value: &Yaml, is_known: &dyn Fn(&str) -> bool) -> bool {
+    match value {
+        Yaml::String(s) => references(s).any(|var| !is_known(var)),
+        Yaml::Sequence(items) => items.iter().any(|v| mentions_unknown(v, is_known)),
+        Yaml::Mapping(map) => map
+            .iter()
+            .any(|(k, v)| mentions_unknown(k, is_known) || mentions_unknown(v, is_known)),
+        Yaml::Tagged(tagged) => mentions_unknown(&tagged.value, is_known),
+        _ => false,
+    }
+}
+
+/// The variable names of the `${NAME...}` references in `text`, skipping
+/// `$${` escapes (nested defaults included).
+fn references(text: &str) -> impl Iterator<Item = &str> {
+    let bytes = text.as_bytes();
+    (0..bytes.len()).filter_map(move |i| {
+        let opens = bytes[i] == b'$' && bytes.get(i + 1) == Some(&b'{');
+        let escaped = i > 0 && bytes[i - 1] == b'$';
+        if !opens || escaped {
+            return None;
+        }
+        let rest = &text[i + 2..];
+        let len = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        Some(&rest[..len])
+    })
+}
+
+// ---------------------------------------------------------------------------
+// The `render` command.
+
+/// The `render` command: reads SBProxy and SBProxyConfig documents from every
+/// `-f` file and prints, for each SBProxy, exactly the objects `run` would
+/// apply (a cluster-key Secret with a freshly generated key). A refusal is
+/// printed on stderr and the exit status is 1.
+pub fn command(args: &crate::cli::RenderArgs) -> anyhow::Result<ExitCode> {
+    let mut proxies = Vec::new();
+    let mut configs = Vec::new();
+    for file in &args.files {
+        let text = read_input(file)?;
+        for (index, doc) in yaml_documents(&text)
+            .with_context(|| format!("{}: not a YAML stream", file.display()))?
+            .into_iter()
+            .enumerate()
+        {
+            let at = format!("{} (document {})", file.display(), index + 1);
+            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+            if kind != "SBProxy" && kind != "SBProxyConfig" {
+                anyhow::bail!(
+                    "{at}: kind {kind:?} is not read by render; expected SBProxy or SBProxyConfig ({})",
+                    crd::API_VERSION
+                );
+            }
+            if let Err(problems) = crd::validate(&doc) {
+                anyhow::bail!("{at}: the {kind} is not valid:\n{}", problems.join("\n"));
+            }
+            if kind == "SBProxy" {
+                let mut proxy: SBProxy =
+                    serde_json::from_value(doc).with_context(|| format!("{at}: not an SBProxy"))?;
+                proxy
+                    .metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".to_string());
+                proxies.push((at, proxy));
+            } else {
+                let mut config: SBProxyConfig = serde_json::from_value(doc)
+                    .with_context(|| format!("{at}: not an SBProxyConfig"))?;
+                config
+                    .metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".to_string());
+                configs.push(config);
+            }
+        }
+    }
+    if proxies.is_empty() {
+        anyhow::bail!("no SBProxy document in the files given; nothing to render");
+    }
+
+    let mut out = String::new();
+    let mut refused = false;
+    for (at, proxy) in &proxies {
+        if proxy
+            .metadata
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            anyhow::bail!("{at}: the SBProxy has no metadata.name");
+        }
+        let config = configs.iter().find(|c| {
+            c.metadata.name.as_deref() == Some(proxy.spec.config_ref.name.as_str())
+                && c.metadata.namespace == proxy.metadata.namespace
+        });
+        let opts = RenderOptions {
+            sidecar_image: args.sidecar_image.clone(),
+            fresh_cluster_key: fresh_cluster_key(),
+        };
+        match render(proxy, config, None, &opts) {
+            Ok(rendered) => out.push_str(&rendered.objects_yaml()),
+            Err(refusal) => {
+                eprintln!(
+                    "SBProxy {}/{} refused ({}): {}",
+                    proxy.namespace().unwrap_or_default(),
+                    proxy.name_any(),
+                    refusal.reason.as_str(),
+                    refusal.message
+                );
+                refused = true;
+            }
+        }
+    }
+    if refused {
+        return Ok(ExitCode::FAILURE);
+    }
+    print!("{out}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The text of `path`, or of stdin for `-`.
+pub(crate) fn read_input(path: &Path) -> anyhow::Result<String> {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read stdin")?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+    }
+}
+
+/// The documents of a YAML stream, as JSON; empty documents are skipped.
+pub(crate) fn yaml_documents(text: &str) -> anyhow::Result<Vec<Value>> {
+    use serde::Deserialize as _;
+    let mut docs = Vec::new();
+    for (index, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(doc)
+            .with_context(|| format!("document {}: not valid YAML", index + 1))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}

@@ -1,0 +1,216 @@
+//! What the operator tells the outside world about itself: logs on stderr,
+//! and `/metrics` + `/healthz` on `--metrics-listen`.
+//!
+//! Metric names (prefix `sbmesh_operator_`):
+//! - `reconciles_total{result="ok|refused|error"}`: finished reconciles,
+//! - `reconcile_duration_seconds`: histogram of reconcile durations,
+//! - `leader`: 1 while this process holds the leader Lease (or runs
+//!   without leader election), else 0.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::warn;
+use tracing_subscriber::EnvFilter;
+
+/// How a reconcile ended, as a label value.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReconcileResult {
+    /// Objects applied and status written.
+    ok,
+    /// The spec was refused (SPEC section 9): no workload change.
+    refused,
+    /// An API call failed; the error policy requeues with backoff.
+    error,
+}
+
+/// `{result="ok|refused|error"}`
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// How the reconcile ended.
+    pub result: ReconcileResult,
+}
+
+/// The operator's one metrics registry.
+pub struct Metrics {
+    registry: Registry,
+    /// `sbmesh_operator_reconciles_total{result}`.
+    pub reconciles: Family<ResultLabels, Counter>,
+    /// `sbmesh_operator_reconcile_duration_seconds`.
+    pub reconcile_duration: Histogram,
+    /// `sbmesh_operator_leader`: 1 while this process may reconcile.
+    pub leader: Gauge,
+}
+
+impl Metrics {
+    /// A fresh registry with every operator metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sbmesh_operator");
+        let reconciles = Family::<ResultLabels, Counter>::default();
+        // Reconciles are a handful of API round trips: milliseconds when
+        // the API server is healthy, seconds when it is not.
+        let reconcile_duration = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]);
+        let leader = Gauge::default();
+        registry.register(
+            "reconciles",
+            "Finished reconciles of SBProxies, by result",
+            reconciles.clone(),
+        );
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Duration of one SBProxy reconcile",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this process holds the leader Lease and runs the controller, else 0",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_duration,
+            leader,
+        }
+    }
+
+    /// Records one finished reconcile.
+    pub fn observe_reconcile(&self, result: ReconcileResult, took: Duration) {
+        self.reconciles
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        self.reconcile_duration.observe(took.as_secs_f64());
+    }
+
+    /// How many reconciles ended with `result` so far.
+    pub fn reconciles_with(&self, result: ReconcileResult) -> u64 {
+        self.reconciles
+            .get_or_create(&ResultLabels { result })
+            .get()
+    }
+
+    /// Sets the leader gauge.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// The registry in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error here would be a
+        // prometheus-client bug, and an empty page is the safe answer.
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The `/metrics` and `/healthz` router.
+pub fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        metrics.encode(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        // Alive is all this says: a follower is healthy too, and a leader
+        // that cannot reach the API server exits by itself when its Lease
+        // cannot be renewed.
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
+}
+
+/// Serves [`router`] on `listener` until `stop` turns true.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    if let Err(e) = axum::serve(listener, router(metrics))
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
+        warn!(error = %e, "metrics listener failed");
+    }
+}
+
+/// Installs the global tracing subscriber on stderr: JSON when `format` is
+/// `json`, or when it is unset and stderr is not a terminal (a pod's log);
+/// text otherwise. `RUST_LOG` overrides the `info` filter.
+pub fn init_logging(format: Option<&str>) -> anyhow::Result<()> {
+    let json = match format {
+        Some("json") => true,
+        Some("text") => false,
+        Some(other) => anyhow::bail!("--log-format {other:?}: expected \"json\" or \"text\""),
+        None => !std::io::stderr().is_terminal(),
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    // A second install (tests calling `run` twice) keeps the first one.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_as_documented() {
+        let m = Metrics::new();
+        m.observe_reconcile(ReconcileResult::refused, Duration::from_millis(3));
+        m.set_leader(true);
+        let text = m.encode();
+        assert!(
+            text.contains("sbmesh_operator_reconciles_total{result=\"refused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sbmesh_operator_reconcile_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("sbmesh_operator_leader 1"), "{text}");
+        assert_eq!(m.reconciles_with(ReconcileResult::refused), 1);
+        assert_eq!(m.reconciles_with(ReconcileResult::ok), 0);
+    }
+}

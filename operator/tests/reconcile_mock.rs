@@ -1,0 +1,627 @@
+//! The reconciler against a scripted API server (tower-test): every request
+//! it makes is checked in order, and any request the script does not list
+//! fails the test.
+
+mod mock_apiserver;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use mock_apiserver::{Answer, Expect, Seen, finish, pair};
+use sbmesh_operator::crd::{SBProxy, SBProxyConfig};
+use sbmesh_operator::reconcile::{self, Context, error_policy, proxies_for_config, reconcile};
+use sbmesh_operator::render::{self, RenderOptions};
+use sbmesh_operator::telemetry::{Metrics, ReconcileResult};
+use serde_json::{Value, json};
+
+const CONFIG: &str = "/apis/sbproxy.dev/v1alpha1/namespaces/default/sbproxyconfigs/demo-sbyml";
+const STATUS: &str = "/apis/sbproxy.dev/v1alpha1/namespaces/default/sbproxies/demo/status";
+const SECRETS: &str = "/api/v1/namespaces/default/secrets";
+const SECRET: &str = "/api/v1/namespaces/default/secrets/demo-cluster-key";
+const STS: &str = "/apis/apps/v1/namespaces/default/statefulsets/demo-proxy";
+const MESH: &str = "/api/v1/namespaces/default/services/demo-mesh";
+const SVC: &str = "/api/v1/namespaces/default/services/demo-svc";
+const CM: &str = "/api/v1/namespaces/default/configmaps/demo-config";
+const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/demo-pdb";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+const SB_YML: &str = "\
+proxy:
+  admin: { enabled: true, port: 9090 }
+  acme:
+    enabled: true
+    email: ops@example.com
+    storage_backend: redis
+    storage_path: redis://redis.default.svc.cluster.local:6379/0
+origins:
+  \"api.example.com\": {}
+";
+
+const SB_YML_REDB: &str = "\
+proxy:
+  admin: { enabled: true, port: 9090 }
+  acme:
+    enabled: true
+    email: ops@example.com
+    storage_backend: redb
+    storage_path: /var/lib/sbproxy/certs
+origins:
+  \"api.example.com\": {}
+";
+
+const ACME_NOT_SHARED_3_REDB: &str = "spec.replicas is 3 and proxy.acme.enabled is true with storage_backend \"redb\", which is local to one pod. Each replica would open its own order for the same hostname, and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, or issue certificates with cert-manager and leave proxy.acme disabled.";
+
+fn proxy_json(replicas: i32, clustered: bool) -> Value {
+    json!({
+        "apiVersion": "sbproxy.dev/v1alpha1",
+        "kind": "SBProxy",
+        "metadata": {
+            "name": "demo", "namespace": "default", "generation": 1,
+            "uid": "6d1f3c0e-0000-4000-8000-000000000001", "resourceVersion": "41",
+        },
+        "spec": {
+            "image": "ghcr.io/sbproxy/sbproxy:0.9.0",
+            "configRef": { "name": "demo-sbyml" },
+            "replicas": replicas,
+            "port": 8080,
+            "adminPort": 9090,
+            "clustering": {
+                "enabled": clustered, "gossipPort": 7946, "transportPort": 8946,
+                "clusterDomain": "cluster.local",
+            },
+            "sidecar": { "adminPort": 9091, "challengePort": 8089 },
+        },
+    })
+}
+
+fn config_json(text: &str) -> Value {
+    json!({
+        "apiVersion": "sbproxy.dev/v1alpha1",
+        "kind": "SBProxyConfig",
+        "metadata": { "name": "demo-sbyml", "namespace": "default", "resourceVersion": "12" },
+        "spec": { "config": text },
+    })
+}
+
+fn with_status(mut proxy: Value, status: &Value) -> Value {
+    proxy["status"] = status.clone();
+    proxy
+}
+
+fn proxy(v: &Value) -> Arc<SBProxy> {
+    Arc::new(serde_json::from_value(v.clone()).expect("fixture is an SBProxy"))
+}
+
+fn context(client: kube::Client) -> (Arc<Context>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new());
+    let ctx = Context::new(
+        client,
+        "ghcr.io/sbproxy/sbmesh:test",
+        metrics.clone(),
+        reconcile::reporter(Some("op-test".into())),
+    );
+    (Arc::new(ctx), metrics)
+}
+
+fn applied(path: &str) -> Expect {
+    Expect::patch(path, json!({}))
+}
+
+fn sts_applied(replicas: i32, ready: i32) -> Expect {
+    Expect::patch(
+        STS,
+        json!({ "status": { "replicas": replicas, "readyReplicas": ready, "availableReplicas": ready } }),
+    )
+}
+
+fn find<'a>(seen: &'a [Seen], method: &str, path: &str) -> &'a Seen {
+    seen.iter()
+        .find(|s| s.method == method && s.path == path)
+        .unwrap_or_else(|| panic!("no {method} {path}"))
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+fn assert_applied_with_ssa(s: &Seen, kind: &str, name: &str) {
+    assert_eq!(
+        s.query("fieldManager"),
+        Some("sbmesh-operator"),
+        "{}",
+        s.path
+    );
+    assert_eq!(s.query("force"), Some("true"), "{}", s.path);
+    assert_eq!(
+        s.content_type.as_deref(),
+        Some("application/apply-patch+yaml"),
+        "{}",
+        s.path
+    );
+    assert_eq!(s.body["kind"], kind, "{}", s.path);
+    assert_eq!(s.body["metadata"]["name"], name, "{}", s.path);
+}
+
+fn cluster_key(secret: &Value) -> String {
+    let secret: Secret = serde_json::from_value(secret.clone()).expect("a Secret");
+    if let Some(v) = secret.data.as_ref().and_then(|d| d.get("cluster-key")) {
+        return String::from_utf8(v.0.clone()).expect("utf-8 key");
+    }
+    secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get("cluster-key"))
+        .cloned()
+        .expect("cluster-key in data or stringData")
+}
+
+#[tokio::test]
+async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_nothing() {
+    // (a) First reconcile of a clustered 3-replica SBProxy.
+    let p = proxy_json(3, true);
+    let (client, server) = pair();
+    let (ctx, metrics) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, None),
+        Expect::create(SECRETS),
+        sts_applied(3, 0),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        applied(PDB),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+        Expect::create(EVENTS),
+    ]);
+    let action = reconcile(proxy(&p), ctx).await.expect("first reconcile");
+    let seen = finish(task).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert_eq!(metrics.reconciles_with(ReconcileResult::ok), 1);
+
+    let secret = &find(&seen, "POST", SECRETS).body;
+    assert_eq!(secret["metadata"]["name"], "demo-cluster-key");
+    let key = cluster_key(secret);
+    assert_eq!(key.len(), 64, "{key}");
+    assert!(key.chars().all(|c| c.is_ascii_hexdigit()), "{key}");
+    assert!(
+        secret["metadata"]["ownerReferences"].is_null(),
+        "the Secret outlives its SBProxy: no owner reference"
+    );
+
+    assert_applied_with_ssa(&seen[3], "StatefulSet", "demo-proxy");
+    assert_eq!(seen[3].body["spec"]["replicas"], 3);
+    assert_applied_with_ssa(&seen[4], "Service", "demo-mesh");
+    assert_applied_with_ssa(&seen[5], "Service", "demo-svc");
+    assert_applied_with_ssa(&seen[6], "ConfigMap", "demo-config");
+    assert_eq!(seen[6].body["data"]["sb.yml"], SB_YML);
+    assert_applied_with_ssa(&seen[7], "PodDisruptionBudget", "demo-pdb");
+
+    let patch = &seen[8];
+    assert_eq!(
+        patch.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    let status = &patch.body["status"];
+    let config: SBProxyConfig = serde_json::from_value(config_json(SB_YML)).expect("config");
+    let expected = render::render(
+        &proxy(&p),
+        Some(&config),
+        None,
+        &RenderOptions {
+            sidecar_image: "ghcr.io/sbproxy/sbmesh:test".into(),
+            fresh_cluster_key: "00".repeat(32),
+        },
+    )
+    .unwrap_or_else(|r| panic!("fixture refused: {}", r.message));
+    assert_eq!(status["configHash"], expected.config_hash.as_str());
+    assert!(expected.config_hash.starts_with("sha256:"));
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(status["replicas"], 3);
+    assert_eq!(status["readyReplicas"], 0);
+    assert!(
+        status
+            .as_object()
+            .is_some_and(|s| s.contains_key("lastError"))
+    );
+    assert!(status["lastError"].is_null(), "lastError cleared: {status}");
+    let degraded = condition(status, "Degraded");
+    assert_eq!(
+        (&degraded["status"], &degraded["reason"]),
+        (&json!("False"), &json!("Reconciled"))
+    );
+    let ready = condition(status, "Ready");
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("ReplicasNotReady"))
+    );
+
+    let event = &seen[9].body;
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["reason"], "ClusterKeyCreated");
+    assert!(
+        event["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("created Secret demo-cluster-key")),
+        "{event}"
+    );
+    let event = &seen[10].body;
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["reason"], "Applied");
+    assert!(
+        event["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("StatefulSet demo-proxy")),
+        "{event}"
+    );
+
+    // (b) Second reconcile: the Secret exists, the pods turned ready. No
+    // Secret POST, no Event; the status patch moves Ready only.
+    let first_status = status.clone();
+    let p2 = with_status(p.clone(), &first_status);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, Some(secret.clone())),
+        sts_applied(3, 3),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        applied(PDB),
+        Expect::patch_status(STATUS, p2.clone()),
+    ]);
+    reconcile(proxy(&p2), ctx).await.expect("second reconcile");
+    let seen = finish(task).await;
+    let status = &seen[7].body["status"];
+    assert_eq!(status["configHash"], first_status["configHash"]);
+    let ready = condition(status, "Ready");
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("True"), &json!("AllReplicasReady"))
+    );
+    assert_eq!(
+        condition(status, "Degraded")["lastTransitionTime"],
+        condition(&first_status, "Degraded")["lastTransitionTime"],
+        "an unchanged condition keeps its lastTransitionTime"
+    );
+
+    // (c) Third reconcile, nothing changed anywhere: applies only.
+    let p3 = with_status(p.clone(), status);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, Some(secret.clone())),
+        sts_applied(3, 3),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        applied(PDB),
+    ]);
+    reconcile(proxy(&p3), ctx).await.expect("third reconcile");
+    finish(task).await;
+}
+
+/// Runs one refusal: the script allows only the reads, the status patch
+/// and the Warning Event. Returns the status patch and the Event.
+async fn refused(p: Value, config: Option<Value>, reason: &str) -> (Value, Value) {
+    let (client, server) = pair();
+    let (ctx, metrics) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, config),
+        Expect::get(SECRET, None),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+    ]);
+    let action = reconcile(proxy(&p), ctx)
+        .await
+        .expect("a refusal is not an error");
+    let seen = finish(task).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(60)), "{reason}");
+    assert_eq!(metrics.reconciles_with(ReconcileResult::refused), 1);
+    assert_eq!(metrics.reconciles_with(ReconcileResult::ok), 0);
+
+    let status = seen[2].body["status"].clone();
+    let degraded = condition(&status, "Degraded");
+    assert_eq!(
+        (&degraded["status"], &degraded["reason"]),
+        (&json!("True"), &json!(reason))
+    );
+    assert_eq!(condition(&status, "Ready")["status"], "False");
+    let message = status["lastError"]
+        .as_str()
+        .expect("lastError set")
+        .to_owned();
+    assert!(!message.is_empty());
+    assert_eq!(degraded["message"], message.as_str());
+
+    let event = seen[3].body.clone();
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], reason);
+    assert_eq!(event["note"], message.as_str());
+    (status, event)
+}
+
+#[tokio::test]
+async fn too_many_replicas_is_refused_without_workload_calls() {
+    let (status, _) = refused(
+        proxy_json(200, true),
+        Some(config_json(SB_YML)),
+        "TooManyReplicas",
+    )
+    .await;
+    assert!(
+        status["lastError"]
+            .as_str()
+            .is_some_and(|m| m.contains("128")),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn missing_config_is_refused_without_workload_calls() {
+    let (status, _) = refused(proxy_json(3, true), None, "ConfigNotFound").await;
+    assert!(
+        status["lastError"]
+            .as_str()
+            .is_some_and(|m| m.contains("demo-sbyml")),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused_without_workload_calls() {
+    refused(
+        proxy_json(3, true),
+        Some(config_json("proxy: [unclosed\n")),
+        "ConfigInvalid",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn local_acme_store_with_replicas_is_refused_with_the_spec_message() {
+    let (status, event) = refused(
+        proxy_json(3, true),
+        Some(config_json(SB_YML_REDB)),
+        "AcmeStoreNotShared",
+    )
+    .await;
+    assert_eq!(status["lastError"], ACME_NOT_SHARED_3_REDB);
+    assert_eq!(event["note"], ACME_NOT_SHARED_3_REDB);
+}
+
+#[tokio::test]
+async fn a_fixed_spec_clears_the_refusal() {
+    let refused_status = json!({
+        "observedGeneration": 1,
+        "lastError": ACME_NOT_SHARED_3_REDB,
+        "conditions": [
+            { "type": "Ready", "status": "False", "reason": "AcmeStoreNotShared", "message": "x",
+              "lastTransitionTime": "2025-01-01T00:00:00Z", "observedGeneration": 1 },
+            { "type": "Degraded", "status": "True", "reason": "AcmeStoreNotShared", "message": "x",
+              "lastTransitionTime": "2025-01-01T00:00:00Z", "observedGeneration": 1 },
+        ],
+    });
+    let mut p = with_status(proxy_json(1, false), &refused_status);
+    p["metadata"]["generation"] = json!(2);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML_REDB))),
+        sts_applied(1, 1),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        Expect::get(PDB, None),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+    ]);
+    reconcile(proxy(&p), ctx).await.expect("reconcile");
+    let seen = finish(task).await;
+    let status = &seen[6].body["status"];
+    assert!(
+        status
+            .as_object()
+            .is_some_and(|s| s.contains_key("lastError"))
+            && status["lastError"].is_null()
+    );
+    assert_eq!(status["observedGeneration"], 2);
+    let degraded = condition(status, "Degraded");
+    assert_eq!(degraded["status"], "False");
+    assert_ne!(
+        degraded["lastTransitionTime"], "2025-01-01T00:00:00Z",
+        "Degraded flipped: new time"
+    );
+    assert_eq!(condition(status, "Ready")["status"], "True");
+    assert_eq!(seen[7].body["type"], "Normal");
+}
+
+#[tokio::test]
+async fn scaling_to_one_replica_deletes_the_pdb() {
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "demo-cluster-key", "namespace": "default" },
+        "data": { "cluster-key": "MTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMTExMQ==" },
+    });
+    let pdb = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": "demo-pdb", "namespace": "default", "uid": "pdb-uid-1",
+            "labels": {
+                "app.kubernetes.io/name": "sbproxy",
+                "app.kubernetes.io/instance": "demo",
+                "app.kubernetes.io/managed-by": "sbmesh-operator",
+            },
+        },
+        "spec": { "maxUnavailable": 1 },
+    });
+    let mut p = proxy_json(1, true);
+    p["metadata"]["generation"] = json!(2);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, Some(secret)),
+        sts_applied(1, 1),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        Expect::get(PDB, Some(pdb)),
+        Expect::delete(PDB),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+        Expect::create(EVENTS),
+    ]);
+    reconcile(proxy(&p), ctx).await.expect("reconcile");
+    let seen = finish(task).await;
+    assert_eq!(seen[2].body["spec"]["replicas"], 1);
+    assert_eq!(
+        seen[7].body["preconditions"]["uid"], "pdb-uid-1",
+        "never deletes a recreated PDB"
+    );
+    assert_eq!(seen[9].body["reason"], "PodDisruptionBudgetDeleted");
+    assert!(
+        seen[9].body["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("deleted PodDisruptionBudget demo-pdb")),
+        "{}",
+        seen[9].body
+    );
+    assert_eq!(seen[10].body["reason"], "Applied");
+}
+
+#[tokio::test]
+async fn one_unclustered_replica_reads_no_secret_and_leaves_a_foreign_pdb() {
+    let foreign = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": { "name": "demo-pdb", "namespace": "default", "uid": "theirs" },
+        "spec": { "minAvailable": 1 },
+    });
+    let p = proxy_json(1, false);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        sts_applied(1, 1),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        Expect::get(PDB, Some(foreign)),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+    ]);
+    reconcile(proxy(&p), ctx).await.expect("reconcile");
+    let seen = finish(task).await;
+    assert!(seen.iter().all(|s| !s.path.contains("/secrets")));
+}
+
+#[tokio::test]
+async fn an_api_error_is_recorded_and_retried_with_backoff() {
+    let p = proxy_json(1, false);
+    let (client, server) = pair();
+    let (ctx, metrics) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::patch(STS, json!({})).answer(Answer::Failure(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+        )),
+        Expect::patch_status(STATUS, p.clone()),
+    ]);
+    let obj = proxy(&p);
+    let err = reconcile(obj.clone(), ctx.clone())
+        .await
+        .expect_err("apply failed");
+    assert_eq!(
+        error_policy(obj.clone(), &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(5))
+    );
+    assert_eq!(
+        error_policy(obj.clone(), &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(10))
+    );
+    drop(ctx);
+    let seen = finish(task).await;
+    let last_error = seen[2].body["status"]["lastError"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        last_error.contains("StatefulSet default/demo-proxy"),
+        "{last_error}"
+    );
+    assert_eq!(
+        seen[2].body["status"].as_object().map(|s| s.len()),
+        Some(1),
+        "only lastError: conditions stay as they were"
+    );
+    assert_eq!(metrics.reconciles_with(ReconcileResult::error), 1);
+}
+
+#[test]
+fn a_config_maps_to_exactly_the_proxies_that_reference_it_in_its_namespace() {
+    let mk = |name: &str, ns: &str, config: &str| -> Arc<SBProxy> {
+        let mut v = proxy_json(1, false);
+        v["metadata"]["name"] = json!(name);
+        v["metadata"]["namespace"] = json!(ns);
+        v["spec"]["configRef"]["name"] = json!(config);
+        proxy(&v)
+    };
+    let proxies = vec![
+        mk("a", "default", "shared"),
+        mk("b", "default", "other"),
+        mk("c", "default", "shared"),
+        mk("d", "prod", "shared"),
+    ];
+    let config = |ns: Option<&str>| -> SBProxyConfig {
+        let mut v = config_json("proxy: {}\n");
+        v["metadata"]["name"] = json!("shared");
+        match ns {
+            Some(ns) => v["metadata"]["namespace"] = json!(ns),
+            None => {
+                if let Some(m) = v["metadata"].as_object_mut() {
+                    m.remove("namespace");
+                }
+            }
+        }
+        serde_json::from_value(v).expect("config")
+    };
+    let names = |refs: Vec<ObjectRef<SBProxy>>| -> Vec<String> {
+        let mut n: Vec<String> = refs
+            .iter()
+            .map(|r| format!("{}/{}", r.namespace.as_deref().unwrap_or("-"), r.name))
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(
+        names(proxies_for_config(&config(Some("default")), &proxies)),
+        ["default/a", "default/c"]
+    );
+    assert_eq!(
+        names(proxies_for_config(&config(Some("prod")), &proxies)),
+        ["prod/d"]
+    );
+    assert!(proxies_for_config(&config(Some("staging")), &proxies).is_empty());
+    assert!(proxies_for_config(&config(None), &proxies).is_empty());
+}
+
+#[tokio::test]
+async fn a_proxy_being_deleted_gets_no_call() {
+    let mut p = proxy_json(3, true);
+    p["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![]);
+    let action = reconcile(proxy(&p), ctx).await.expect("reconcile");
+    finish(task).await;
+    assert_eq!(action, Action::await_change());
+}

@@ -1,0 +1,575 @@
+//! What `render` makes of an SBProxy: golden files for four scenarios, and
+//! the properties that keep a fleet calm (scaling and config edits touch
+//! only what they must).
+//!
+//! Regenerate the golden files after an intended change with
+//! `UPDATE_GOLDEN=1 cargo test -p sbmesh-operator --test render_golden`,
+//! then read the diff.
+
+mod render_fixtures;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Container, EnvVar, Secret};
+use render_fixtures as fx;
+use sbmesh_operator::render::{self, Rendered};
+use serde_json::Value;
+
+#[test]
+fn golden_scenarios() {
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    let mut stale = Vec::new();
+    for name in fx::SCENARIOS {
+        let path = fx::golden_dir().join(format!("{name}.yaml"));
+        let actual = fx::render_scenario(name).objects_yaml();
+        if update {
+            std::fs::write(&path, &actual).expect("write golden file");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_default();
+        if expected != actual {
+            stale.push(format!(
+                "{}\n--- expected\n{expected}\n--- actual\n{actual}",
+                path.display()
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "rendered objects differ from the golden files; if the change is intended, run \
+         `UPDATE_GOLDEN=1 cargo test -p sbmesh-operator --test render_golden` and review the diff:\n{}",
+        stale.join("\n")
+    );
+}
+
+fn sidecar(r: &Rendered) -> Container {
+    let pod = r
+        .stateful_set
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    let init = pod.init_containers.as_ref().expect("initContainers");
+    assert_eq!(init.len(), 1);
+    init[0].clone()
+}
+
+fn proxy_container(r: &Rendered) -> Container {
+    let pod = r
+        .stateful_set
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    assert_eq!(pod.containers.len(), 1);
+    pod.containers[0].clone()
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> Option<&'a EnvVar> {
+    c.env.as_ref().unwrap().iter().find(|e| e.name == name)
+}
+
+fn env_value(c: &Container, name: &str) -> Option<String> {
+    env(c, name).and_then(|e| e.value.clone())
+}
+
+fn secret_ref(c: &Container, name: &str) -> Option<(String, String)> {
+    let r = env(c, name)?.value_from.as_ref()?.secret_key_ref.as_ref()?;
+    Some((r.name.clone(), r.key.clone()))
+}
+
+fn field_ref(c: &Container, name: &str) -> Option<String> {
+    Some(
+        env(c, name)?
+            .value_from
+            .as_ref()?
+            .field_ref
+            .as_ref()?
+            .field_path
+            .clone(),
+    )
+}
+
+#[test]
+fn objects_are_named_labelled_and_owned_as_the_spec_says() {
+    let r = fx::render_scenario("three-replicas-clustered");
+    let objects = r.objects();
+    let names: Vec<(&str, &str)> = objects
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("ConfigMap", "demo-config"),
+            ("Secret", "demo-cluster-key"),
+            ("Service", "demo-mesh"),
+            ("Service", "demo-svc"),
+            ("StatefulSet", "demo-proxy"),
+            ("PodDisruptionBudget", "demo-pdb"),
+        ]
+    );
+    for o in &objects {
+        let kind = o["kind"].as_str().unwrap();
+        assert_eq!(o["metadata"]["namespace"], "default", "{kind}");
+        let labels = &o["metadata"]["labels"];
+        assert_eq!(labels["app.kubernetes.io/name"], "sbproxy", "{kind}");
+        assert_eq!(labels["app.kubernetes.io/instance"], "demo", "{kind}");
+        assert_eq!(
+            labels["app.kubernetes.io/managed-by"], "sbmesh-operator",
+            "{kind}"
+        );
+        let owners = &o["metadata"]["ownerReferences"];
+        if kind == "Secret" {
+            assert!(
+                owners.is_null(),
+                "the Secret outlives the SBProxy: {owners}"
+            );
+        } else {
+            assert_eq!(
+                owners,
+                &serde_json::json!([{
+                    "apiVersion": "sbproxy.dev/v1alpha1", "kind": "SBProxy", "name": "demo",
+                    "uid": fx::UID, "controller": true, "blockOwnerDeletion": true,
+                }]),
+                "{kind}"
+            );
+        }
+    }
+    assert_eq!(
+        r.config_map
+            .data
+            .as_ref()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["sb.yml"]
+    );
+}
+
+#[test]
+fn without_a_uid_no_owner_reference_is_invented() {
+    let (mut proxy, config) = fx::scenario("three-replicas-clustered");
+    proxy.metadata.uid = None;
+    let r = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert!(
+        r.objects()
+            .iter()
+            .all(|o| o["metadata"]["ownerReferences"].is_null())
+    );
+}
+
+#[test]
+fn statefulset_and_services_follow_the_spec() {
+    let r = fx::render_scenario("three-replicas-clustered");
+    let sts = r.stateful_set.spec.as_ref().unwrap();
+    assert_eq!(sts.replicas, Some(3));
+    assert_eq!(sts.service_name.as_deref(), Some("demo-mesh"));
+    assert_eq!(sts.pod_management_policy.as_deref(), Some("OrderedReady"));
+    assert_eq!(
+        sts.update_strategy.as_ref().unwrap().type_.as_deref(),
+        Some("RollingUpdate")
+    );
+    let selector = sts.selector.match_labels.as_ref().unwrap();
+    assert_eq!(selector.len(), 2);
+    assert_eq!(selector["app.kubernetes.io/instance"], "demo");
+    assert!(
+        sts.template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .is_none()
+    );
+
+    let side = sidecar(&r);
+    assert_eq!(side.name, "sbmesh-sidecar");
+    assert_eq!(
+        side.restart_policy.as_deref(),
+        Some("Always"),
+        "a native sidecar"
+    );
+    assert_eq!(side.image.as_deref(), Some(fx::SIDECAR_IMAGE));
+    assert_eq!(side.args.as_deref(), Some(&["run".to_string()][..]));
+    let readiness = side
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(readiness.path.as_deref(), Some("/readyz"));
+    let liveness = side
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(liveness.path.as_deref(), Some("/healthz"));
+    assert_eq!(
+        field_ref(&side, "SBPROXY_POD_NAME").as_deref(),
+        Some("metadata.name")
+    );
+    assert_eq!(
+        field_ref(&side, "SBPROXY_POD_IP").as_deref(),
+        Some("status.podIP")
+    );
+    assert_eq!(
+        field_ref(&side, "SBMESH_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
+    );
+    for (name, value) in [
+        ("SBMESH_CLUSTER_ID", "demo"),
+        ("SBMESH_MESH_SERVICE", "demo-mesh"),
+        ("SBMESH_CLUSTER_DOMAIN", "cluster.local"),
+        ("SBMESH_GOSSIP_PORT", "7946"),
+        ("SBMESH_TRANSPORT_PORT", "8946"),
+        ("SBMESH_ADMIN_LISTEN", "0.0.0.0:9091"),
+        ("SBMESH_CHALLENGE_LISTEN", "0.0.0.0:8089"),
+        (
+            "SBMESH_PROXY_RELOAD_URL",
+            "http://127.0.0.1:9090/admin/reload",
+        ),
+        ("SBMESH_CERT_DIR", "/var/lib/sbproxy/certs"),
+        ("SBMESH_STATE_DIR", "/var/lib/sbproxy/sidecar"),
+        ("SBMESH_CONFIG", "/etc/sbproxy/sb.yml"),
+    ] {
+        assert_eq!(env_value(&side, name).as_deref(), Some(value), "{name}");
+    }
+    assert_eq!(
+        secret_ref(&side, "SBMESH_CLUSTER_KEY"),
+        Some(("demo-cluster-key".into(), "cluster-key".into()))
+    );
+    let sc = side.security_context.as_ref().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.run_as_user, Some(65532));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+
+    let proxy = proxy_container(&r);
+    assert_eq!(
+        proxy.image.as_deref(),
+        Some("ghcr.io/sbproxy/sbproxy:1.4.0")
+    );
+    let ready = proxy
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(ready.path.as_deref(), Some("/health"));
+    let http = &proxy.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (http.name.as_deref(), http.container_port),
+        (Some("http"), 8080)
+    );
+    for c in [&side, &proxy] {
+        let mounts: Vec<(&str, &str, Option<bool>)> = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("sbproxy-config", "/etc/sbproxy", Some(true)),
+                ("sbproxy-data", "/var/lib/sbproxy", None)
+            ],
+            "{}",
+            c.name
+        );
+    }
+    let volumes = sts
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .as_ref()
+        .unwrap();
+    assert_eq!(volumes[0].config_map.as_ref().unwrap().name, "demo-config");
+    assert!(volumes[1].empty_dir.is_some());
+
+    let mesh = r.headless_service.spec.as_ref().unwrap();
+    assert_eq!(mesh.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(mesh.publish_not_ready_addresses, Some(true));
+    let ports: Vec<(&str, &str, i32)> = mesh
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_deref().unwrap(),
+                p.protocol.as_deref().unwrap(),
+                p.port,
+            )
+        })
+        .collect();
+    assert_eq!(ports, [("gossip", "UDP", 7946), ("transport", "TCP", 8946)]);
+    let svc = r.service.spec.as_ref().unwrap();
+    let ports: Vec<(&str, i32, Value)> = svc
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p.name.as_deref().unwrap(),
+                p.port,
+                serde_json::to_value(&p.target_port).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("http", 8080, "http".into()), ("acme", 80, "acme".into())]
+    );
+    // `acme` is the sidecar's challenge port.
+    let acme = side
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("acme"));
+    assert_eq!(acme.unwrap().container_port, 8089);
+
+    let pdb = r.pdb.as_ref().unwrap().spec.as_ref().unwrap();
+    assert_eq!(serde_json::to_value(&pdb.max_unavailable).unwrap(), 1);
+    assert!(r.config_hash.starts_with("sha256:"));
+}
+
+#[test]
+fn one_replica_unclustered_has_no_mesh_no_secret_and_no_pdb() {
+    let r = fx::render_scenario("one-replica-unclustered");
+    assert!(r.pdb.is_none());
+    assert!(r.cluster_key_secret.is_none());
+    let side = sidecar(&r);
+    for name in [
+        "SBMESH_MESH_SERVICE",
+        "SBMESH_CLUSTER_KEY",
+        "SBMESH_GOSSIP_PORT",
+        "SBMESH_PROXY_AUTHORIZATION",
+    ] {
+        assert!(env(&side, name).is_none(), "{name}");
+    }
+    assert_eq!(
+        env_value(&side, "SBMESH_CLUSTER_ID").as_deref(),
+        Some("solo")
+    );
+    // The headless Service is still there: the StatefulSet's serviceName needs it.
+    assert_eq!(
+        r.headless_service.metadata.name.as_deref(),
+        Some("solo-mesh")
+    );
+    assert_eq!(r.stateful_set.spec.as_ref().unwrap().replicas, Some(1));
+}
+
+#[test]
+fn a_user_secret_is_referenced_and_none_is_created() {
+    let r = fx::render_scenario("byo-secret");
+    assert!(r.cluster_key_secret.is_none());
+    let side = sidecar(&r);
+    assert_eq!(
+        secret_ref(&side, "SBMESH_CLUSTER_KEY"),
+        Some(("edge-mesh-key".into(), "ring".into()))
+    );
+    assert_eq!(
+        env_value(&side, "SBMESH_CLUSTER_DOMAIN").as_deref(),
+        Some("k8s.example.internal")
+    );
+    assert_eq!(
+        env_value(&side, "SBMESH_GOSSIP_PORT").as_deref(),
+        Some("17946")
+    );
+    assert_eq!(
+        env_value(&side, "SBMESH_PROXY_RELOAD_URL").as_deref(),
+        Some("http://127.0.0.1:9190/admin/reload")
+    );
+    assert!(
+        r.objects()
+            .iter()
+            .all(|o| o["metadata"]["namespace"] == "edge")
+    );
+}
+
+#[test]
+fn the_generated_secret_holds_the_key_and_is_rendered_only_when_absent() {
+    let (proxy, config) = fx::scenario("three-replicas-clustered");
+    let r = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    let secret = r.cluster_key_secret.expect("a Secret to create");
+    assert_eq!(secret.metadata.name.as_deref(), Some("demo-cluster-key"));
+    assert_eq!(render::cluster_key_secret_name(&proxy), "demo-cluster-key");
+    assert_eq!(
+        secret.data.as_ref().unwrap()["cluster-key"],
+        ByteString(fx::KEY.as_bytes().to_vec())
+    );
+
+    // It exists: referenced, never rendered again (never overwritten).
+    let existing = Secret {
+        metadata: secret.metadata.clone(),
+        ..Secret::default()
+    };
+    let again = render::render(&proxy, Some(&config), Some(&existing), &fx::opts()).unwrap();
+    assert!(again.cluster_key_secret.is_none());
+    assert_eq!(again.stateful_set, r.stateful_set);
+}
+
+#[test]
+fn fresh_cluster_keys_are_64_hex_chars_and_differ() {
+    let a = render::fresh_cluster_key();
+    let b = render::fresh_cluster_key();
+    assert_eq!(a.len(), 64);
+    assert!(
+        a.chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+    );
+    assert_ne!(a, b);
+}
+
+#[test]
+fn reload_authorization_and_pinned_sidecar_image_come_from_the_spec() {
+    let r = fx::render_scenario("acme-redis");
+    let side = sidecar(&r);
+    assert_eq!(
+        side.image.as_deref(),
+        Some("ghcr.io/sbproxy/sbmesh:0.1.0-pinned")
+    );
+    assert_eq!(
+        secret_ref(&side, "SBMESH_PROXY_AUTHORIZATION"),
+        Some(("shop-admin".into(), "authorization".into()))
+    );
+    assert_eq!(
+        env_value(&side, "SBMESH_ADMIN_LISTEN").as_deref(),
+        Some("0.0.0.0:9191")
+    );
+    let svc_ports = r.service.spec.as_ref().unwrap().ports.clone().unwrap();
+    assert_eq!(svc_ports[1].port, 80);
+    let acme = side
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.name.as_deref() == Some("acme"));
+    assert_eq!(acme.unwrap().container_port, 8189);
+    let limits = side.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["memory"].0, "384Mi");
+}
+
+/// Everything but `path` in `a` and `b` is equal; returns both values at `path`.
+fn differ_only_at(a: &Value, b: &Value, path: &str) -> (Value, Value) {
+    let mut a = a.clone();
+    let mut b = b.clone();
+    let va = a.pointer_mut(path).map(Value::take).unwrap_or(Value::Null);
+    let vb = b.pointer_mut(path).map(Value::take).unwrap_or(Value::Null);
+    assert_eq!(a, b, "objects differ outside {path}");
+    (va, vb)
+}
+
+#[test]
+fn scaling_changes_only_the_statefulset_replicas() {
+    let (mut proxy, config) = fx::scenario("three-replicas-clustered");
+    let three = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    proxy.spec.replicas = 5;
+    let five = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+
+    let (a, b) = differ_only_at(
+        &serde_json::to_value(&three.stateful_set).unwrap(),
+        &serde_json::to_value(&five.stateful_set).unwrap(),
+        "/spec/replicas",
+    );
+    assert_eq!((a, b), (3.into(), 5.into()));
+    // The pod template, structurally: no pod restarts.
+    assert_eq!(
+        three.stateful_set.spec.as_ref().unwrap().template,
+        five.stateful_set.spec.as_ref().unwrap().template
+    );
+    assert_eq!(three.pdb, five.pdb);
+    assert!(five.pdb.is_some());
+    assert_eq!(three.config_map, five.config_map);
+    assert_eq!(three.service, five.service);
+    assert_eq!(three.headless_service, five.headless_service);
+    assert_eq!(three.cluster_key_secret, five.cluster_key_secret);
+    assert_eq!(three.config_hash, five.config_hash);
+
+    // Down to one: the PDB goes (a single pod cannot tolerate one unavailable), the template stays.
+    proxy.spec.replicas = 1;
+    let one = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert!(one.pdb.is_none());
+    assert_eq!(
+        one.stateful_set.spec.as_ref().unwrap().template,
+        three.stateful_set.spec.as_ref().unwrap().template
+    );
+}
+
+#[test]
+fn a_config_edit_changes_only_the_configmap_and_the_hash() {
+    let (proxy, mut config) = fx::scenario("acme-redis");
+    let before = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    config.spec.config = config
+        .spec
+        .config
+        .replace("http://api:8080", "http://api-v2:8080");
+    let after = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+
+    let (a, b) = differ_only_at(
+        &serde_json::to_value(&before.config_map).unwrap(),
+        &serde_json::to_value(&after.config_map).unwrap(),
+        "/data/sb.yml",
+    );
+    assert_ne!(a, b);
+    assert_eq!(b, config.spec.config.as_str());
+    assert_ne!(before.config_hash, after.config_hash);
+    assert_eq!(
+        after.config_hash,
+        format!(
+            "sha256:{}",
+            sbmesh::config::sha256_hex(config.spec.config.as_bytes())
+        )
+    );
+    assert_eq!(before.stateful_set, after.stateful_set);
+    assert_eq!(before.service, after.service);
+    assert_eq!(before.headless_service, after.headless_service);
+    assert_eq!(before.pdb, after.pdb);
+    assert_eq!(before.cluster_key_secret, after.cluster_key_secret);
+}
+
+#[test]
+fn image_and_port_changes_roll_the_pods() {
+    let (mut proxy, config) = fx::scenario("three-replicas-clustered");
+    let before = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    proxy.spec.image = "ghcr.io/sbproxy/sbproxy:1.5.0".into();
+    let after = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert_ne!(
+        before.stateful_set.spec.as_ref().unwrap().template,
+        after.stateful_set.spec.as_ref().unwrap().template
+    );
+}
+
+#[test]
+fn render_is_deterministic() {
+    for name in fx::SCENARIOS {
+        assert_eq!(
+            fx::render_scenario(name),
+            fx::render_scenario(name),
+            "{name}"
+        );
+    }
+}

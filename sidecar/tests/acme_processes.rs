@@ -1,0 +1,503 @@
+//! ACME across replicas, with real processes and a real CA (Pebble):
+//! 3 sidecars share a store; Pebble resolves every hostname to a replica
+//! that did NOT order it, so every validation is answered from the shared
+//! store by another replica. Checked from the outside: the certificates
+//! Pebble says it issued, each node's files (a TLS handshake verified
+//! against Pebble's root), status and metrics.
+//!
+//! Address blocks: Redis fleet 127.0.0.2-4 (as the issue names them), file
+//! .52, S3 .53, kill -9 .54, Redis outage .55, config reload .56, local
+//! store refusal .57.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::acme::{Pebble, SerialCache, acme_config, handshake_ok, unique_hosts};
+use common::*;
+use serde_json::Value;
+
+#[path = "../../tests/redis_server/mod.rs"]
+mod redis_server;
+
+const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+
+/// The certificates a node's status lists for itself: host -> serial.
+fn own_certs(status: &Value) -> BTreeMap<String, String> {
+    status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["local"] == true)
+        .flat_map(|n| n["certificates"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| {
+            Some((
+                c["host"].as_str()?.to_owned(),
+                c["serial"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// Which node orders `host`: its rendezvous owner among all three.
+fn owner_of(host: &str) -> usize {
+    let owner = sbmesh::acme::ownership::owner(host, &NODES).expect("three members");
+    NODES.iter().position(|n| *n == owner).expect("a member")
+}
+
+/// Starts `node-1..3` on `ips`, seeded with each other, serving challenges
+/// on Pebble's HTTP port, with `config` as their sb.yml.
+fn fleet(
+    prefix: &str,
+    ips: [Ipv4Addr; 3],
+    pebble: &Pebble,
+    config: &str,
+    extra: &[&str],
+) -> Cluster {
+    let mut cluster = Cluster::new(prefix);
+    cluster.cluster_id = format!("acme-{}", prefix.replace('.', "-"));
+    write_atomic(&cluster.config, config);
+    let seeds: Vec<_> = ips
+        .iter()
+        .map(|ip| std::net::SocketAddr::from((*ip, GOSSIP_PORT)))
+        .collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let mut extra_args = vec![
+            "--challenge-listen".to_owned(),
+            format!("{ip}:{}", pebble.http_port),
+            "--acme-order-lock-ttl-secs".to_owned(),
+            "10".to_owned(),
+            "--reload-debounce-ms".to_owned(),
+            "50".to_owned(),
+        ];
+        extra_args.extend(extra.iter().map(|s| s.to_string()));
+        let opts = NodeOpts {
+            node_id: NODES[i].to_owned(),
+            ip: *ip,
+            cluster_id: cluster.cluster_id.clone(),
+            key: KeySource::Hex(cluster.key.clone()),
+            seeds: seeds.clone(),
+            extra_args,
+        };
+        cluster.spawn(opts);
+    }
+    cluster
+}
+
+/// Routes each host to the replica after its owner, so the validation
+/// lands on a replica that did not order it.
+fn route_away_from_owner(pebble: &Pebble, hosts: &[String], ips: &[Ipv4Addr; 3]) {
+    for h in hosts {
+        pebble.route(h, ips[(owner_of(h) + 1) % 3]);
+    }
+}
+
+/// Waits until every node lists every host, with one serial per host
+/// across the fleet; returns host -> serial.
+fn wait_all_certified(cluster: &Cluster, hosts: &[String]) -> BTreeMap<String, String> {
+    let mut agreed = BTreeMap::new();
+    cluster.wait_until("every node lists every host with the same serial", || {
+        let mut seen: BTreeMap<String, String> = BTreeMap::new();
+        for node in &cluster.nodes {
+            let Some(status) = node.status() else {
+                return false;
+            };
+            let certs = own_certs(&status);
+            for h in hosts {
+                let Some(serial) = certs.get(h) else {
+                    return false;
+                };
+                if seen.get(h).is_some_and(|s| s != serial) {
+                    return false;
+                }
+                seen.insert(h.clone(), serial.clone());
+            }
+        }
+        agreed = seen;
+        true
+    });
+    agreed
+}
+
+/// The checks every shared-store scenario makes once all is issued.
+fn check_fleet(cluster: &Cluster, pebble: &Pebble, hosts: &[String], expect_owner_split: bool) {
+    let serials = wait_all_certified(cluster, hosts);
+    // At the CA: exactly one certificate per host.
+    let mut cache = SerialCache::default();
+    let counts = pebble.issued_counts(hosts, &mut cache);
+    for (h, n) in &counts {
+        assert_eq!(
+            *n, 1,
+            "Pebble issued {n} certificates for {h} (all: {counts:?})"
+        );
+    }
+    // In the metrics: one issued order per host in all, each by its owner.
+    let all = cluster.all();
+    let issued = cluster.metric_total(&all, "acme_orders_total", &[("result", "issued")]);
+    assert_eq!(
+        issued as usize,
+        hosts.len(),
+        "acme_orders_total{{result=issued}} over the fleet"
+    );
+    if expect_owner_split {
+        for (i, node) in cluster.nodes.iter().enumerate() {
+            let owned = hosts.iter().filter(|h| owner_of(h) == i).count();
+            let m = cluster.metric_total(&[i], "acme_orders_total", &[("result", "issued")]);
+            assert_eq!(
+                m as usize,
+                owned,
+                "{} owns {owned} hosts and should have ordered exactly those",
+                node.id()
+            );
+        }
+        // Every validation went to a replica that did not order the host,
+        // and was answered: those replicas counted hits.
+        let hits =
+            cluster.metric_total(&all, "acme_challenge_requests_total", &[("result", "hit")]);
+        assert!(hits >= hosts.len() as f64, "challenge hits {hits}");
+    }
+    // On disk: every node holds every chain, verifying against Pebble's
+    // root with its key, the key private to the owner.
+    let root = pebble.root_pem();
+    for node in &cluster.nodes {
+        let dir = node.dir.join("certs");
+        for h in hosts {
+            if let Err(e) = handshake_ok(&dir, h, &root) {
+                panic!("{} {h}: {e}", node.id());
+            }
+            let mode = std::fs::metadata(dir.join(h).join("tls.key"))
+                .expect("tls.key")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{} {h}/tls.key mode", node.id());
+            let facts = sbmesh::acme::certs::parse_chain(
+                &std::fs::read_to_string(dir.join(h).join("tls.crt")).expect("tls.crt"),
+            )
+            .expect("a certificate");
+            assert_eq!(
+                Some(&facts.serial),
+                serials.get(h),
+                "{} {h} serial",
+                node.id()
+            );
+        }
+        let m = node.metrics().unwrap_or_default();
+        for h in hosts {
+            assert!(
+                m.contains(&format!("sbproxy_cert_expiry_seconds{{host=\"{h}\"}}")),
+                "{} has no expiry gauge for {h}",
+                node.id()
+            );
+        }
+    }
+}
+
+fn ips(a: u8, b: u8, c: u8, first: u8) -> [Ipv4Addr; 3] {
+    [
+        Ipv4Addr::new(a, b, c, first),
+        Ipv4Addr::new(a, b, c, first + 1),
+        Ipv4Addr::new(a, b, c, first + 2),
+    ]
+}
+
+#[test]
+fn redis_fleet_issues_each_host_once_and_every_replica_gets_it() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let Some(redis) = std::env::var("SBMESH_TEST_REDIS_URL").ok().or_else(|| {
+        assert!(std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"));
+        None
+    }) else {
+        return;
+    };
+    let hosts = unique_hosts("redis", 10);
+    let ips = ips(127, 0, 0, 2);
+    route_away_from_owner(&pebble, &hosts, &ips);
+    let config = acme_config(&pebble, "redis", &redis, &hosts, "");
+    let cluster = fleet("127.0.0", ips, &pebble, &config, &[]);
+    check_fleet(&cluster, &pebble, &hosts, true);
+}
+
+#[test]
+fn file_store_fleet_issues_each_host_once() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let shared = tempfile::tempdir().expect("shared dir");
+    let hosts = unique_hosts("file", 10);
+    let ips = ips(127, 0, 52, 1);
+    route_away_from_owner(&pebble, &hosts, &ips);
+    let config = acme_config(
+        &pebble,
+        "file",
+        &shared.path().display().to_string(),
+        &hosts,
+        "",
+    );
+    let cluster = fleet("127.0.52", ips, &pebble, &config, &[]);
+    check_fleet(&cluster, &pebble, &hosts, true);
+}
+
+#[test]
+fn s3_fleet_issues_each_host_once() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let Some(endpoint) = std::env::var("SBMESH_TEST_S3_ENDPOINT").ok().or_else(|| {
+        assert!(std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"));
+        None
+    }) else {
+        return;
+    };
+    // moto takes an unsigned bucket creation.
+    let bucket = format!(
+        "sbmesh-acme-{}-{}",
+        std::process::id(),
+        now_unix_ms() % 1_000_000
+    );
+    let addr: std::net::SocketAddr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("endpoint is http://ip:port");
+    let req = format!(
+        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let resp = http_raw(addr, req.as_bytes()).expect("create bucket");
+    assert_eq!(resp.status, 200, "create bucket: {}", resp.text());
+    let hosts = unique_hosts("s3", 10);
+    let ips = ips(127, 0, 53, 1);
+    route_away_from_owner(&pebble, &hosts, &ips);
+    let config = acme_config(&pebble, "s3", &format!("s3://{bucket}/fleet"), &hosts, "");
+    let cluster = fleet("127.0.53", ips, &pebble, &config, &[]);
+    check_fleet(&cluster, &pebble, &hosts, true);
+}
+
+/// The owner of a host dies (kill -9) while Pebble is validating its
+/// order: another replica completes the host once the order lock's lease
+/// expires, and Pebble still issued exactly one certificate.
+#[test]
+fn kill_9_mid_order_another_replica_completes_it() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let shared = tempfile::tempdir().expect("shared dir");
+    let hosts = unique_hosts("kill", 1);
+    let host = &hosts[0];
+    let ips = ips(127, 0, 54, 1);
+    // The first validation goes to an address that accepts and never
+    // answers: the order stays in flight, its lease held.
+    let stall_ip = Ipv4Addr::new(127, 0, 54, 99);
+    let stall = TcpListener::bind((stall_ip, pebble.http_port)).expect("bind stall listener");
+    stall.set_nonblocking(true).expect("nonblocking");
+    pebble.route(host, stall_ip);
+    let config = acme_config(
+        &pebble,
+        "file",
+        &shared.path().display().to_string(),
+        &hosts,
+        "",
+    );
+    let mut cluster = fleet("127.0.54", ips, &pebble, &config, &[]);
+    let owner = owner_of(host);
+    let mut held = Vec::new();
+    cluster.wait_until("Pebble is validating the owner's order", || {
+        while let Ok((s, _)) = stall.accept() {
+            held.push(s);
+        }
+        !held.is_empty()
+    });
+    let killed_at = Instant::now();
+    cluster.nodes[owner].kill9();
+    // From now on validations reach a live replica.
+    let next = (owner + 1) % 3;
+    pebble.route(host, ips[next]);
+    let live: Vec<usize> = (0..3).filter(|i| *i != owner).collect();
+    cluster.wait_until("the live replicas have the certificate", || {
+        live.iter().all(|&i| {
+            cluster.nodes[i]
+                .status()
+                .is_some_and(|s| own_certs(&s).contains_key(host))
+        })
+    });
+    eprintln!(
+        "completed {:.1}s after the kill",
+        killed_at.elapsed().as_secs_f64()
+    );
+    let mut cache = SerialCache::default();
+    let counts = pebble.issued_counts(&hosts, &mut cache);
+    assert_eq!(counts[host], 1, "one certificate for {host} at Pebble");
+    let root = pebble.root_pem();
+    for &i in &live {
+        handshake_ok(&cluster.nodes[i].dir.join("certs"), host, &root)
+            .unwrap_or_else(|e| panic!("{}: {e}", cluster.nodes[i].id()));
+    }
+    drop(held);
+}
+
+fn file_digest(path: &Path) -> Option<(Vec<u8>, std::time::SystemTime)> {
+    let bytes = std::fs::read(path).ok()?;
+    let mtime = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some((bytes, mtime))
+}
+
+/// Redis goes away for 20 s while the fleet runs: nobody crashes, the
+/// certificate files stay as they are, and a host added meanwhile is
+/// issued once Redis is back.
+#[test]
+fn redis_outage_keeps_files_and_issuance_resumes() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let Some(bin) = redis_server::binary("redis_outage_keeps_files_and_issuance_resumes") else {
+        return;
+    };
+    let mut redis = redis_server::RedisServer::start(&bin);
+    let mut hosts = unique_hosts("outage", 3);
+    let ips = ips(127, 0, 55, 1);
+    route_away_from_owner(&pebble, &hosts, &ips);
+    let config = acme_config(&pebble, "redis", &redis.url(), &hosts, "");
+    let cluster = fleet("127.0.55", ips, &pebble, &config, &[]);
+    wait_all_certified(&cluster, &hosts);
+    let files: Vec<_> = cluster
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            hosts
+                .iter()
+                .flat_map(|h| {
+                    let d = n.dir.join("certs").join(h);
+                    [d.join("tls.crt"), d.join("tls.key")]
+                })
+                .collect::<Vec<_>>()
+        })
+        .map(|p| {
+            let d = file_digest(&p).expect("cert file");
+            (p, d)
+        })
+        .collect();
+
+    redis.kill();
+    let down_at = Instant::now();
+    // A host added while the store is away.
+    let added = unique_hosts("outage-added", 1).remove(0);
+    pebble.route(&added, ips[(owner_of(&added) + 1) % 3]);
+    hosts.push(added.clone());
+    write_atomic(
+        &cluster.config,
+        &acme_config(&pebble, "redis", &redis.url(), &hosts, ""),
+    );
+    while down_at.elapsed() < Duration::from_secs(20) {
+        for n in &cluster.nodes {
+            assert!(n.is_running(), "{} exited during the outage", n.id());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for (p, d) in &files {
+        assert_eq!(
+            file_digest(p).as_ref(),
+            Some(d),
+            "{} changed during the outage",
+            p.display()
+        );
+    }
+    redis.restart();
+    wait_all_certified(&cluster, &hosts);
+    let mut cache = SerialCache::default();
+    let counts = pebble.issued_counts(&hosts, &mut cache);
+    for (h, n) in &counts {
+        assert_eq!(*n, 1, "Pebble issued {n} certificates for {h}");
+    }
+}
+
+/// Origins follow the config without a restart: an added host is
+/// issued, a removed one is no longer tracked (nor renewed).
+#[test]
+fn hostnames_follow_config_reloads() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let shared = tempfile::tempdir().expect("shared dir");
+    let path = shared.path().display().to_string();
+    let ips = ips(127, 0, 56, 1);
+    let first = unique_hosts("reload-a", 2);
+    route_away_from_owner(&pebble, &first, &ips);
+    let cluster = fleet(
+        "127.0.56",
+        ips,
+        &pebble,
+        &acme_config(&pebble, "file", &path, &first, ""),
+        &[],
+    );
+    wait_all_certified(&cluster, &first);
+    let pids: Vec<_> = cluster.nodes.iter().map(|n| n.pid()).collect();
+
+    let added = unique_hosts("reload-b", 1);
+    route_away_from_owner(&pebble, &added, &ips);
+    let now_hosts = vec![first[1].clone(), added[0].clone()];
+    write_atomic(
+        &cluster.config,
+        &acme_config(&pebble, "file", &path, &now_hosts, ""),
+    );
+    wait_all_certified(&cluster, &now_hosts);
+    let removed = &first[0];
+    cluster.wait_until("the removed host is no longer tracked", || {
+        cluster.nodes.iter().all(|n| {
+            n.status()
+                .is_some_and(|s| !own_certs(&s).contains_key(removed))
+                && n.metrics()
+                    .is_some_and(|m| !m.contains(&format!("host=\"{removed}\"")))
+        })
+    });
+    let after: Vec<_> = cluster.nodes.iter().map(|n| n.pid()).collect();
+    assert_eq!(pids, after, "no process restarted");
+    let mut cache = SerialCache::default();
+    let counts = pebble.issued_counts(&[first.clone(), added].concat(), &mut cache);
+    for (h, n) in &counts {
+        assert_eq!(*n, 1, "Pebble issued {n} certificates for {h}");
+    }
+}
+
+/// Replicas on pod-local stores (`memory`) see each other in the mesh:
+/// neither orders, and each says why in its status and log.
+#[test]
+fn pod_local_store_with_peers_refuses_to_order() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let hosts = unique_hosts("local", 1);
+    let ips = ips(127, 0, 57, 1);
+    let config = acme_config(&pebble, "memory", "", &hosts, "");
+    let cluster = fleet("127.0.57", ips, &pebble, &config, &[]);
+    cluster.wait_converged(&cluster.all());
+    cluster.wait_until("every node reports the refusal", || {
+        cluster.nodes.iter().all(|n| {
+            n.status().is_some_and(|s| {
+                s["nodes"].as_array().into_iter().flatten().any(|e| {
+                    e["local"] == true
+                        && e["acme"]["refusal"]
+                            .as_str()
+                            .is_some_and(|r| r.contains("\"memory\"") && r.contains("shared store"))
+                })
+            })
+        })
+    });
+    for n in &cluster.nodes {
+        let m = n.metrics().unwrap_or_default();
+        assert!(
+            metric_sum(&m, "acme_orders_total", &[("result", "issued")]).unwrap_or(0.0) == 0.0,
+            "{} ordered",
+            n.id()
+        );
+        assert!(
+            n.log_tail(400).contains("not ordering certificates"),
+            "{} did not log the refusal",
+            n.id()
+        );
+    }
+}

@@ -1,0 +1,324 @@
+//! The ACME CA as the process-level tests reach it: Pebble and
+//! pebble-challtestsrv, started by `scripts/test` (variables
+//! `SBMESH_TEST_ACME_*`, `SBMESH_TEST_CHALLTESTSRV_URL`, `SBMESH_TEST_PEBBLE_LOG`).
+//!
+//! What a user would check is checked from the outside: the certificates
+//! Pebble says it issued (its log, then `/cert-status-by-serial/` on its
+//! management port), and a real TLS handshake with each node's
+//! `tls.crt`/`tls.key` verified against Pebble's root.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+
+use super::http_raw;
+
+/// The CA's endpoints, from the environment `scripts/test` sets.
+#[derive(Clone, Debug)]
+pub struct Pebble {
+    /// ACME directory URL.
+    pub directory: String,
+    /// PEM of the CA that signed Pebble's own listener.
+    pub ca_root: PathBuf,
+    /// `https://127.0.0.1:P` of the management interface.
+    pub management: String,
+    /// Where Pebble sends HTTP-01 validations.
+    pub http_port: u16,
+    /// `http://127.0.0.1:P` of pebble-challtestsrv.
+    pub challtestsrv: SocketAddr,
+    /// Pebble's log.
+    pub log: PathBuf,
+}
+
+fn env(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: run the suite through \
+                 scripts/test, which starts Pebble and sets it"
+            );
+            eprintln!("SKIP: {var} is not set (scripts/test starts Pebble)");
+            None
+        }
+    }
+}
+
+impl Pebble {
+    /// The CA, or `None` (test skipped) when `scripts/test` did not start it.
+    pub fn from_env() -> Option<Pebble> {
+        let directory = env("SBMESH_TEST_ACME_DIRECTORY")?;
+        let ca_root = PathBuf::from(env("SBMESH_TEST_ACME_CA_ROOT")?);
+        let management = env("SBMESH_TEST_ACME_MANAGEMENT_URL")?;
+        let http_port = env("SBMESH_TEST_ACME_HTTP_PORT")?
+            .parse()
+            .expect("SBMESH_TEST_ACME_HTTP_PORT is a port");
+        let chall = env("SBMESH_TEST_CHALLTESTSRV_URL")?;
+        let challtestsrv = chall
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("SBMESH_TEST_CHALLTESTSRV_URL is http://ip:port");
+        let log = PathBuf::from(env("SBMESH_TEST_PEBBLE_LOG")?);
+        Some(Pebble {
+            directory,
+            ca_root,
+            management,
+            http_port,
+            challtestsrv,
+            log,
+        })
+    }
+
+    /// Makes Pebble resolve `host` to `ip` only (its validations go there).
+    pub fn route(&self, host: &str, ip: std::net::Ipv4Addr) {
+        // add-a appends to what the name had: clear it first.
+        self.challtestsrv_post("/clear-a", &format!(r#"{{"host":"{host}."}}"#));
+        self.challtestsrv_post(
+            "/add-a",
+            &format!(r#"{{"host":"{host}.","addresses":["{ip}"]}}"#),
+        );
+    }
+
+    fn challtestsrv_post(&self, path: &str, body: &str) {
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.challtestsrv,
+            body.len()
+        );
+        let resp = http_raw(self.challtestsrv, req.as_bytes())
+            .unwrap_or_else(|e| panic!("challtestsrv {path}: {e}"));
+        assert_eq!(
+            resp.status,
+            200,
+            "challtestsrv {path} {body}: {}",
+            resp.text()
+        );
+    }
+
+    /// GET on the management interface (HTTPS, trusting `ca_root`).
+    pub fn management_get(&self, path: &str) -> io::Result<(u16, String)> {
+        let addr: SocketAddr = self
+            .management
+            .trim_start_matches("https://")
+            .trim_end_matches('/')
+            .parse()
+            .map_err(|_| io::Error::other("management URL is https://ip:port"))?;
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&self.ca_root)
+            .map_err(|e| io::Error::other(format!("{}: {e}", self.ca_root.display())))?
+        {
+            roots
+                .add(cert.map_err(|e| io::Error::other(e.to_string()))?)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        let config = ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::IpAddress(addr.ip().into());
+        let conn = ClientConnection::new(Arc::new(config), name)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let sock = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut tls = rustls::StreamOwned::new(conn, sock);
+        write!(
+            tls,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut raw = Vec::new();
+        match tls.read_to_end(&mut raw) {
+            Ok(_) => {}
+            // Pebble closes without close_notify.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+            Err(e) => return Err(e),
+        }
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        };
+        Ok((status, body))
+    }
+
+    /// Pebble's root certificate (PEM), which every chain must verify against.
+    pub fn root_pem(&self) -> String {
+        let (status, body) = self.management_get("/roots/0").expect("GET /roots/0");
+        assert_eq!(status, 200, "GET /roots/0: {body}");
+        body
+    }
+
+    /// How many certificates Pebble issued for each of `hosts`, counted at
+    /// the CA: every serial in its log, resolved to its certificate.
+    pub fn issued_counts(
+        &self,
+        hosts: &[String],
+        cache: &mut SerialCache,
+    ) -> BTreeMap<String, usize> {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        for line in log.lines() {
+            let Some(rest) = line.split("Issued certificate serial ").nth(1) else {
+                continue;
+            };
+            let serial = rest.split_whitespace().next().unwrap_or("").to_owned();
+            if serial.is_empty() || cache.names.contains_key(&serial) {
+                continue;
+            }
+            let (status, body) = self
+                .management_get(&format!("/cert-status-by-serial/{serial}"))
+                .expect("GET /cert-status-by-serial");
+            let names = if status == 200 {
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let pem = v["Certificate"].as_str().unwrap_or("");
+                sbmesh::acme::certs::parse_chain(pem)
+                    .map(|f| f.dns_names)
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            cache.names.insert(serial, names);
+        }
+        let mut counts: BTreeMap<String, usize> = hosts.iter().map(|h| (h.clone(), 0)).collect();
+        for names in cache.names.values() {
+            for name in names {
+                if let Some(c) = counts.get_mut(name) {
+                    *c += 1;
+                }
+            }
+        }
+        counts
+    }
+}
+
+/// Serials already resolved to their names (Pebble's log only grows).
+#[derive(Default)]
+pub struct SerialCache {
+    names: HashMap<String, Vec<String>>,
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Does what a TLS client of the proxy would do with the files a node
+/// wrote for `host`: a handshake against a server presenting
+/// `tls.crt`/`tls.key`, verified against `root_pem` for the name `host`.
+/// `Err` says what failed.
+pub fn handshake_ok(cert_dir: &Path, host: &str, root_pem: &str) -> Result<(), String> {
+    let dir = cert_dir.join(host);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("tls.crt"))
+        .map_err(|e| format!("tls.crt: {e}"))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("tls.crt: {e}"))?;
+    let key =
+        PrivateKeyDer::from_pem_file(dir.join("tls.key")).map_err(|e| format!("tls.key: {e}"))?;
+    let server = ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("server config: {e}"))?;
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let client = ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+    let mut c = ClientConnection::new(Arc::new(client), name).map_err(|e| e.to_string())?;
+    let mut s = ServerConnection::new(Arc::new(server)).map_err(|e| e.to_string())?;
+    for _ in 0..20 {
+        if !c.is_handshaking() && !s.is_handshaking() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut buf).map_err(|e| e.to_string())?;
+        }
+        let mut rd: &[u8] = &buf;
+        while !rd.is_empty() {
+            s.read_tls(&mut rd).map_err(|e| e.to_string())?;
+        }
+        s.process_new_packets()
+            .map_err(|e| format!("server: {e}"))?;
+        let mut buf = Vec::new();
+        while s.wants_write() {
+            s.write_tls(&mut buf).map_err(|e| e.to_string())?;
+        }
+        let mut rd: &[u8] = &buf;
+        while !rd.is_empty() {
+            c.read_tls(&mut rd).map_err(|e| e.to_string())?;
+        }
+        c.process_new_packets()
+            .map_err(|e| format!("client (verifying against Pebble's root): {e}"))?;
+    }
+    Err("handshake did not finish".to_owned())
+}
+
+/// `count` hostnames no other test (or earlier run) uses.
+pub fn unique_hosts(tag: &str, count: usize) -> Vec<String> {
+    let run = format!(
+        "{:x}{:04x}",
+        super::now_unix_ms() % 0xffff_ffff,
+        std::process::id() % 0xffff
+    );
+    (0..count)
+        .map(|i| format!("h{i}-{run}.{tag}.test"))
+        .collect()
+}
+
+/// The `sb.yml` of an ACME-enabled fleet.
+pub fn acme_config(
+    pebble: &Pebble,
+    backend: &str,
+    path: &str,
+    hosts: &[String],
+    extra_acme: &str,
+) -> String {
+    let mut s = format!(
+        "proxy:\n  admin:\n    enabled: true\n    port: 9090\n  acme:\n    enabled: true\n    \
+         email: ops@example.com\n    directory_url: \"{}\"\n    ca_root: \"{}\"\n    \
+         storage_backend: {backend}\n    storage_path: \"{path}\"\n{extra_acme}origins:\n",
+        pebble.directory,
+        pebble.ca_root.display()
+    );
+    if hosts.is_empty() {
+        s = s.replace("origins:\n", "origins: {}\n");
+    }
+    for h in hosts {
+        s.push_str(&format!("  \"{h}\": {{}}\n"));
+    }
+    s
+}

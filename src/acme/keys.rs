@@ -1,0 +1,98 @@
+//! Where the ACME issuer keeps its records in the shared store, and the names
+//! of its lease locks. One home for the layout, so every replica (whatever
+//! its version) reads what another wrote.
+//!
+//! ```text
+//! acme/<dir>/account          account credentials (sealed)
+//! acme/<dir>/issued/<set>     issuance history of one hostname set
+//! acme/<dir>/budget           new-order budget of the account
+//! acme/challenges/<token>     key authorization of a pending HTTP-01 challenge (expires)
+//! acme/certs/<host>           chain, key and facts of a host's certificate (sealed)
+//! locks: acme-account-<dir>, acme-order-<host>
+//! ```
+//!
+//! `<dir>` is [`directory_id`] of the directory URL, so a switch from a
+//! staging to a production CA starts a new account and history.
+
+use crate::config::sha256_hex;
+
+/// Short, stable id of an ACME directory URL (16 hex chars of its sha256).
+pub fn directory_id(directory_url: &str) -> String {
+    sha256_hex(directory_url.trim().as_bytes())[..16].to_owned()
+}
+
+/// Account credentials of the cluster at one directory.
+pub fn account(dir_id: &str) -> String {
+    format!("acme/{dir_id}/account")
+}
+
+/// Lock held while an account is created.
+pub fn account_lock(dir_id: &str) -> String {
+    format!("acme-account-{dir_id}")
+}
+
+/// Issuance history of one hostname set (see [`hostname_set_id`]).
+pub fn issued(dir_id: &str, set_id: &str) -> String {
+    format!("acme/{dir_id}/issued/{set_id}")
+}
+
+/// The new-order budget of the account.
+pub fn order_budget(dir_id: &str) -> String {
+    format!("acme/{dir_id}/budget")
+}
+
+/// Pending HTTP-01 challenge of `token`.
+pub fn challenge(token: &str) -> String {
+    format!("acme/challenges/{token}")
+}
+
+/// Prefix of every certificate record (for listing).
+pub const CERTS_PREFIX: &str = "acme/certs/";
+
+/// Certificate record of `host` (lowercase).
+pub fn certificate(host: &str) -> String {
+    format!("{CERTS_PREFIX}{host}")
+}
+
+/// Lock held while `host` is ordered.
+pub fn order_lock(host: &str) -> String {
+    format!("acme-order-{host}")
+}
+
+/// Id of a set of hostnames: order-independent, case-insensitive.
+pub fn hostname_set_id(hosts: &[String]) -> String {
+    let mut sorted: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
+    sorted.sort();
+    sorted.dedup();
+    sha256_hex(sorted.join("\n").as_bytes())[..32].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::validate_key;
+
+    #[test]
+    fn every_key_is_a_valid_store_key() {
+        let dir = directory_id("https://acme-v02.api.letsencrypt.org/directory");
+        assert_eq!(dir.len(), 16);
+        let set = hostname_set_id(&["b.example.com".into(), "A.example.com".into()]);
+        for key in [
+            account(&dir),
+            issued(&dir, &set),
+            order_budget(&dir),
+            challenge("abc_DEF-123"),
+            certificate("api.example.com"),
+        ] {
+            validate_key(&key).unwrap();
+        }
+    }
+
+    #[test]
+    fn set_id_ignores_order_and_case() {
+        let a = hostname_set_id(&["b.example.com".into(), "A.example.com".into()]);
+        let b = hostname_set_id(&["a.example.com".into(), "b.example.com".into()]);
+        assert_eq!(a, b);
+        assert_ne!(a, hostname_set_id(&["a.example.com".into()]));
+    }
+}

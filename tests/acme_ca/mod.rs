@@ -1,0 +1,250 @@
+//! Pebble, as the ACME tests reach it (`scripts/test` starts Pebble and
+//! pebble-challtestsrv and exports the variables read by [`Pebble::from_env`]):
+//! routing a hostname to a 127.0.0.x address through challtestsrv, Pebble's
+//! root and intermediates from its management port, a challenge responder
+//! on a test's own address, unique hostnames, and the checks a user makes
+//! on an issued certificate (the chain verifies against Pebble's root for
+//! every name, the key matches the leaf).
+//!
+//! A test file that uses this module declares `mod object_servers;` too
+//! (for `server_env`, the skip/fail convention of the server tests).
+
+#![allow(dead_code)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair};
+use bytes::Bytes;
+use hyper::{Method, Request};
+use instant_acme::BodyWrapper;
+use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use sbmesh::acme::account::AccountSettings;
+use sbmesh::acme::challenge::{ChallengeBook, challenge_router};
+use sbmesh::acme::http_client::AcmeHttpClient;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::object_servers::server_env;
+
+/// The Pebble instance `scripts/test` started.
+#[derive(Clone, Debug)]
+pub struct Pebble {
+    /// `SBMESH_TEST_ACME_DIRECTORY`: the directory URL.
+    pub directory: String,
+    /// `SBMESH_TEST_ACME_CA_ROOT`: the CA of Pebble's own TLS listener.
+    pub ca_root: PathBuf,
+    /// `SBMESH_TEST_ACME_MANAGEMENT_URL`: roots and intermediates.
+    pub management: String,
+    /// `SBMESH_TEST_ACME_HTTP_PORT`: where Pebble sends HTTP-01 validations.
+    pub http_port: u16,
+    /// `SBMESH_TEST_CHALLTESTSRV_URL`: Pebble's DNS, steered by `/add-a`.
+    pub challtestsrv: String,
+    http: AcmeHttpClient,
+}
+
+impl Pebble {
+    /// Pebble from the environment; `None` (a SKIP line) when it is not
+    /// set, a panic when `SBMESH_TEST_REQUIRE_SERVERS=1`.
+    pub fn from_env() -> Option<Self> {
+        let directory = server_env("SBMESH_TEST_ACME_DIRECTORY")?;
+        let ca_root = PathBuf::from(server_env("SBMESH_TEST_ACME_CA_ROOT")?);
+        let management = server_env("SBMESH_TEST_ACME_MANAGEMENT_URL")?;
+        let http_port = server_env("SBMESH_TEST_ACME_HTTP_PORT")?
+            .trim()
+            .parse()
+            .expect("SBMESH_TEST_ACME_HTTP_PORT is a port number");
+        let challtestsrv = server_env("SBMESH_TEST_CHALLTESTSRV_URL")?;
+        let http = AcmeHttpClient::new(Some(&ca_root)).expect("a client trusting Pebble's CA");
+        Some(Self {
+            directory,
+            ca_root,
+            management: management.trim_end_matches('/').to_owned(),
+            http_port,
+            challtestsrv: challtestsrv.trim_end_matches('/').to_owned(),
+            http,
+        })
+    }
+
+    /// Account settings for this Pebble.
+    pub fn settings(&self) -> AccountSettings {
+        AccountSettings {
+            directory_url: self.directory.clone(),
+            ca_root: Some(self.ca_root.clone()),
+            email: Some("ops@sbmesh.test".to_owned()),
+            eab: None,
+        }
+    }
+
+    /// Makes Pebble resolve `host` to `ip` (and only `ip`).
+    pub async fn add_a(&self, host: &str, ip: Ipv4Addr) {
+        let body = serde_json::json!({ "host": format!("{host}."), "addresses": [ip.to_string()] });
+        self.post_challtestsrv("/add-a", body).await;
+    }
+
+    /// Forgets the address of `host`.
+    pub async fn clear_a(&self, host: &str) {
+        let body = serde_json::json!({ "host": format!("{host}.") });
+        self.post_challtestsrv("/clear-a", body).await;
+    }
+
+    async fn post_challtestsrv(&self, path: &str, body: serde_json::Value) {
+        let url = format!("{}{path}", self.challtestsrv);
+        let (status, text) = self
+            .request(Method::POST, &url, serde_json::to_vec(&body).unwrap())
+            .await;
+        assert!(status < 300, "POST {url} {body}: {status} {text}");
+    }
+
+    /// Pebble's root certificate (PEM), which signs every chain it issues.
+    pub async fn root_pem(&self) -> String {
+        self.get_pem("/roots/0").await
+    }
+
+    /// Pebble's intermediate certificate (PEM).
+    pub async fn intermediate_pem(&self) -> String {
+        self.get_pem("/intermediates/0").await
+    }
+
+    async fn get_pem(&self, path: &str) -> String {
+        let url = format!("{}{path}", self.management);
+        let (status, text) = self.request(Method::GET, &url, Vec::new()).await;
+        assert_eq!(status, 200, "GET {url}: {text}");
+        text
+    }
+
+    async fn request(&self, method: Method, url: &str, body: Vec<u8>) -> (u16, String) {
+        let req = Request::builder()
+            .method(method)
+            .uri(url)
+            .header("content-type", "application/json")
+            .body(BodyWrapper::<Bytes>::from(body))
+            .expect("request");
+        let (parts, bytes) = self
+            .http
+            .send(req)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        (
+            parts.status.as_u16(),
+            String::from_utf8_lossy(&bytes).into_owned(),
+        )
+    }
+}
+
+/// A hostname no other test (or earlier run) uses: `<tag>-<random>.issuer.test`.
+pub fn unique_host(tag: &str) -> String {
+    format!("{tag}-{:012x}.issuer.test", rand::random::<u64>() >> 16)
+}
+
+/// A challenge responder serving `book` on `ip:port`; stopped on drop.
+pub struct Responder {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves [`challenge_router`] for `book` on `ip:port`.
+pub async fn serve_responder(book: Arc<ChallengeBook>, ip: Ipv4Addr, port: u16) -> Responder {
+    let listener = TcpListener::bind((ip, port))
+        .await
+        .unwrap_or_else(|e| panic!("bind the challenge responder on {ip}:{port}: {e}"));
+    let addr = listener.local_addr().expect("local addr");
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, challenge_router(book)).await;
+    });
+    Responder { addr, task }
+}
+
+/// A listener on `ip:port` that accepts connections and never answers
+/// (a validation sent there hangs); stopped on drop.
+pub async fn serve_black_hole(ip: Ipv4Addr, port: u16) -> Responder {
+    let listener = TcpListener::bind((ip, port))
+        .await
+        .unwrap_or_else(|e| panic!("bind {ip}:{port}: {e}"));
+    let addr = listener.local_addr().expect("local addr");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    Responder { addr, task }
+}
+
+/// Checks what a user checks on an issued certificate: `chain_pem` (leaf
+/// first) verifies against `root_pem` for each of `hosts`, now; `key_pem`
+/// is a PKCS#8 PEM ECDSA P-256 key whose public key is the leaf's.
+pub fn verify_issued(chain_pem: &str, key_pem: &str, root_pem: &str, hosts: &[String]) {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .expect("the chain is PEM");
+    assert!(
+        chain.len() >= 2,
+        "the chain holds the leaf and its intermediate: {chain_pem}"
+    );
+    let mut roots = RootCertStore::empty();
+    for root in CertificateDer::pem_slice_iter(root_pem.as_bytes()) {
+        roots.add(root.expect("root PEM")).expect("usable root");
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .expect("verifier");
+    for host in hosts {
+        let name = ServerName::try_from(host.clone()).expect("a DNS name");
+        verifier
+            .verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+            .unwrap_or_else(|e| {
+                panic!("the chain does not verify for {host} against Pebble's root: {e}")
+            });
+    }
+
+    assert!(
+        key_pem
+            .trim_start()
+            .starts_with("-----BEGIN PRIVATE KEY-----"),
+        "the key is PKCS#8 PEM"
+    );
+    let PrivateKeyDer::Pkcs8(pkcs8) =
+        PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("key PEM")
+    else {
+        panic!("the key is not PKCS#8");
+    };
+    let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.secret_pkcs8_der())
+        .expect("an ECDSA P-256 key");
+    let (_, leaf) = x509_parser::parse_x509_certificate(chain[0].as_ref()).expect("leaf parses");
+    assert_eq!(
+        pair.public_key().as_ref(),
+        leaf.public_key().subject_public_key.data.as_ref(),
+        "the key does not match the leaf's public key"
+    );
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {limit:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
