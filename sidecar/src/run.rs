@@ -27,6 +27,10 @@ use tracing::{info, warn};
 
 use crate::settings::Settings;
 
+/// Certificates listed in this node's mesh metadata at most (see
+/// `publish_meta`).
+const MAX_CERTS_IN_META: usize = 400;
+
 /// Exit code after a clean drain.
 pub const EXIT_OK: i32 = 0;
 /// Exit code when the drain budget ran out.
@@ -323,6 +327,7 @@ async fn publish_meta(
     stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut warned_cap = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -354,6 +359,20 @@ async fn publish_meta(
         {
             let a = acme.borrow_and_update();
             next.certificates = a.certificates.clone();
+            // Metadata over 64 KiB is not gossiped at all: keep the list
+            // (about 100 bytes an entry) well under it. Past the cap, peers
+            // still learn of certificates from the store read every 60 s.
+            if next.certificates.len() > MAX_CERTS_IN_META {
+                if !warned_cap {
+                    warn!(
+                        certificates = next.certificates.len(),
+                        listed = MAX_CERTS_IN_META,
+                        "more certificates than node metadata can list; status shows the first ones"
+                    );
+                    warned_cap = true;
+                }
+                next.certificates.truncate(MAX_CERTS_IN_META);
+            }
             next.acme = (!a.not_eligible.is_empty() || a.refusal.is_some()).then(|| AcmeInfo {
                 not_eligible: a.not_eligible.clone(),
                 refusal: a.refusal.clone(),
