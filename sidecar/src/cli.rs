@@ -188,7 +188,7 @@ pub struct RunArgs {
     #[arg(long, env = "SBMESH_ACME_ORDERS_INTERVAL_SECS", value_name = "SECS")]
     pub acme_orders_interval_secs: Option<String>,
 
-    /// Orders this replica runs at once [default: 16]
+    /// Orders this replica runs at once [default: 8]
     #[arg(long, env = "SBMESH_ACME_CONCURRENT_ORDERS", value_name = "N")]
     pub acme_concurrent_orders: Option<String>,
 }

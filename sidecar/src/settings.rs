@@ -556,7 +556,7 @@ pub fn resolve(
             args.acme_concurrent_orders.as_deref(),
             parse_count,
         )
-        .unwrap_or(16);
+        .unwrap_or(8);
 
     if r.problems.iter().any(Problem::is_error) {
         return Err(r.problems);

@@ -65,8 +65,9 @@ pub struct AcmeManagerConfig {
     /// Lease of a host's order lock; a replica that dies mid-order blocks
     /// the host for at most this long.
     pub order_lock_ttl: Duration,
-    /// Pause after start before the first order, so the mesh view (and
-    /// with it ownership) has formed. Cut short once peers answer.
+    /// Pause after start before a node with no peer orders alone, so the
+    /// mesh view (and with it ownership) has formed. With peers, orders
+    /// start once the set of alive members has held still for 1 s.
     pub settle: Duration,
     /// Every host's store record is read this often, whatever the mesh
     /// says (the safety net).
@@ -82,7 +83,7 @@ impl AcmeManagerConfig {
             node_id: node_id.into(),
             cert_dir: cert_dir.into(),
             key_ring: None,
-            max_concurrent_orders: 16,
+            max_concurrent_orders: 8,
             max_orders_per_interval: 300,
             order_interval: Duration::from_secs(3 * 3600),
             order_lock_ttl: Duration::from_secs(60),
@@ -288,6 +289,9 @@ enum Event {
     },
 }
 
+/// How long the set of alive members must hold still before orders start.
+const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
+
 /// How often the owner of a host asks the CA for its renewal window when
 /// the directory offers ARI (RFC 9773 suggests a few times a day).
 const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
@@ -348,6 +352,9 @@ struct Runner {
     refusal: Option<String>,
     reload_pending: bool,
     last_full_check: Instant,
+    /// The alive members at the last step, and since when they are so.
+    last_alive: Vec<String>,
+    view_changed: Instant,
 }
 
 impl Runner {
@@ -377,6 +384,8 @@ impl Runner {
             refusal: None,
             reload_pending: false,
             last_full_check: Instant::now(),
+            last_alive: Vec::new(),
+            view_changed: Instant::now(),
             cfg,
         }
     }
@@ -702,17 +711,24 @@ impl Runner {
         if self.refusal.is_some() {
             return;
         }
-        let settled = has_peers && self.started.elapsed() >= Duration::from_secs(1)
-            || self.started.elapsed() >= self.cfg.settle;
-        if !settled {
-            return;
-        }
         let alive: Vec<String> = status
             .nodes
             .iter()
             .filter(|n| n.membership_state == MemberState::Alive)
             .map(|n| n.node_id.clone())
             .collect();
+        // Ownership is only as good as the view: order once the set of
+        // alive members has held still for a moment (members joining at
+        // start, or one going down), so that replicas agree on owners.
+        if alive != self.last_alive {
+            self.last_alive = alive.clone();
+            self.view_changed = Instant::now();
+        }
+        let stable = self.view_changed.elapsed() >= VIEW_STABLE_FOR;
+        let settled = has_peers || self.started.elapsed() >= self.cfg.settle;
+        if !(stable && settled) {
+            return;
+        }
         let members: Vec<&str> = alive.iter().map(String::as_str).collect();
         let now = now_unix_ms() / 1000;
         self.ask_ari(&members);
