@@ -491,3 +491,30 @@ async fn assumed_delivered_content_is_not_posted_at_start() {
     wait_delivered(&proxy, &handle, &valid(2)).await;
     assert_eq!(proxy.shas(), vec![sha(&valid(2))]);
 }
+
+/// The ACME issuer follows the origins through `config()`: each new valid
+/// content is published parsed, an invalid one is not (the last valid one
+/// stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parsed_config_follows_valid_content_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(1)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let handle = spawn(reloader(&path, &proxy.url()), &metrics);
+    let config = handle.config();
+    let origins = || config.borrow().origins.clone();
+    write_rename_over(&path, &valid(2));
+    wait_for("the new origin", || {
+        origins() == vec!["v2.example.com".to_owned()]
+    })
+    .await;
+
+    write_rename_over(&path, "proxy:\n  admin: [unclosed\n");
+    wait_for("the invalid count", || {
+        metrics.reloader.config_invalid.get() == 1
+    })
+    .await;
+    assert_eq!(origins(), vec!["v2.example.com".to_owned()]);
+}

@@ -128,6 +128,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         debounce: settings.reload_debounce,
         rescan: settings.reload_rescan,
         assume_delivered: Some(settings.config_sha256.clone()),
+        initial_config: Arc::new(settings.config.clone()),
         ..ReloaderConfig::new(
             settings.config_path.clone(),
             settings.proxy_reload_url.clone(),
@@ -136,22 +137,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let reloader = Reloader::spawn(reload_cfg, metrics.clone())
         .map_err(|e| anyhow::anyhow!("--proxy-reload-url / --proxy-authorization: {e}"))?;
 
-    // ACME: hostnames follow the config file; the manager starts once the
-    // store is open.
-    let (config_tx, config_rx) = watch::channel(Arc::new(settings.config.clone()));
-    tokio::spawn(follow_config(
-        settings.clone(),
-        reloader.status(),
-        config_tx,
-        stop_rx.clone(),
-    ));
+    // ACME: hostnames follow the config file as the reloader reads it; the
+    // manager starts once the store is open.
     let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
     let acme_task = tokio::spawn(run_acme(
         settings.clone(),
         AcmeParts {
             mesh: mesh.clone(),
             metrics: metrics.clone(),
-            config: config_rx,
+            config: reloader.config(),
             reload: reloader.trigger(),
             store: store_rx,
             responder,
@@ -212,36 +206,6 @@ fn deferred_router(slot: Arc<OnceLock<Router>>) -> Router {
             }
         }
     })
-}
-
-/// Re-reads the config file after every reload attempt and every 5 s, and
-/// publishes each new valid content: the ACME manager follows its origins.
-async fn follow_config(
-    settings: Settings,
-    mut reload: watch::Receiver<ReloadStatus>,
-    config: watch::Sender<Arc<SbConfig>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut last_hash = settings.config_sha256.clone();
-    let mut tick = tokio::time::interval(Duration::from_secs(5));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            r = reload.changed() => if r.is_err() { return; },
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        let path = settings.config_path.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            sbmesh::config::load(&path, &crate::settings::process_env)
-        })
-        .await;
-        if let Ok(Ok(loaded)) = loaded
-            && loaded.sha256_hex_of_raw_file != last_hash
-        {
-            last_hash = loaded.sha256_hex_of_raw_file;
-            let _ = config.send(Arc::new(loaded.config));
-        }
-    }
 }
 
 /// What the ACME task needs from the rest of the sidecar.

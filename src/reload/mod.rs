@@ -37,6 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::config::SbConfig;
 use crate::mesh::LastReload;
 use crate::metrics::Metrics;
 use machine::{Action, Input, Machine, Report};
@@ -89,6 +90,10 @@ pub struct ReloaderConfig {
     pub assume_delivered: Option<String>,
     /// Time allowed for one POST before it counts as failed.
     pub post_timeout: Duration,
+    /// The configuration [`ReloaderHandle::config`] holds until the file is
+    /// first read (at once, at start): e.g. the one the process started
+    /// with. Default: empty.
+    pub initial_config: Arc<SbConfig>,
 }
 
 impl ReloaderConfig {
@@ -104,6 +109,7 @@ impl ReloaderConfig {
             watch: true,
             assume_delivered: None,
             post_timeout: DEFAULT_POST_TIMEOUT,
+            initial_config: Arc::default(),
         }
     }
 }
@@ -136,6 +142,7 @@ impl ReloadTrigger {
 pub struct ReloaderHandle {
     trigger: ReloadTrigger,
     status: watch::Receiver<ReloadStatus>,
+    config: watch::Receiver<Arc<SbConfig>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -153,6 +160,12 @@ impl ReloaderHandle {
     /// The status, updated after every result.
     pub fn status(&self) -> watch::Receiver<ReloadStatus> {
         self.status.clone()
+    }
+
+    /// The newest valid content of the config file, parsed (whether or not
+    /// the proxy took it): what the ACME issuer reads its origins from.
+    pub fn config(&self) -> watch::Receiver<Arc<SbConfig>> {
+        self.config.clone()
     }
 }
 
@@ -188,12 +201,14 @@ impl Reloader {
             last_result: None,
         });
         let (content_tx, content_rx) = mpsc::channel(16);
+        let (parsed_tx, parsed_rx) = watch::channel(config.initial_config.clone());
         let watcher = tokio::spawn(watcher::run(
             config.config_path.clone(),
             config.debounce,
             config.rescan,
             config.watch,
             content_tx,
+            parsed_tx,
         ));
         let driver = tokio::spawn(drive(
             Machine::new(config.assume_delivered.clone()),
@@ -206,6 +221,7 @@ impl Reloader {
         Ok(ReloaderHandle {
             trigger: ReloadTrigger(notify),
             status: status_rx,
+            config: parsed_rx,
             tasks: vec![watcher, driver],
         })
     }

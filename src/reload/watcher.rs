@@ -10,15 +10,16 @@
 //! inotify missed (overflowed queues, unsupported file systems).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::machine::Input;
-use crate::config::{self, Problem};
+use crate::config::{self, Problem, SbConfig};
 
 /// Largest config file read; a larger one is invalid.
 pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
@@ -32,6 +33,8 @@ pub enum Observation {
         sha256: String,
         /// Validation errors and warnings; valid when none is an error.
         problems: Vec<Problem>,
+        /// The parsed configuration, when valid.
+        config: Option<Box<SbConfig>>,
     },
     /// The file could not be read (missing mid-swap, permissions): nothing
     /// to decide on; the next event or rescan reads it again.
@@ -53,13 +56,21 @@ pub async fn observe(path: &Path) -> Observation {
                 path.display().to_string(),
                 format!("larger than {MAX_CONFIG_BYTES} bytes"),
             )],
+            config: None,
         };
     }
-    let problems = match config::parse_bytes(&raw, &|name| std::env::var(name).ok()) {
-        Ok(cfg) => cfg.warnings(),
-        Err(problems) => problems,
-    };
-    Observation::Content { sha256, problems }
+    match config::parse_bytes(&raw, &|name| std::env::var(name).ok()) {
+        Ok(cfg) => Observation::Content {
+            sha256,
+            problems: cfg.warnings(),
+            config: Some(Box::new(cfg)),
+        },
+        Err(problems) => Observation::Content {
+            sha256,
+            problems,
+            config: None,
+        },
+    }
 }
 
 /// Reads at most one byte more than [`MAX_CONFIG_BYTES`].
@@ -113,13 +124,16 @@ fn watch_directory(path: &Path) -> Option<(RecommendedWatcher, mpsc::Receiver<()
 
 /// Watches `path` forever, sending what it reads to `tx`: once at start,
 /// after every debounced burst of directory events (when `watch`), and every
-/// `rescan`. Returns when `tx` is closed.
+/// `rescan`. Each new valid content, parsed, also goes to `parsed` (the
+/// one reading of the file other components follow). Returns when `tx` is
+/// closed.
 pub async fn run(
     path: PathBuf,
     debounce: Duration,
     rescan: Duration,
     watch: bool,
     tx: mpsc::Sender<Input>,
+    parsed: watch::Sender<Arc<SbConfig>>,
 ) {
     // Without a watch, a channel that never yields (its sender is kept
     // alive here): only the rescan remains.
@@ -146,7 +160,20 @@ pub async fn run(
                 tracing::debug!(%reason, "reload: config file unreadable for now");
                 continue;
             }
-            Observation::Content { sha256, problems } => {
+            Observation::Content {
+                sha256,
+                problems,
+                config,
+            } => {
+                if let Some(config) = config {
+                    parsed.send_if_modified(|current| {
+                        let changed = **current != *config;
+                        if changed {
+                            *current = Arc::new(*config);
+                        }
+                        changed
+                    });
+                }
                 let valid = !problems.iter().any(Problem::is_error);
                 if !valid && last_logged.as_deref() != Some(sha256.as_str()) {
                     for problem in problems.iter().filter(|p| p.is_error()) {
