@@ -220,7 +220,7 @@ struct AcmeParts {
 }
 
 /// Waits for the store, then serves challenges from it and runs the ACME
-/// manager, forwarding its status into the node metadata.
+/// manager, whose status goes into the node metadata.
 async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Receiver<bool>) {
     let store = tokio::select! {
         s = parts.store.wait_for(Option::is_some) => match s {
@@ -246,7 +246,7 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
         order_lock_ttl: settings.acme_order_lock_ttl,
         ..AcmeManagerConfig::new(settings.node_id.clone(), settings.cert_dir.clone())
     };
-    let manager = AcmeManager::spawn(
+    let _manager = AcmeManager::spawn_into(
         cfg,
         AcmeInputs {
             store,
@@ -256,15 +256,10 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
             reload: parts.reload,
             book,
         },
+        parts.status,
     );
-    let mut status = manager.status();
-    loop {
-        let _ = parts.status.send(status.borrow_and_update().clone());
-        tokio::select! {
-            r = status.changed() => if r.is_err() { return; },
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
+    // The manager stops when dropped.
+    let _ = stop.wait_for(|s| *s).await;
 }
 
 async fn serve(listener: TcpListener, router: Router, mut stop: watch::Receiver<bool>) {

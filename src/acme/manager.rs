@@ -18,7 +18,7 @@
 //! The decisions are pure ([`due_for_order`]); the async shell only moves
 //! records between the store, the CA and the disk.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -139,9 +139,23 @@ impl Drop for AcmeManager {
 impl AcmeManager {
     /// Starts the loop.
     pub fn spawn(cfg: AcmeManagerConfig, inputs: AcmeInputs) -> Self {
-        let (status_tx, status) = watch::channel(AcmeStatus::default());
-        let task = tokio::spawn(Runner::new(cfg, inputs, status_tx).run());
-        Self { status, task }
+        Self::spawn_into(cfg, inputs, watch::channel(AcmeStatus::default()).0)
+    }
+
+    /// Starts the loop, publishing its status into `status` (a channel the
+    /// caller made before the manager could start, e.g. before the store
+    /// opened).
+    pub fn spawn_into(
+        cfg: AcmeManagerConfig,
+        inputs: AcmeInputs,
+        status: watch::Sender<AcmeStatus>,
+    ) -> Self {
+        let receiver = status.subscribe();
+        let task = tokio::spawn(Runner::new(cfg, inputs, status).run());
+        Self {
+            status: receiver,
+            task,
+        }
     }
 
     /// This node's certificates and ACME state, updated as they change.
@@ -1075,30 +1089,13 @@ async fn check_history(store: &dyn Store, key: &str, now: u64) -> Result<(), u64
 }
 
 async fn record_issuance(store: &dyn Store, key: &str, now: u64) -> Result<(), StoreError> {
-    for _ in 0..16 {
-        let current = store.get(key).await?;
-        let mut history = current
-            .as_ref()
-            .and_then(|e| serde_json::from_slice::<IssuanceHistory>(&e.value).ok())
-            .unwrap_or_default();
+    update_json(store, key, |history: Option<IssuanceHistory>| {
+        let mut history = history.unwrap_or_default();
         history.record(now);
-        let bytes = serde_json::to_vec(&history).unwrap_or_default();
-        let written = match &current {
-            None => store.put_if_absent(key, &bytes, None).await?,
-            Some(e) => {
-                store
-                    .compare_and_swap(key, &e.version, &bytes, None)
-                    .await?
-            }
-        };
-        if written.is_some() {
-            return Ok(());
-        }
-    }
-    Err(StoreError::Backend {
-        backend: "acme",
-        message: format!("{key}: compare-and-swap kept losing; too much contention"),
+        Ok::<_, std::convert::Infallible>(history)
     })
+    .await
+    .map(|_| ())
 }
 
 async fn take_budget(
@@ -1107,17 +1104,41 @@ async fn take_budget(
     (max, interval): (u32, Duration),
     now: u64,
 ) -> Result<Result<(), u64>, StoreError> {
-    for _ in 0..32 {
-        let current = store.get(key).await?;
-        let mut budget = current
-            .as_ref()
-            .and_then(|e| serde_json::from_slice::<OrderBudget>(&e.value).ok())
+    update_json(store, key, |budget: Option<OrderBudget>| {
+        // A changed limit starts a fresh budget.
+        let mut budget = budget
             .filter(|b| b.max_orders == max && b.interval_secs == interval.as_secs())
             .unwrap_or_else(|| OrderBudget::new(max, interval.as_secs()));
-        if let Err(until) = budget.try_take(now) {
-            return Ok(Err(until));
-        }
-        let bytes = serde_json::to_vec(&budget).unwrap_or_default();
+        budget.try_take(now).map(|()| budget)
+    })
+    .await
+}
+
+/// Read-modify-write of the JSON record at `key` by compare-and-swap,
+/// again while other replicas win the race. `change` gets the current value
+/// (`None` when absent or unreadable) and returns the one to write, or an
+/// `Err` to write nothing.
+async fn update_json<T, E>(
+    store: &dyn Store,
+    key: &str,
+    mut change: impl FnMut(Option<T>) -> Result<T, E>,
+) -> Result<Result<(), E>, StoreError>
+where
+    T: Serialize + serde::de::DeserializeOwned,
+{
+    for _ in 0..32 {
+        let current = store.get(key).await?;
+        let value = current
+            .as_ref()
+            .and_then(|e| serde_json::from_slice::<T>(&e.value).ok());
+        let next = match change(value) {
+            Ok(next) => next,
+            Err(e) => return Ok(Err(e)),
+        };
+        let bytes = serde_json::to_vec(&next).map_err(|e| StoreError::Corrupt {
+            key: key.to_owned(),
+            message: format!("cannot encode: {e}"),
+        })?;
         let written = match &current {
             None => store.put_if_absent(key, &bytes, None).await?,
             Some(e) => {
@@ -1134,15 +1155,6 @@ async fn take_budget(
         backend: "acme",
         message: format!("{key}: compare-and-swap kept losing; too much contention"),
     })
-}
-
-/// Hosts by the serial of their certificate, for tests and status.
-pub fn serials(status: &AcmeStatus) -> HashMap<String, String> {
-    status
-        .certificates
-        .iter()
-        .map(|c| (c.host.clone(), c.serial.clone()))
-        .collect()
 }
 
 #[cfg(test)]
