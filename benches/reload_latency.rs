@@ -13,10 +13,14 @@
 //! (a swap whose content never reached the proxy within 5 s) and duplicate
 //! POSTs (the same content POSTed twice in a row), as a markdown row.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "../tests/kubelet/mod.rs"]
+mod kubelet;
+
+use kubelet::Kubelet;
 use sbmesh::metrics::Metrics;
 use sbmesh::reload::{Reloader, ReloaderConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -32,39 +36,6 @@ struct Seen {
 
 fn sha(bytes: &[u8]) -> String {
     sbmesh::config::sha256_hex(bytes)
-}
-
-struct Kubelet {
-    dir: PathBuf,
-    generation: usize,
-    current: Option<PathBuf>,
-}
-
-impl Kubelet {
-    fn new(dir: &Path, text: &str) -> Self {
-        let mut k = Self {
-            dir: dir.to_path_buf(),
-            generation: 0,
-            current: None,
-        };
-        k.publish(text);
-        std::os::unix::fs::symlink("..data/sb.yml", dir.join("sb.yml")).expect("symlink");
-        k
-    }
-
-    fn publish(&mut self, text: &str) {
-        self.generation += 1;
-        let name = format!("..2026_11_29_00_00_00.{:09}", self.generation);
-        let data = self.dir.join(&name);
-        std::fs::create_dir(&data).expect("data dir");
-        std::fs::write(data.join("sb.yml"), text).expect("write");
-        let tmp = self.dir.join("..data_tmp");
-        std::os::unix::fs::symlink(&name, &tmp).expect("symlink");
-        std::fs::rename(&tmp, self.dir.join("..data")).expect("swap");
-        if let Some(old) = self.current.replace(data) {
-            let _ = std::fs::remove_dir_all(old);
-        }
-    }
 }
 
 fn content(i: usize) -> String {

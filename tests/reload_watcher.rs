@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod kubelet;
+
+use kubelet::Kubelet;
 use sbmesh::config;
 use sbmesh::metrics::Metrics;
 use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig, ReloaderHandle};
@@ -141,45 +144,6 @@ fn write_rename_over(path: &Path, text: &str) {
     let tmp = path.with_extension("yml.tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-/// A ConfigMap mount as the kubelet maintains it: `sb.yml -> ..data/sb.yml`,
-/// `..data -> ..<timestamp>`, swapped by renaming `..data_tmp` over `..data`.
-struct Kubelet {
-    dir: PathBuf,
-    generation: usize,
-    current: Option<PathBuf>,
-}
-
-impl Kubelet {
-    fn new(dir: &Path, text: &str) -> Self {
-        let mut k = Self {
-            dir: dir.to_path_buf(),
-            generation: 0,
-            current: None,
-        };
-        k.publish(text);
-        std::os::unix::fs::symlink("..data/sb.yml", dir.join("sb.yml")).unwrap();
-        k
-    }
-
-    fn publish(&mut self, text: &str) {
-        self.generation += 1;
-        let name = format!("..2026_01_01_00_00_00.{:09}", self.generation);
-        let data = self.dir.join(&name);
-        std::fs::create_dir(&data).unwrap();
-        std::fs::write(data.join("sb.yml"), text).unwrap();
-        let tmp = self.dir.join("..data_tmp");
-        std::os::unix::fs::symlink(&name, &tmp).unwrap();
-        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
-        if let Some(old) = self.current.replace(data) {
-            std::fs::remove_dir_all(old).unwrap();
-        }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.join("sb.yml")
-    }
 }
 
 fn reloader(path: &Path, url: &str) -> ReloaderConfig {
