@@ -11,10 +11,13 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY sidecar/Cargo.toml sidecar/Cargo.toml
 COPY operator/Cargo.toml operator/Cargo.toml
+# A workspace member (the test stand-in of sbproxy): not built here, but cargo
+# needs every member's manifest to load the workspace.
+COPY standin/Cargo.toml standin/Cargo.toml
 RUN <<'STUBS'
 set -eu
 # A stub for every target the manifests declare, at its path or cargo's default.
-for manifest in Cargo.toml sidecar/Cargo.toml operator/Cargo.toml; do
+for manifest in Cargo.toml sidecar/Cargo.toml operator/Cargo.toml standin/Cargo.toml; do
   dir=$(dirname "$manifest")
   awk '
     function flush() {

@@ -46,5 +46,6 @@ pub mod http;
 pub mod identity;
 pub mod mesh;
 pub mod metrics;
+pub mod proxy;
 pub mod reload;
 pub mod store;

@@ -162,6 +162,39 @@ pub struct Metrics {
     pub reloader: ReloaderMetrics,
     /// The ACME issuer's and challenge responder's metrics.
     pub acme: AcmeMetrics,
+    /// Certificates handed to the running proxy (restarts, `--watch-tls`).
+    pub proxy: ProxyMetrics,
+}
+
+/// Metrics of handing certificates to the running proxy.
+pub struct ProxyMetrics {
+    /// `sbmesh_proxy_restarts_total{reason="certificate"}` (SPEC section 8).
+    pub restarts: Family<ReasonLabels, Counter>,
+    /// `sbmesh_watch_tls_rejected_total{reason}`: certificate pairs in a
+    /// `--watch-tls` directory that were not applied, by reason.
+    pub watch_tls_rejected: Family<ReasonLabels, Counter>,
+}
+
+impl ProxyMetrics {
+    /// Reasons of `sbmesh_watch_tls_rejected_total`.
+    pub const WATCH_TLS_REASONS: [&'static str; 4] =
+        ["incomplete", "too_large", "unparsable", "mismatch"];
+
+    /// Counts one proxy restart for a new certificate.
+    pub fn restarted_for_certificate(&self) {
+        self.restarts
+            .get_or_create(&ReasonLabels {
+                reason: "certificate",
+            })
+            .inc();
+    }
+
+    /// Counts one rejected `--watch-tls` pair.
+    pub fn watch_tls_rejected(&self, reason: &'static str) {
+        self.watch_tls_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
 }
 
 /// `{result=...}`
@@ -352,12 +385,35 @@ impl Metrics {
             "Seconds until the notAfter of the certificate written for each host",
             acme.cert_expiry_seconds.clone(),
         );
+        let proxy = ProxyMetrics {
+            restarts: Family::default(),
+            watch_tls_rejected: Family::default(),
+        };
+        let _ = proxy.restarts.get_or_create(&ReasonLabels {
+            reason: "certificate",
+        });
+        for reason in ProxyMetrics::WATCH_TLS_REASONS {
+            let _ = proxy
+                .watch_tls_rejected
+                .get_or_create(&ReasonLabels { reason });
+        }
+        registry.register(
+            "sbmesh_proxy_restarts",
+            "Graceful proxy restarts (SIGTERM) signalled by this node, by reason",
+            proxy.restarts.clone(),
+        );
+        registry.register(
+            "sbmesh_watch_tls_rejected",
+            "Certificate pairs in --watch-tls directories not applied, by reason",
+            proxy.watch_tls_rejected.clone(),
+        );
         Self {
             registry,
             mesh,
             store,
             reloader,
             acme,
+            proxy,
         }
     }
 
@@ -429,6 +485,25 @@ mod tests {
         }
         m.acme.forget_host("a.example.com");
         assert!(!m.encode().contains("a.example.com"));
+    }
+
+    #[test]
+    fn exposes_proxy_names() {
+        let m = Metrics::new();
+        m.proxy.watch_tls_rejected("mismatch");
+        let text = m.encode();
+        for name in [
+            "sbmesh_proxy_restarts_total{reason=\"certificate\"} 0",
+            "sbmesh_watch_tls_rejected_total{reason=\"mismatch\"} 1",
+            "sbmesh_watch_tls_rejected_total{reason=\"incomplete\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+        m.proxy.restarted_for_certificate();
+        assert!(
+            m.encode()
+                .contains("sbmesh_proxy_restarts_total{reason=\"certificate\"} 1")
+        );
     }
 
     #[test]

@@ -504,7 +504,7 @@ async fn the_directory_is_trusted_only_through_ca_root() {
             "{message}"
         );
         assert!(
-            message.contains("proxy.acme.ca_root") && message.contains(what),
+            message.contains("proxy.extensions.sbmesh.acme.ca_root") && message.contains(what),
             "{message}"
         );
     }

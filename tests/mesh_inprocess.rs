@@ -82,6 +82,10 @@ async fn three_nodes_join_share_metadata_and_leave() {
         version: "test".into(),
         ready: true,
         config_hash: Some("sha256:abc".into()),
+        proxy: Some(sbmesh::mesh::ProxyInfo {
+            restarts: 2,
+            last_restart_unix_ms: Some(1_795_960_276_000),
+        }),
         ..Default::default()
     })
     .await;
@@ -92,6 +96,26 @@ async fn three_nodes_join_share_metadata_and_leave() {
     })
     .await;
     assert_eq!(s.summary.config_hashes.get("sha256:abc"), Some(&1));
+    // Its proxy restarts show in status (`nodes[].proxy`).
+    let json = serde_json::to_value(&s).unwrap();
+    let c_json = json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == "c")
+        .unwrap();
+    assert_eq!(
+        c_json["proxy"],
+        serde_json::json!({ "restarts": 2, "last_restart_unix_ms": 1_795_960_276_000u64 })
+    );
+    // A node without restarts shows none.
+    let a_json = json["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == "a")
+        .unwrap();
+    assert!(a_json.get("proxy").is_none());
 
     // A graceful leave shows as down on the others.
     b.leave().await;

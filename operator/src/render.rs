@@ -164,17 +164,25 @@ impl Refusal {
     }
 }
 
-/// The SPEC's AcmeStoreNotShared message for `replicas` and the backend as
-/// written (`""` when `storage_backend` is omitted).
-pub fn acme_store_not_shared_message(replicas: i32, backend: &str) -> String {
+/// The SPEC's AcmeStoreNotShared message for `replicas`, the ACME block
+/// (`proxy.acme`, the proxy's own, or `proxy.extensions.sbmesh.acme`, the
+/// sidecar's) and the backend it uses (`redb` when omitted: what both
+/// default to).
+pub fn acme_store_not_shared_message(replicas: i32, block: &str, backend: &str) -> String {
     format!(
-        "spec.replicas is {replicas} and proxy.acme.enabled is true with storage_backend \"{backend}\", \
+        "spec.replicas is {replicas} and {block}.enabled is true with storage_backend \"{backend}\", \
          which is local to one pod. Each replica would open its own order for the same hostname, \
          and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. \
          Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, \
-         or issue certificates with cert-manager and leave proxy.acme disabled."
+         or issue certificates with cert-manager and leave {block} disabled."
     )
 }
+
+/// The ACME blocks of an `sb.yml`: the sidecar's, then the proxy's own.
+const ACME_BLOCKS: [&[&str]; 2] = [
+    &["proxy", "extensions", "sbmesh", "acme"],
+    &["proxy", "acme"],
+];
 
 /// Name of the cluster-key Secret the operator creates: `<name>-cluster-key`.
 pub fn cluster_key_secret_name(proxy: &SBProxy) -> String {
@@ -794,38 +802,103 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
         .ok()
         .and_then(|mut v| v.apply_merge().ok().map(|()| v));
 
-    let acme = tree.as_ref().and_then(|t| yaml_at(t, &["proxy", "acme"]));
-    let acme_enabled = acme.and_then(|a| a.get("enabled")).and_then(Yaml::as_bool) == Some(true);
-    let backend = acme
-        .and_then(|a| a.get("storage_backend"))
-        .and_then(scalar_text)
-        .unwrap_or_default();
-    let backend_unknown = raw
-        .as_ref()
-        .and_then(|r| yaml_at(r, &["proxy", "acme", "storage_backend"]))
-        .is_some_and(|v| mentions_unknown(v, &is_known));
-    let local_store = matches!(backend.trim(), "" | "redb" | "memory" | "sqlite");
-    let not_shared = proxy.spec.replicas > 1 && acme_enabled && local_store && !backend_unknown;
+    // AcmeStoreNotShared: either ACME block, enabled, on a store local to
+    // one pod, with more than one replica. A backend that depends on a
+    // variable the operator cannot know is left to the sidecar.
+    let not_shared = ACME_BLOCKS.iter().find_map(|block| {
+        let acme = tree.as_ref().and_then(|t| yaml_at(t, block))?;
+        let enabled = acme.get("enabled").and_then(Yaml::as_bool) == Some(true);
+        let backend = acme
+            .get("storage_backend")
+            .and_then(scalar_text)
+            .map(|b| b.trim().to_owned())
+            .filter(|b| !b.is_empty())
+            .unwrap_or_else(|| "redb".to_owned());
+        let mut raw_path = block.to_vec();
+        raw_path.push("storage_backend");
+        let backend_unknown = raw
+            .as_ref()
+            .and_then(|r| yaml_at(r, &raw_path))
+            .is_some_and(|v| mentions_unknown(v, &is_known));
+        let local = matches!(backend.as_str(), "redb" | "memory" | "sqlite");
+        (proxy.spec.replicas > 1 && enabled && local && !backend_unknown)
+            .then(|| (block.join("."), backend))
+    });
 
-    let mut problems = match sbmesh::config::parse(&interpolated) {
-        Ok(_) => Vec::new(),
-        Err(problems) => problems,
+    let ports = |var: &str, from_file: Option<u16>, default: u16| {
+        env.get(var)
+            .and_then(|v| v.trim().parse::<u16>().ok())
+            .or(from_file)
+            .unwrap_or(default)
+    };
+    // A clash with the sidecar's port written with a variable the operator
+    // cannot know (and not set by spec.clustering) is left to the sidecar.
+    let sidecar_port_unknown = |path: &str| {
+        [
+            ("gossip_port", "SBMESH_GOSSIP_PORT"),
+            ("transport_port", "SBMESH_TRANSPORT_PORT"),
+        ]
+        .iter()
+        .any(|(key, var)| {
+            path == format!("proxy.cluster.{key}")
+                && !env.contains_key(var)
+                && value_depends_on_unknown(
+                    raw.as_ref(),
+                    &format!("proxy.extensions.sbmesh.{key}"),
+                    &is_known,
+                )
+        })
+    };
+    // The conflicts of a parsed file, apart: a conflict is about the value at
+    // its path (a port left to its default clashes whatever else the block
+    // holds), so only that value can excuse it.
+    let (mut problems, conflicts) = match sbmesh::config::parse_bytes(text.as_bytes(), &lookup) {
+        Ok(config) => {
+            let sbmesh = config.sbmesh();
+            let conflicts = sbmesh::config::conflicts(
+                &config,
+                sbmesh::config::SidecarPorts {
+                    gossip: ports(
+                        "SBMESH_GOSSIP_PORT",
+                        sbmesh.gossip_port,
+                        sbmesh::config::DEFAULT_GOSSIP_PORT,
+                    ),
+                    transport: ports(
+                        "SBMESH_TRANSPORT_PORT",
+                        sbmesh.transport_port,
+                        sbmesh::config::DEFAULT_TRANSPORT_PORT,
+                    ),
+                },
+            );
+            (Vec::new(), conflicts)
+        }
+        Err(problems) => (problems, Vec::new()),
     };
     problems.extend(admin_port_problem(proxy, tree.as_ref()));
+    let skip = not_shared
+        .as_ref()
+        .map(|(block, _)| format!("{block}.storage_backend"));
     let problems: Vec<String> = problems
         .into_iter()
         .filter(Problem::is_error)
-        .filter(|p| !(not_shared && p.path == "proxy.acme.storage_backend"))
+        .filter(|p| Some(&p.path) != skip.as_ref())
         .filter(|p| !depends_on_unknown(raw.as_ref(), &p.path, &is_known))
+        .chain(
+            conflicts
+                .into_iter()
+                .filter(Problem::is_error)
+                .filter(|p| !value_depends_on_unknown(raw.as_ref(), &p.path, &is_known))
+                .filter(|p| !sidecar_port_unknown(&p.path)),
+        )
         .map(|p| p.to_string())
         .collect();
     if !problems.is_empty() {
         return Err(invalid(problems));
     }
-    if not_shared {
+    if let Some((block, backend)) = not_shared {
         return Err(Refusal::new(
             RefusalReason::AcmeStoreNotShared,
-            acme_store_not_shared_message(proxy.spec.replicas, backend.trim()),
+            acme_store_not_shared_message(proxy.spec.replicas, &block, &backend),
         ));
     }
     Ok(())
@@ -863,15 +936,29 @@ fn scalar_text(value: &Yaml) -> Option<String> {
 }
 
 /// Whether the problem at `path` (as sbmesh writes paths:
-/// `proxy.cluster.seeds[1]`, `origins."a.example.com"`) concerns a value
-/// written with a `${VAR}` the operator cannot know. When the path does not
-/// exist as written, its nearest existing ancestor is looked at.
+/// `proxy.extensions.sbmesh.seeds[1]`, `origins."a.example.com"`) concerns
+/// a value written with a `${VAR}` the operator cannot know. When the path
+/// does not exist as written, its nearest existing ancestor is looked at
+/// (conflicts use [`value_depends_on_unknown`] instead).
 fn depends_on_unknown(raw: Option<&Yaml>, path: &str, is_known: &dyn Fn(&str) -> bool) -> bool {
-    let Some(raw) = raw else { return false };
-    let Some(segments) = path_segments(path) else {
-        return false;
-    };
-    let mut node = raw;
+    walk(raw, path).is_some_and(|(node, _)| mentions_unknown(node, is_known))
+}
+
+/// Whether the value at exactly `path` exists as written and references a
+/// variable the operator cannot know (no ancestor is looked at).
+fn value_depends_on_unknown(
+    raw: Option<&Yaml>,
+    path: &str,
+    is_known: &dyn Fn(&str) -> bool,
+) -> bool {
+    walk(raw, path).is_some_and(|(node, exact)| exact && mentions_unknown(node, is_known))
+}
+
+/// The node at `path` in `raw`, or its nearest existing ancestor, and
+/// whether it is the node itself. `None` for locations that are not YAML
+/// paths.
+fn walk<'y>(raw: Option<&'y Yaml>, path: &str) -> Option<(&'y Yaml, bool)> {
+    let (mut node, segments) = (raw?, path_segments(path)?);
     for segment in &segments {
         let next = match segment {
             Segment::Key(key) => node.get(key.as_str()),
@@ -879,10 +966,10 @@ fn depends_on_unknown(raw: Option<&Yaml>, path: &str, is_known: &dyn Fn(&str) ->
         };
         match next {
             Some(next) => node = next,
-            None => break,
+            None => return Some((node, false)),
         }
     }
-    mentions_unknown(node, is_known)
+    Some((node, true))
 }
 
 enum Segment {

@@ -28,18 +28,23 @@ const CM: &str = "/api/v1/namespaces/default/configmaps/demo-config";
 const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/demo-pdb";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
+/// The sidecar's ACME on a shared store.
 const SB_YML: &str = "\
 proxy:
   admin: { enabled: true, port: 9090 }
-  acme:
-    enabled: true
-    email: ops@example.com
-    storage_backend: redis
-    storage_path: redis://redis.default.svc.cluster.local:6379/0
+  extensions:
+    sbmesh:
+      acme:
+        enabled: true
+        email: ops@example.com
+        storage_backend: redis
+        storage_path: redis://redis.default.svc.cluster.local:6379/0
 origins:
   \"api.example.com\": {}
 ";
 
+/// The proxy's own ACME (sbproxy orders the certificates itself) on a store
+/// local to one pod: refused for more than one replica with the SPEC's message.
 const SB_YML_REDB: &str = "\
 proxy:
   admin: { enabled: true, port: 9090 }
@@ -384,6 +389,27 @@ async fn invalid_config_is_refused_without_workload_calls() {
         "ConfigInvalid",
     )
     .await;
+}
+
+#[tokio::test]
+async fn the_proxys_own_mesh_on_the_sidecars_ports_is_refused_without_workload_calls() {
+    let config = SB_YML.replace(
+        "  extensions:",
+        "  cluster: { cluster_id: demo }\n  extensions:",
+    );
+    let (status, _) = refused(
+        proxy_json(3, true),
+        Some(config_json(&config)),
+        "ConfigInvalid",
+    )
+    .await;
+    let message = status["lastError"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "\nproxy.cluster.gossip_port: sbproxy's own mesh (proxy.cluster) binds UDP 7946"
+        ),
+        "{message}"
+    );
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
-//! Every refusal of SPEC section 9, with its reason and message, and the
-//! order in which they are checked.
+//! Every refusal of SPEC sections 9 and 11, with its reason and message, and
+//! the order in which they are checked. The sidecar's settings are in
+//! `proxy.extensions.sbmesh`; `proxy.cluster` and `proxy.acme` are the
+//! proxy's own, checked only for conflicts and for a local ACME store.
 
 mod render_fixtures;
 
@@ -24,10 +26,25 @@ fn accept(spec_extra: &str, config: &str) {
     }
 }
 
-fn acme_config(backend_line: &str) -> String {
+/// The sidecar's ACME enabled; `backend_lines` are indented for its block
+/// (8 spaces).
+fn acme_config(backend_lines: &str) -> String {
     format!(
-        "proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  acme:\n    enabled: true\n    email: ops@example.com\n{backend_line}origins:\n  \"demo.example.com\": {{}}\n"
+        "proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  extensions:\n    sbmesh:\n      acme:\n        enabled: true\n        email: ops@example.com\n{backend_lines}origins:\n  \"demo.example.com\": {{}}\n"
     )
+}
+
+/// The proxy's own ACME enabled (sbproxy orders the certificates itself);
+/// `backend_lines` are indented for `proxy.acme` (4 spaces).
+fn proxy_acme_config(backend_lines: &str) -> String {
+    format!(
+        "proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  acme:\n    enabled: true\n    email: ops@example.com\n{backend_lines}origins:\n  \"demo.example.com\": {{}}\n"
+    )
+}
+
+/// `lines` (indented for it, 6 spaces) as the sidecar's block.
+fn sbmesh_config(lines: &str) -> String {
+    format!("proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  extensions:\n    sbmesh:\n{lines}")
 }
 
 #[test]
@@ -94,16 +111,42 @@ fn a_config_that_is_not_yaml_is_invalid() {
 
 #[test]
 fn sidecar_problems_are_listed_by_yaml_path() {
-    let config = "proxy:\n  admin: { enabled: true, port: 9090 }\n  acme:\n    enabled: true\n    storge_path: x\n    email: not-an-email\n";
-    let r = refuse("", Some(config));
+    let config = sbmesh_config(
+        "      acme:\n        enabled: true\n        storge_path: x\n        email: not-an-email\n",
+    );
+    let r = refuse("", Some(&config));
     assert_eq!(r.reason, RefusalReason::ConfigInvalid);
     let lines: Vec<&str> = r.message.lines().skip(1).collect();
     assert_eq!(
         lines,
         [
-            "proxy.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, storage_backend, storage_path, renew_before_days, eab (did you mean storage_path?)",
-            "proxy.acme.email: \"not-an-email\" is not an email address; expected one such as ops@example.com",
+            "proxy.extensions.sbmesh.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, eab, storage_backend, storage_path, renew_before_days, certificates, apply (did you mean storage_path?)",
+            "proxy.extensions.sbmesh.acme.email: \"not-an-email\" is not an email address; expected one such as ops@example.com",
         ],
+        "{}",
+        r.message
+    );
+}
+
+#[test]
+fn the_proxys_own_keys_are_not_the_sidecars_problems() {
+    // Keys of sbproxy 1.13's proxy.admin, proxy.cluster and proxy.acme,
+    // none of which the sidecar uses, on ports that do not clash.
+    accept(
+        "clustering: { enabled: true }\nreplicas: 3\n",
+        "proxy:\n  admin: { enabled: true, port: 9090, max_log_entries: 500, rate_limit_per_minute: 60 }\n  cluster:\n    roles: [gateway]\n    gossip_port: 7947\n    transport_port: 8947\n    replication: { factor: 2 }\n  acme:\n    enabled: false\n    challenge_types: [http-01]\n  http_bind_port: 8080\norigins:\n  \"demo.example.com\": {}\n",
+    );
+    // A key sbproxy would refuse is the sidecar's warning, not a refusal.
+    accept(
+        "",
+        "proxy:\n  admin: { enabled: true, port: 9090 }\n  acme: { enabled: false, eab: { kid: k, hmac_key: aGVsbG8 } }\n",
+    );
+    // An unknown key in the sidecar's own block is a problem.
+    let r = refuse("", Some(&sbmesh_config("      gossip_prot: 7946\n")));
+    assert_eq!(r.reason, RefusalReason::ConfigInvalid);
+    assert!(
+        r.message
+            .contains("\nproxy.extensions.sbmesh.gossip_prot: unknown field; expected one of: "),
         "{}",
         r.message
     );
@@ -114,8 +157,21 @@ fn warnings_are_not_refusals() {
     // A wildcard origin is only a warning (it is never ordered).
     accept(
         "",
-        &acme_config("    storage_backend: redb\n    storage_path: /var/lib/sbproxy/sidecar\n")
-            .replace("demo.example.com", "*.example.com"),
+        &acme_config(
+            "        storage_backend: redb\n        storage_path: /var/lib/sbproxy/sidecar\n",
+        )
+        .replace("demo.example.com", "*.example.com"),
+    );
+    // The first form of the contract without a conflict: one warning line
+    // from the sidecar (it no longer reads proxy.acme), no refusal.
+    accept(
+        "",
+        "proxy:\n  admin: { enabled: true, port: 9090 }\n  acme: { enabled: false }\n",
+    );
+    // An unresolved variable in a value the sidecar does not use.
+    accept(
+        "",
+        "proxy:\n  admin: { enabled: true, port: 9090 }\norigins:\n  \"demo.example.com\": { action: { type: proxy, url: \"${BACKEND_URL}\" } }\n",
     );
 }
 
@@ -123,16 +179,21 @@ fn warnings_are_not_refusals() {
 fn variables_of_the_pod_are_known_and_checked_with_their_form() {
     accept(
         "clustering: { enabled: true }\n",
-        "proxy:\n  admin: { enabled: true, port: 9090 }\n  cluster:\n    cluster_id: ${SBMESH_CLUSTER_ID}\n    node_id: ${SBPROXY_POD_NAME}\n    advertise_addr: \"${SBPROXY_POD_IP}:7946\"\n    security: { shared_key: \"${SBMESH_CLUSTER_KEY}\" }\n",
+        &sbmesh_config(
+            "      cluster_id: ${SBMESH_CLUSTER_ID}\n      node_id: ${SBPROXY_POD_NAME}\n      advertise_addr: \"${SBPROXY_POD_IP}:7946\"\n      shared_key: \"${SBMESH_CLUSTER_KEY}\"\n",
+        ),
     );
     // Known, so still checked: a pod IP with a bad port is wrong whatever the IP.
     let r = refuse(
         "",
-        Some("proxy:\n  cluster:\n    advertise_addr: \"${SBPROXY_POD_IP}:99999\"\n"),
+        Some(&sbmesh_config(
+            "      advertise_addr: \"${SBPROXY_POD_IP}:99999\"\n",
+        )),
     );
     assert_eq!(r.reason, RefusalReason::ConfigInvalid);
     assert!(
-        r.message.contains("\nproxy.cluster.advertise_addr: "),
+        r.message
+            .contains("\nproxy.extensions.sbmesh.advertise_addr: "),
         "{}",
         r.message
     );
@@ -144,17 +205,27 @@ fn a_value_from_a_variable_the_operator_cannot_know_is_left_to_the_sidecar() {
     // storage_path missing, which must not refuse a config that may be valid.
     accept(
         "replicas: 3\n",
-        &acme_config("    storage_backend: redis\n    storage_path: ${REDIS_URL}\n"),
+        &acme_config("        storage_backend: redis\n        storage_path: ${REDIS_URL}\n"),
     );
-    accept("", "proxy:\n  cluster:\n    gossip_port: ${GOSSIP:-7946}\n");
+    accept("", &sbmesh_config("      gossip_port: ${GOSSIP:-7946}\n"));
+    // Kept as written (not replaced by nothing), and an error for the
+    // sidecar where it uses the value; the operator cannot tell.
+    accept("", &sbmesh_config("      node_id: ${MY_NODE}\n"));
+    accept(
+        "replicas: 3\n",
+        &acme_config("        storage_backend: ${ACME_BACKEND}\n        storage_path: /x\n"),
+    );
     // A literal next to it is still checked.
     let r = refuse(
         "",
-        Some("proxy:\n  cluster:\n    gossip_port: ${GOSSIP}\n    transport_port: 0\n"),
+        Some(&sbmesh_config(
+            "      gossip_port: ${GOSSIP}\n      transport_port: 0\n",
+        )),
     );
     assert_eq!(r.reason, RefusalReason::ConfigInvalid);
     assert!(
-        r.message.contains("proxy.cluster.transport_port: "),
+        r.message
+            .contains("proxy.extensions.sbmesh.transport_port: "),
         "{}",
         r.message
     );
@@ -162,16 +233,25 @@ fn a_value_from_a_variable_the_operator_cannot_know_is_left_to_the_sidecar() {
 }
 
 #[test]
-fn a_malformed_variable_reference_is_invalid() {
+fn an_unclosed_variable_reference_is_kept_as_written() {
+    // As the proxy does: the text stays, and where the sidecar uses the
+    // value it is checked as it is.
     let r = refuse(
         "",
-        Some("proxy:\n  cluster:\n    node_id: ${SBPROXY_POD_NAME\n"),
+        Some(&sbmesh_config("      node_id: ${SBPROXY_POD_NAME\n")),
     );
     assert_eq!(r.reason, RefusalReason::ConfigInvalid);
     assert!(
-        r.message.contains("\nline 3, column 14: unterminated `${`"),
+        r.message.contains(
+            "\nproxy.extensions.sbmesh.node_id: node id \"${SBPROXY_POD_NAME\" contains '$'"
+        ),
         "{}",
         r.message
+    );
+    // Where it does not, it is the proxy's business.
+    accept(
+        "",
+        "proxy:\n  admin: { enabled: true, port: 9090 }\n  http_bind_port: ${PORT\n",
     );
 }
 
@@ -191,61 +271,137 @@ fn an_admin_port_other_than_spec_admin_port_is_invalid() {
     accept("adminPort: 9190\n", "proxy:\n  admin: { enabled: true }\n");
 }
 
+/// The SPEC's message (section 9), for the proxy's own `proxy.acme`.
 fn spec_message(n: i32, backend: &str) -> String {
     format!(
         "spec.replicas is {n} and proxy.acme.enabled is true with storage_backend \"{backend}\", which is local to one pod. Each replica would open its own order for the same hostname, and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, or issue certificates with cert-manager and leave proxy.acme disabled."
     )
 }
 
+/// The same message for the sidecar's block (section 11).
+fn sidecar_message(n: i32, backend: &str) -> String {
+    format!(
+        "spec.replicas is {n} and proxy.extensions.sbmesh.acme.enabled is true with storage_backend \"{backend}\", which is local to one pod. Each replica would open its own order for the same hostname, and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, or issue certificates with cert-manager and leave proxy.extensions.sbmesh.acme disabled."
+    )
+}
+
+/// `(backend lines without indentation, backend named in the message)`.
+const LOCAL_STORES: &[(&str, &str)] = &[
+    (
+        "storage_backend: redb\nstorage_path: /var/lib/sbproxy/sidecar\n",
+        "redb",
+    ),
+    ("storage_backend: memory\n", "memory"),
+    // The sidecar does not know sqlite at all; the SPEC message still wins.
+    (
+        "storage_backend: sqlite\nstorage_path: /data/acme.db\n",
+        "sqlite",
+    ),
+    // Omitted: a pod-local redb store, for the sidecar as for sbproxy.
+    ("", "redb"),
+    ("storage_backend: \"\"\n", "redb"),
+];
+
+fn indent(lines: &str, by: usize) -> String {
+    lines.lines().map(|l| format!("{:by$}{l}\n", "")).collect()
+}
+
 #[test]
-fn a_local_acme_store_with_several_replicas_is_refused_with_the_spec_message() {
-    for (line, backend) in [
-        (
-            "    storage_backend: redb\n    storage_path: /var/lib/sbproxy/sidecar\n",
-            "redb",
-        ),
-        ("    storage_backend: memory\n", "memory"),
-        // The sidecar does not know sqlite at all; the SPEC message still wins.
-        (
-            "    storage_backend: sqlite\n    storage_path: /data/acme.db\n",
-            "sqlite",
-        ),
-        // Omitted: the sidecar would use a pod-local redb store.
-        ("", ""),
-    ] {
-        let r = refuse("replicas: 3\n", Some(&acme_config(line)));
+fn the_proxys_own_local_acme_store_with_several_replicas_is_refused_with_the_spec_message() {
+    for (lines, backend) in LOCAL_STORES {
+        let r = refuse("replicas: 3\n", Some(&proxy_acme_config(&indent(lines, 4))));
         assert_eq!(
             r.reason,
             RefusalReason::AcmeStoreNotShared,
-            "{backend:?}: {}",
+            "{lines:?}: {}",
             r.message
         );
-        assert_eq!(r.message, spec_message(3, backend), "{backend:?}");
+        assert_eq!(r.message, spec_message(3, backend), "{lines:?}");
     }
     assert_eq!(
-        render::acme_store_not_shared_message(7, "redb"),
+        render::acme_store_not_shared_message(7, "proxy.acme", "redb"),
         spec_message(7, "redb")
     );
 }
 
 #[test]
-fn a_local_acme_store_is_fine_for_one_replica_or_with_acme_off() {
-    accept(
-        "replicas: 1\n",
-        &acme_config("    storage_backend: redb\n    storage_path: /var/lib/sbproxy/sidecar\n"),
+fn the_sidecars_local_acme_store_with_several_replicas_is_refused_naming_its_block() {
+    for (lines, backend) in LOCAL_STORES {
+        let r = refuse("replicas: 3\n", Some(&acme_config(&indent(lines, 8))));
+        assert_eq!(
+            r.reason,
+            RefusalReason::AcmeStoreNotShared,
+            "{lines:?}: {}",
+            r.message
+        );
+        assert_eq!(r.message, sidecar_message(3, backend), "{lines:?}");
+    }
+    assert_eq!(
+        render::acme_store_not_shared_message(2, "proxy.extensions.sbmesh.acme", "memory"),
+        sidecar_message(2, "memory")
     );
-    accept("replicas: 1\n", &acme_config(""));
+}
+
+#[test]
+fn a_local_acme_store_is_fine_for_one_replica_or_with_acme_off() {
+    for config in [acme_config as fn(&str) -> String, proxy_acme_config] {
+        let by = if config("").contains("sbmesh") { 8 } else { 4 };
+        accept(
+            "replicas: 1\n",
+            &config(&indent(
+                "storage_backend: redb\nstorage_path: /var/lib/sbproxy/sidecar\n",
+                by,
+            )),
+        );
+        accept("replicas: 1\n", &config(""));
+        for shared in [
+            "storage_backend: redis\nstorage_path: redis://redis:6379/0\n",
+            "storage_backend: s3\nstorage_path: s3://bucket/acme\n",
+            "storage_backend: file\nstorage_path: /shared/acme\n",
+        ] {
+            accept("replicas: 3\n", &config(&indent(shared, by)));
+        }
+    }
     accept(
         "replicas: 3\n",
         "proxy:\n  acme:\n    enabled: false\n    storage_backend: memory\n",
     );
-    for shared in [
-        "    storage_backend: redis\n    storage_path: redis://redis:6379/0\n",
-        "    storage_backend: s3\n    storage_path: s3://bucket/acme\n",
-        "    storage_backend: file\n    storage_path: /shared/acme\n",
-    ] {
-        accept("replicas: 3\n", &acme_config(shared));
-    }
+    accept(
+        "replicas: 3\n",
+        &sbmesh_config("      acme:\n        enabled: false\n        storage_backend: memory\n"),
+    );
+}
+
+#[test]
+fn each_acme_block_is_checked_for_a_local_store() {
+    // Both enabled: the conflict, reported before any local store.
+    let config = "proxy:\n  acme: { enabled: true, storage_backend: memory }\n  extensions:\n    sbmesh:\n      acme: { enabled: true, email: ops@example.com }\norigins:\n  \"demo.example.com\": {}\n";
+    let r = refuse("replicas: 2\n", Some(config));
+    assert_eq!(r.reason, RefusalReason::ConfigInvalid, "{}", r.message);
+    // The sidecar's on and local, the proxy's off: the sidecar's is named.
+    let config = config.replace(
+        "{ enabled: true, storage_backend",
+        "{ enabled: false, storage_backend",
+    );
+    let r = refuse("replicas: 2\n", Some(&config));
+    assert_eq!(r.reason, RefusalReason::AcmeStoreNotShared, "{}", r.message);
+    assert_eq!(r.message, sidecar_message(2, "redb"));
+    // The sidecar's on and shared, the proxy's off and local: accepted.
+    accept(
+        "replicas: 3\n",
+        &acme_config(
+            "        storage_backend: redis\n        storage_path: redis://redis:6379/0\n",
+        )
+        .replace(
+            "  extensions:",
+            "  acme: { enabled: false, storage_backend: redb }\n  extensions:",
+        ),
+    );
+    // The sidecar's off, the proxy's on and local: the proxy's is named.
+    let config = "proxy:\n  acme: { enabled: true, storage_backend: memory }\n  extensions:\n    sbmesh:\n      acme: { enabled: false, storage_backend: redb }\n";
+    let r = refuse("replicas: 2\n", Some(config));
+    assert_eq!(r.reason, RefusalReason::AcmeStoreNotShared, "{}", r.message);
+    assert_eq!(r.message, spec_message(2, "memory"));
 }
 
 #[test]
@@ -253,13 +409,13 @@ fn sqlite_with_one_replica_is_what_the_sidecar_says_it_is() {
     let r = refuse(
         "",
         Some(&acme_config(
-            "    storage_backend: sqlite\n    storage_path: /data\n",
+            "        storage_backend: sqlite\n        storage_path: /data\n",
         )),
     );
     assert_eq!(r.reason, RefusalReason::ConfigInvalid);
     assert!(
         r.message.contains(
-            "\nproxy.acme.storage_backend: unsupported backend \"sqlite\"; supported: redis, s3, gcs, azure, file, redb, memory"
+            "\nproxy.extensions.sbmesh.acme.storage_backend: unsupported backend \"sqlite\"; supported: redis, s3, gcs, azure, file, redb, memory"
         ),
         "{}",
         r.message
@@ -269,7 +425,7 @@ fn sqlite_with_one_replica_is_what_the_sidecar_says_it_is() {
 #[test]
 fn an_invalid_config_is_reported_before_a_local_store() {
     let config = acme_config(
-        "    storage_backend: redb\n    storage_path: /var/lib/sbproxy/sidecar\n    renew_before_days: 0\n",
+        "        storage_backend: redb\n        storage_path: /var/lib/sbproxy/sidecar\n        renew_before_days: 0\n",
     );
     let r = refuse("replicas: 3\n", Some(&config));
     assert_eq!(r.reason, RefusalReason::ConfigInvalid, "{}", r.message);
@@ -282,4 +438,126 @@ fn a_refusal_displays_its_reason_and_message() {
         r.to_string()
             .starts_with("ConfigNotFound: spec.configRef.name is \"demo\"")
     );
+}
+
+/// The sidecar's line for a clash of the proxy's own mesh with its `key`.
+fn clash_line(key: &str, proto: &str, port: u16, flag: &str, env: &str) -> String {
+    format!(
+        "\nproxy.cluster.{key}: sbproxy's own mesh (proxy.cluster) binds {proto} {port}, the same port as the sidecar's {key} (proxy.extensions.sbmesh.{key} / {flag} / {env}); both run in the pod's network, so one of them cannot start. Remove proxy.cluster and let the sidecar form the mesh, or give one of them another port"
+    )
+}
+
+#[test]
+fn the_proxys_own_mesh_on_the_sidecars_ports_is_invalid() {
+    // proxy.cluster present, both meshes on the default ports.
+    for cluster in [
+        "  cluster: {}\n",
+        "  cluster:\n    node_id: ${SBPROXY_POD_NAME}\n",
+        "  cluster:\n    gossip_port: 7946\n    transport_port: 8946\n",
+    ] {
+        let config = format!("proxy:\n  admin: {{ enabled: true, port: 9090 }}\n{cluster}");
+        let r = refuse(
+            "replicas: 3\nclustering: { enabled: true }\n",
+            Some(&config),
+        );
+        assert_eq!(r.reason, RefusalReason::ConfigInvalid, "{cluster}");
+        assert!(
+            r.message.contains(&clash_line(
+                "gossip_port",
+                "UDP",
+                7946,
+                "--gossip-port",
+                "SBMESH_GOSSIP_PORT"
+            )),
+            "{}",
+            r.message
+        );
+        assert!(
+            r.message.contains(&clash_line(
+                "transport_port",
+                "TCP",
+                8946,
+                "--transport-port",
+                "SBMESH_TRANSPORT_PORT"
+            )),
+            "{}",
+            r.message
+        );
+    }
+    // Only one port the same: only that one is reported.
+    let r = refuse(
+        "clustering: { enabled: true, gossipPort: 17946 }\n",
+        Some("proxy:\n  cluster: { gossip_port: 7946 }\n"),
+    );
+    assert_eq!(r.reason, RefusalReason::ConfigInvalid);
+    assert!(!r.message.contains("gossip_port"), "{}", r.message);
+    assert!(
+        r.message.contains("\nproxy.cluster.transport_port: "),
+        "{}",
+        r.message
+    );
+    // An unknown variable elsewhere in proxy.cluster does not excuse the
+    // clash of an omitted (default) port.
+    let r = refuse(
+        "clustering: { enabled: true }\n",
+        Some("proxy:\n  cluster:\n    cluster_id: ${PROXY_MESH}\n"),
+    );
+    assert_eq!(r.reason, RefusalReason::ConfigInvalid);
+    assert!(
+        r.message.contains("\nproxy.cluster.gossip_port: "),
+        "{}",
+        r.message
+    );
+}
+
+#[test]
+fn the_proxys_own_mesh_on_other_ports_is_fine() {
+    accept(
+        "replicas: 3\nclustering: { enabled: true }\n",
+        "proxy:\n  admin: { enabled: true, port: 9090 }\n  cluster:\n    gossip_port: 7947\n    transport_port: 8947\n",
+    );
+    // Or the sidecar's mesh moved away (spec.clustering sets its ports).
+    accept(
+        "replicas: 3\nclustering: { enabled: true, gossipPort: 17946, transportPort: 18946 }\n",
+        "proxy:\n  admin: { enabled: true, port: 9090 }\n  cluster: {}\n",
+    );
+    // A proxy port the operator cannot know is left to the sidecar.
+    accept(
+        "clustering: { enabled: true }\n",
+        "proxy:\n  cluster:\n    gossip_port: ${PROXY_GOSSIP}\n    transport_port: ${PROXY_TRANSPORT}\n",
+    );
+    // So is a port of the sidecar's own when spec.clustering does not set it.
+    let config = "proxy:\n  cluster: { transport_port: 8947 }\n  extensions:\n    sbmesh:\n      gossip_port: ${MESH_GOSSIP:-7946}\n";
+    accept("", config);
+    let r = refuse("clustering: { enabled: true }\n", Some(config));
+    assert_eq!(r.reason, RefusalReason::ConfigInvalid);
+    assert!(
+        r.message.contains("\nproxy.cluster.gossip_port: "),
+        "{}",
+        r.message
+    );
+}
+
+#[test]
+fn the_proxys_own_acme_with_the_sidecars_is_invalid() {
+    let config =
+        acme_config("        storage_backend: redis\n        storage_path: redis://redis:6379/0\n")
+            .replace("  extensions:", "  acme: { enabled: true }\n  extensions:");
+    for replicas in ["replicas: 1\n", "replicas: 3\n"] {
+        let r = refuse(replicas, Some(&config));
+        assert_eq!(r.reason, RefusalReason::ConfigInvalid, "{}", r.message);
+        assert!(
+            r.message.ends_with(
+                "\nproxy.acme.enabled: true while the sidecar's ACME (proxy.extensions.sbmesh.acme.enabled) is on too: sbproxy would order the same hostnames itself, in every pod. Set proxy.acme.enabled: false (or remove proxy.acme) to let the sidecar issue for the whole fleet, or set proxy.extensions.sbmesh.acme.enabled: false"
+            ),
+            "{}",
+            r.message
+        );
+    }
+    // Either one alone is fine.
+    accept(
+        "",
+        &config.replace("acme: { enabled: true }", "acme: { enabled: false }"),
+    );
+    accept("", &proxy_acme_config(""));
 }

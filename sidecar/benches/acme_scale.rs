@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use common::acme::{Pebble, SerialCache, acme_config, unique_hosts};
+use common::acme::{Pebble, SerialCache, acme_config, own_certs, unique_hosts};
 use common::*;
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
@@ -91,19 +91,7 @@ fn main() {
                 let Some(status) = node.status() else {
                     return false;
                 };
-                let own: BTreeMap<String, String> = status["nodes"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| e["local"] == true)
-                    .flat_map(|e| e["certificates"].as_array().cloned().unwrap_or_default())
-                    .filter_map(|c| {
-                        Some((
-                            c["host"].as_str()?.to_owned(),
-                            c["serial"].as_str()?.to_owned(),
-                        ))
-                    })
-                    .collect();
+                let own = own_certs(&status);
                 for h in &hosts {
                     match (own.get(h), agreed.get(h)) {
                         (None, _) => return false,

@@ -65,11 +65,11 @@ pub struct RunArgs {
     #[arg(long, env = "SBMESH_NAMESPACE", value_name = "NS")]
     pub namespace: Option<String>,
 
-    /// This member's name in the mesh [default: proxy.cluster.node_id, else the pod name, else the host name]
+    /// This member's name in the mesh [default: proxy.extensions.sbmesh.node_id, else the pod name, else the host name]
     #[arg(long, env = "SBMESH_NODE_ID", value_name = "ID")]
     pub node_id: Option<String>,
 
-    /// Packets from another cluster id are dropped [default: proxy.cluster.cluster_id, else the StatefulSet name]
+    /// Packets from another cluster id are dropped [default: proxy.extensions.sbmesh.cluster_id, else the StatefulSet name]
     #[arg(long, env = "SBMESH_CLUSTER_ID", value_name = "ID")]
     pub cluster_id: Option<String>,
 
@@ -81,7 +81,7 @@ pub struct RunArgs {
     #[arg(long, env = "SBMESH_CLUSTER_DOMAIN", value_name = "DOMAIN")]
     pub cluster_domain: Option<String>,
 
-    /// Comma-separated host:port seeds, re-resolved periodically [default: proxy.cluster.seeds]
+    /// Comma-separated host:port seeds, re-resolved periodically [default: proxy.extensions.sbmesh.seeds]
     #[arg(long, env = "SBMESH_SEEDS", value_name = "HOST:PORT,...")]
     pub seeds: Option<String>,
 
@@ -89,19 +89,19 @@ pub struct RunArgs {
     #[arg(long, env = "SBMESH_BIND", value_name = "IP")]
     pub bind: Option<String>,
 
-    /// ip or ip:port peers use to reach us [default: proxy.cluster.advertise_addr, else the pod IP, else the bind IP when not unspecified]
+    /// ip or ip:port peers use to reach us [default: proxy.extensions.sbmesh.advertise_addr, else the pod IP, else the bind IP when not unspecified]
     #[arg(long, env = "SBMESH_ADVERTISE", value_name = "IP[:PORT]")]
     pub advertise: Option<String>,
 
-    /// Gossip port, UDP [default: proxy.cluster.gossip_port, else 7946]
+    /// Gossip port, UDP [default: proxy.extensions.sbmesh.gossip_port, else 7946]
     #[arg(long, env = "SBMESH_GOSSIP_PORT", value_name = "PORT")]
     pub gossip_port: Option<String>,
 
-    /// Transport port, TCP [default: proxy.cluster.transport_port, else 8946]
+    /// Transport port, TCP [default: proxy.extensions.sbmesh.transport_port, else 8946]
     #[arg(long, env = "SBMESH_TRANSPORT_PORT", value_name = "PORT")]
     pub transport_port: Option<String>,
 
-    /// 64 hex chars (32 bytes); a comma-separated list is a key ring, first key primary. env:NAME and file:/path also work [default: proxy.cluster.security.shared_key]
+    /// 64 hex chars (32 bytes); a comma-separated list is a key ring, first key primary. env:NAME and file:/path also work [default: proxy.extensions.sbmesh.security.shared_key]
     #[arg(
         long,
         env = "SBMESH_CLUSTER_KEY",
@@ -191,6 +191,38 @@ pub struct RunArgs {
     /// Orders this replica runs at once [default: 8]
     #[arg(long, env = "SBMESH_ACME_CONCURRENT_ORDERS", value_name = "N")]
     pub acme_concurrent_orders: Option<String>,
+
+    /// How a new certificate reaches the running proxy: reload (POST the
+    /// reload URL), restart (SIGTERM the proxy process, one pod at a time
+    /// across the fleet) or none (files only) [default: proxy.extensions.sbmesh.acme.apply, else reload]
+    #[arg(long, env = "SBMESH_PROXY_CERT_APPLY", value_name = "HOW")]
+    pub proxy_cert_apply: Option<String>,
+
+    /// The proxy's process name, as /proc/<pid>/comm shows it, for
+    /// --proxy-cert-apply restart [default: sbproxy]
+    #[arg(long, env = "SBMESH_PROXY_PROCESS_NAME", value_name = "NAME")]
+    pub proxy_process_name: Option<String>,
+
+    /// What must answer 200 before a restarted proxy counts as back
+    /// [default: http://127.0.0.1:<proxy.admin.port or 9090>/health]
+    #[arg(long, env = "SBMESH_PROXY_HEALTH_URL", value_name = "URL")]
+    pub proxy_health_url: Option<String>,
+
+    /// At most one proxy restart per pod this often, in seconds, for
+    /// --proxy-cert-apply restart [default: 600]
+    #[arg(long, env = "SBMESH_PROXY_RESTART_INTERVAL_SECS", value_name = "SECS")]
+    pub proxy_restart_interval_secs: Option<String>,
+
+    /// A directory holding tls.crt and tls.key (a mounted cert-manager
+    /// Secret); a changed, matching pair is applied to the proxy with
+    /// --proxy-cert-apply. Repeatable; the environment takes a comma-separated list
+    #[arg(
+        long,
+        env = "SBMESH_WATCH_TLS",
+        value_name = "DIR",
+        value_delimiter = ','
+    )]
+    pub watch_tls: Vec<PathBuf>,
 }
 
 /// Flags of `validate`.
@@ -304,6 +336,14 @@ mod tests {
                 "SBMESH_ACME_ORDERS_INTERVAL_SECS",
             ),
             ("acme-concurrent-orders", "SBMESH_ACME_CONCURRENT_ORDERS"),
+            ("proxy-cert-apply", "SBMESH_PROXY_CERT_APPLY"),
+            ("proxy-process-name", "SBMESH_PROXY_PROCESS_NAME"),
+            ("proxy-health-url", "SBMESH_PROXY_HEALTH_URL"),
+            (
+                "proxy-restart-interval-secs",
+                "SBMESH_PROXY_RESTART_INTERVAL_SECS",
+            ),
+            ("watch-tls", "SBMESH_WATCH_TLS"),
         ];
         for (long, env) in expected {
             let arg = run

@@ -13,7 +13,8 @@ use hyper_util::rt::TokioExecutor;
 use sbmesh::config::{self, EnvLookup, Problem};
 use serde_json::Value;
 
-use crate::cli::{DEFAULT_ADMIN_URL, ValidateArgs};
+use crate::cli::{DEFAULT_ADMIN_URL, RunArgs, ValidateArgs};
+use crate::settings;
 use crate::settings::{basic_authorization, process_env};
 
 /// How long `status` waits for the admin endpoint, per step.
@@ -33,9 +34,17 @@ pub fn validate(args: &ValidateArgs) -> i32 {
 /// What `validate` prints for the file at `path`, and its exit code: one
 /// problem per line as `<yaml.path>: <message>` (warnings prefixed with
 /// `warning: `), then `ok: <path>` when there is no error.
+///
+/// The settings are resolved exactly as `run` resolves them, environment
+/// included (`SBMESH_*`), so a conflict that the pod's environment avoids
+/// is not reported, and one it causes is.
 pub fn validate_report(path: &Path, env: &EnvLookup<'_>) -> (String, i32) {
-    let problems = match config::load(path, env) {
-        Ok(loaded) => loaded.config.warnings(),
+    let args = RunArgs {
+        config: Some(path.to_path_buf()),
+        ..RunArgs::default()
+    };
+    let problems = match settings::resolve(&args, env, &settings::system_hostname(env)) {
+        Ok(settings) => settings.warnings,
         Err(problems) => problems,
     };
     let mut report = render_problems(&problems);
@@ -442,7 +451,7 @@ demo-proxy-2          10.0.0.7:7946  down     unhealthy  1            1h02m ago 
 
         let file = TempFile::new(
             "sb.yml",
-            "proxy:\n  acme: { enabled: true, storage_backend: memory }\norigins: { '*.example.com': {} }\n",
+            "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory }\norigins: { '*.example.com': {} }\n",
         );
         let (report, code) = validate_report(&file.0, &|_| None);
         assert_eq!(code, 0);
@@ -460,16 +469,16 @@ demo-proxy-2          10.0.0.7:7946  down     unhealthy  1            1h02m ago 
     fn validate_lists_every_problem() {
         let file = TempFile::new(
             "sb.yml",
-            "proxy:\n  cluster: { gossip_port: \"${PORT:-abc}\" }\n  acme: { enabled: true, storage_backend: sqlite, storge_path: x }\norigins: { '*.example.com': {} }\n",
+            "proxy:\n  extensions:\n    sbmesh:\n      gossip_port: \"${PORT:-abc}\"\n      acme: { enabled: true, storage_backend: sqlite, storge_path: x }\norigins: { '*.example.com': {} }\n",
         );
         let (report, code) = validate_report(&file.0, &|_| None);
         assert_eq!(code, 1);
         assert_eq!(
             report,
             "\
-proxy.cluster.gossip_port: expected a port number from 1 to 65535, found the string \"abc\"
-proxy.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, storage_backend, storage_path, renew_before_days, eab (did you mean storage_path?)
-proxy.acme.storage_backend: unsupported backend \"sqlite\"; supported: redis, s3, gcs, azure, file, redb, memory
+proxy.extensions.sbmesh.gossip_port: expected a port number from 1 to 65535, found the string \"abc\"
+proxy.extensions.sbmesh.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, eab, storage_backend, storage_path, renew_before_days, certificates, apply (did you mean storage_path?)
+proxy.extensions.sbmesh.acme.storage_backend: unsupported backend \"sqlite\"; supported: redis, s3, gcs, azure, file, redb, memory
 warning: origins.\"*.example.com\": wildcard origin is not eligible for an HTTP-01 certificate and will not be ordered; provide its certificate another way (e.g. cert-manager with DNS-01)
 "
         );

@@ -60,7 +60,7 @@ fn main() -> ExitCode {
                 }
             };
             init_logging(settings.log_format);
-            for warning in settings.config.warnings() {
+            for warning in &settings.warnings {
                 tracing::warn!("{warning}");
             }
             match runtime().and_then(|rt| rt.block_on(run::run(settings))) {

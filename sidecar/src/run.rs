@@ -11,13 +11,19 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use sbmesh::acme::challenge::{ChallengeBook, challenge_router};
-use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus};
-use sbmesh::config::{SbConfig, StorageBackend};
+use sbmesh::acme::manager::{
+    AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus, CertificatesChanged,
+};
+use sbmesh::config::{CertApply, SbConfig, StorageBackend};
 use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
 use sbmesh::mesh::seal::KeyRing;
 use sbmesh::mesh::{AcmeInfo, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
-use sbmesh::reload::{ReloadStatus, ReloadTrigger, Reloader, ReloaderConfig};
+use sbmesh::proxy::{
+    ProxyStatus, RestartConfig, RestartCoordinator, TlsWatcher, WatchTlsConfig, restart_readiness,
+    watch_tls_readiness,
+};
+use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig};
 use sbmesh::store::Store;
 use sbmesh::store::open::{open_cluster_store, probe};
 use tokio::net::TcpListener;
@@ -38,6 +44,19 @@ pub const EXIT_DRAIN_TIMEOUT: i32 = 1;
 
 /// Runs the sidecar; returns the process exit code.
 pub async fn run(settings: Settings) -> anyhow::Result<i32> {
+    // First of all, so that a proxy reading its certificate files at
+    // start-up finds some: self-signed placeholders until the CA's arrive.
+    match sbmesh::acme::manager::write_startup_placeholders(&settings.config, &settings.cert_dir) {
+        Ok(0) => {}
+        Ok(n) => info!(
+            certificates = n,
+            dir = %settings.cert_dir.display(),
+            "placeholder certificates written until the CA's arrive"
+        ),
+        Err(e) => {
+            warn!(dir = %settings.cert_dir.display(), "cannot write placeholder certificates: {e}")
+        }
+    }
     let metrics = Arc::new(Metrics::new());
     let keys = match settings.cluster_key.clone() {
         Some(keys) => keys,
@@ -94,6 +113,28 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             .map(|h| h.clone())
             .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
     });
+    // How new certificates reach the proxy (--proxy-cert-apply): one
+    // callback for the ACME manager and every --watch-tls directory, set
+    // once its target exists (a restart needs the store).
+    let apply = Arc::new(ApplySlot::default());
+    let (proxy_tx, proxy_rx) = watch::channel(ProxyStatus::default());
+    let tls_watchers: Vec<TlsWatcher> = settings
+        .watch_tls
+        .iter()
+        .map(|dir| {
+            info!(dir = %dir.display(), apply = settings.proxy_cert_apply.as_str(), "watching a certificate directory");
+            TlsWatcher::spawn(WatchTlsConfig::new(dir), apply.caller(), metrics.clone())
+        })
+        .collect();
+    let mut readiness = vec![mesh_running(mesh.clone()), store_check];
+    if settings.proxy_cert_apply == CertApply::Restart {
+        readiness.push(restart_readiness(proxy_rx.clone()));
+    }
+    if !tls_watchers.is_empty() {
+        readiness.push(watch_tls_readiness(
+            tls_watchers.iter().map(TlsWatcher::problem).collect(),
+        ));
+    }
     let state = AdminState {
         mesh: mesh.clone(),
         metrics: metrics.clone(),
@@ -101,7 +142,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             settings.admin_user.as_deref(),
             settings.admin_password.as_deref(),
         ),
-        readiness: vec![mesh_running(mesh.clone()), store_check],
+        readiness,
     };
 
     let admin = TcpListener::bind(settings.admin_listen)
@@ -129,6 +170,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         rescan: settings.reload_rescan,
         assume_delivered: Some(settings.config_sha256.clone()),
         initial_config: Arc::new(settings.config.clone()),
+        sidecar_ports: Some(sbmesh::config::SidecarPorts {
+            gossip: settings.gossip_port,
+            transport: settings.transport_port,
+        }),
         ..ReloaderConfig::new(
             settings.config_path.clone(),
             settings.proxy_reload_url.clone(),
@@ -136,6 +181,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     };
     let reloader = Reloader::spawn(reload_cfg, metrics.clone())
         .map_err(|e| anyhow::anyhow!("--proxy-reload-url / --proxy-authorization: {e}"))?;
+    match settings.proxy_cert_apply {
+        CertApply::Reload => {
+            let reload = reloader.trigger();
+            apply.set(Arc::new(move || reload.certificates_changed()));
+        }
+        CertApply::None => apply.set(Arc::new(|| {})),
+        // Set once the store is open (run_acme).
+        CertApply::Restart => {}
+    }
 
     // ACME: hostnames follow the config file as the reloader reads it; the
     // manager starts once the store is open.
@@ -146,7 +200,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
             mesh: mesh.clone(),
             metrics: metrics.clone(),
             config: reloader.config(),
-            reload: reloader.trigger(),
+            apply: apply.clone(),
+            proxy_status: proxy_tx,
             store: store_rx,
             responder,
             status: acme_tx,
@@ -158,6 +213,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         meta,
         reloader.status(),
         acme_rx,
+        proxy_rx,
         stop_rx.clone(),
     ));
     info!(
@@ -173,6 +229,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         "draining"
     );
     let drain = async {
+        drop(tls_watchers);
         acme_task.abort();
         drop(reloader);
         mesh.leave().await;
@@ -208,12 +265,48 @@ fn deferred_router(slot: Arc<OnceLock<Router>>) -> Router {
     })
 }
 
+/// The callback that hands new certificate files to the proxy, set once
+/// its target exists; a call before that is kept and made on `set`.
+#[derive(Default)]
+struct ApplySlot {
+    target: OnceLock<CertificatesChanged>,
+    pending: std::sync::atomic::AtomicBool,
+}
+
+impl ApplySlot {
+    fn set(&self, target: CertificatesChanged) {
+        if self.target.set(target).is_ok()
+            && self
+                .pending
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            && let Some(target) = self.target.get()
+        {
+            target();
+        }
+    }
+
+    fn call(&self) {
+        match self.target.get() {
+            Some(target) => target(),
+            None => self
+                .pending
+                .store(true, std::sync::atomic::Ordering::SeqCst),
+        }
+    }
+
+    fn caller(self: &Arc<Self>) -> CertificatesChanged {
+        let slot = self.clone();
+        Arc::new(move || slot.call())
+    }
+}
+
 /// What the ACME task needs from the rest of the sidecar.
 struct AcmeParts {
     mesh: Mesh,
     metrics: Arc<Metrics>,
     config: watch::Receiver<Arc<SbConfig>>,
-    reload: ReloadTrigger,
+    apply: Arc<ApplySlot>,
+    proxy_status: watch::Sender<ProxyStatus>,
     store: watch::Receiver<Option<Arc<dyn Store>>>,
     responder: Arc<OnceLock<Router>>,
     status: watch::Sender<AcmeStatus>,
@@ -234,6 +327,39 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
     };
     let book = ChallengeBook::new(store.clone(), parts.metrics.clone());
     let _ = parts.responder.set(challenge_router(book.clone()));
+    // apply: restart needs the store for its fleet-wide lease.
+    let _coordinator = if settings.proxy_cert_apply == CertApply::Restart {
+        let cfg = RestartConfig {
+            min_interval: settings.proxy_restart_interval,
+            ..RestartConfig::new(
+                &settings.node_id,
+                &settings.proxy_process_name,
+                &settings.proxy_health_url,
+            )
+        };
+        match RestartCoordinator::spawn(cfg, store.clone(), parts.metrics.clone()) {
+            Ok(coordinator) => {
+                parts.apply.set(coordinator.requester());
+                let mut status = coordinator.status();
+                let relay = parts.proxy_status.clone();
+                tokio::spawn(async move {
+                    loop {
+                        let now = status.borrow_and_update().clone();
+                        if relay.send(now).is_err() || status.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                Some(coordinator)
+            }
+            Err(e) => {
+                warn!(error = %e, "--proxy-health-url: proxy restarts are off");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let key_ring = settings
         .cluster_key
         .clone()
@@ -253,7 +379,7 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
             mesh: parts.mesh,
             metrics: parts.metrics,
             config: parts.config,
-            reload: parts.reload,
+            certificates_changed: parts.apply.caller(),
             book,
         },
         parts.status,
@@ -283,6 +409,7 @@ async fn publish_meta(
     mut meta: NodeMeta,
     mut reload: watch::Receiver<ReloadStatus>,
     mut acme: watch::Receiver<AcmeStatus>,
+    mut proxy: watch::Receiver<ProxyStatus>,
     stop: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -300,12 +427,18 @@ async fn publish_meta(
                     return;
                 }
             }
+            r = proxy.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
         }
         if *stop.borrow() {
             return;
         }
         let mut next = meta.clone();
         next.ready = state.not_ready_reasons().is_empty();
+        next.proxy = Some(proxy.borrow_and_update().info());
         {
             let r = reload.borrow();
             if let Some(hash) = &r.delivered_hash {
@@ -354,7 +487,8 @@ async fn keep_store_probed(
     opened: watch::Sender<Option<Arc<dyn Store>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let acme = settings.config.proxy.acme.as_ref();
+    let acme = settings.config.sbmesh().acme;
+    let acme = acme.as_ref();
     let backend = acme
         .and_then(|a| a.storage_backend)
         .unwrap_or(StorageBackend::Redb);

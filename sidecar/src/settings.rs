@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
-use sbmesh::config::{self, EnvLookup, Problem, SbConfig};
+use sbmesh::config::{self, CertApply, EnvLookup, Problem, SbConfig, SidecarPorts};
 use sbmesh::identity;
 
 use crate::cli::{DEFAULT_CONFIG, RunArgs};
@@ -24,10 +24,7 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 /// The cluster id when nothing else names one.
 pub const DEFAULT_CLUSTER_ID: &str = "sbmesh";
-/// The default gossip (UDP) port.
-pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
-/// The default transport (TCP) port.
-pub const DEFAULT_TRANSPORT_PORT: u16 = 8946;
+pub use sbmesh::config::{DEFAULT_GOSSIP_PORT, DEFAULT_TRANSPORT_PORT};
 /// The default `--admin-listen`.
 pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 9091);
@@ -40,6 +37,11 @@ pub const DEFAULT_CERT_DIR: &str = "/var/lib/sbproxy/certs";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
 /// The default `--shutdown-grace-ms`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
+/// The default `--proxy-process-name`: sbproxy's `/proc/<pid>/comm`.
+pub const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
+/// The default `--proxy-restart-interval-secs`: at most one restart per pod
+/// per 10 minutes (the contract's section 6).
+pub const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
 
 /// The resolved settings of `run`.
 #[derive(Clone, PartialEq, Eq)]
@@ -58,7 +60,7 @@ pub struct Settings {
     pub namespace: String,
     /// This member's name in the mesh.
     pub node_id: String,
-    /// `--cluster-id`, else `proxy.cluster.cluster_id`, else the StatefulSet
+    /// `--cluster-id`, else `proxy.extensions.sbmesh.cluster_id`, else the StatefulSet
     /// name, else [`DEFAULT_CLUSTER_ID`].
     pub cluster_id: String,
     /// `<svc>.<namespace>.svc.<domain>` when `--mesh-service` is set.
@@ -110,6 +112,20 @@ pub struct Settings {
     pub acme_orders_interval: Duration,
     /// `--acme-concurrent-orders`.
     pub acme_concurrent_orders: usize,
+    /// `--proxy-cert-apply`, else `acme.apply`, else `reload`.
+    pub proxy_cert_apply: CertApply,
+    /// `--proxy-process-name`.
+    pub proxy_process_name: String,
+    /// `--proxy-health-url`.
+    pub proxy_health_url: String,
+    /// `--proxy-restart-interval-secs`: at most one restart per pod this often.
+    pub proxy_restart_interval: Duration,
+    /// `--watch-tls`: directories with a `tls.crt` / `tls.key` pair to hand
+    /// to the proxy when they change.
+    pub watch_tls: Vec<PathBuf>,
+    /// What deserves a look but does not stop `run` (printed at start, and
+    /// by `validate`).
+    pub warnings: Vec<Problem>,
 }
 
 impl fmt::Debug for Settings {
@@ -151,6 +167,11 @@ impl fmt::Debug for Settings {
             .field("state_dir", &self.state_dir)
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("proxy_cert_apply", &self.proxy_cert_apply)
+            .field("proxy_process_name", &self.proxy_process_name)
+            .field("proxy_health_url", &self.proxy_health_url)
+            .field("proxy_restart_interval", &self.proxy_restart_interval)
+            .field("watch_tls", &self.watch_tls)
             .finish()
     }
 }
@@ -301,7 +322,28 @@ const ACME_CONCURRENT_ORDERS: Flag = Flag {
     env: "SBMESH_ACME_CONCURRENT_ORDERS",
 };
 
-const SHARED_KEY_PATH: &str = "proxy.cluster.security.shared_key";
+const PROXY_CERT_APPLY: Flag = Flag {
+    long: "--proxy-cert-apply",
+    env: "SBMESH_PROXY_CERT_APPLY",
+};
+const PROXY_PROCESS_NAME: Flag = Flag {
+    long: "--proxy-process-name",
+    env: "SBMESH_PROXY_PROCESS_NAME",
+};
+const PROXY_HEALTH_URL: Flag = Flag {
+    long: "--proxy-health-url",
+    env: "SBMESH_PROXY_HEALTH_URL",
+};
+const PROXY_RESTART_INTERVAL_SECS: Flag = Flag {
+    long: "--proxy-restart-interval-secs",
+    env: "SBMESH_PROXY_RESTART_INTERVAL_SECS",
+};
+const WATCH_TLS: Flag = Flag {
+    long: "--watch-tls",
+    env: "SBMESH_WATCH_TLS",
+};
+
+const SHARED_KEY_PATH: &str = "proxy.extensions.sbmesh.shared_key";
 
 /// Reads flag values (falling back to their environment variables) and
 /// collects problems.
@@ -374,13 +416,16 @@ pub fn resolve(
         .path(&CONFIG, args.config.as_deref())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
     let (config, config_sha256) = match config::load(&config_path, env) {
-        Ok(loaded) => (loaded.config, loaded.sha256_hex_of_raw_file),
+        Ok(loaded) => {
+            r.problems.extend(loaded.config.warnings());
+            (loaded.config, loaded.sha256_hex_of_raw_file)
+        }
         Err(problems) => {
             r.problems.extend(problems);
             (SbConfig::default(), String::new())
         }
     };
-    let cluster = config.proxy.cluster.clone().unwrap_or_default();
+    let cluster = config.sbmesh();
 
     let pod_name = r
         .text(&POD_NAME, args.pod_name.as_deref())
@@ -432,10 +477,10 @@ pub fn resolve(
     if cluster_key.is_none() && !key_was_refused && (!seeds.is_empty() || mesh_service.is_some()) {
         r.problems.push(Problem::error(
             CLUSTER_KEY.long,
-            "the mesh has peers to contact (--seeds / SBMESH_SEEDS, proxy.cluster.seeds or \
+            "the mesh has peers to contact (--seeds / SBMESH_SEEDS, proxy.extensions.sbmesh.seeds or \
              --mesh-service / SBMESH_MESH_SERVICE) but no cluster key to seal its traffic; set \
              --cluster-key / SBMESH_CLUSTER_KEY, --cluster-key-file / SBMESH_CLUSTER_KEY_FILE or \
-             proxy.cluster.security.shared_key to a key generated with `sbmesh-sidecar keygen`",
+             proxy.extensions.sbmesh.shared_key to a key generated with `sbmesh-sidecar keygen`",
         ));
     }
 
@@ -450,12 +495,30 @@ pub fn resolve(
         )
         .unwrap_or(DEFAULT_CHALLENGE_LISTEN);
 
+    // The proxy resolves env: and file: references in these fields itself.
+    let proxy_credentials = config
+        .proxy
+        .admin
+        .credentials()
+        .and_then(|(user, password)| {
+            let read = |path: &Path| std::fs::read_to_string(path);
+            let user = config::resolve_field("proxy.admin.username", &user, env, &read);
+            let password = config::resolve_field("proxy.admin.password", &password, env, &read);
+            match (user, password) {
+                (Ok(user), Ok(password)) => Some((user, password)),
+                (user, password) => {
+                    r.problems.extend(user.err());
+                    r.problems.extend(password.err());
+                    None
+                }
+            }
+        });
     let admin_user = r
         .text(&ADMIN_USER, args.admin_user.as_deref())
-        .or_else(|| config.proxy.admin.username.clone());
+        .or_else(|| proxy_credentials.as_ref().map(|(u, _)| u.clone()));
     let admin_password = r
         .text(&ADMIN_PASSWORD, args.admin_password.as_deref())
-        .or_else(|| config.proxy.admin.password.clone());
+        .or_else(|| proxy_credentials.as_ref().map(|(_, p)| p.clone()));
     match (&admin_user, &admin_password) {
         (Some(_), None) => r.problems.push(Problem::error(
             ADMIN_PASSWORD.long,
@@ -482,7 +545,7 @@ pub fn resolve(
             args.proxy_reload_url.as_deref(),
             parse_http_url,
         )
-        .unwrap_or_else(|| format!("http://127.0.0.1:{}/admin/reload", config.proxy.admin.port));
+        .unwrap_or_else(|| format!("{}/admin/reload", config.proxy.admin.base_url()));
     let proxy_authorization = r
         .parsed(
             &PROXY_AUTHORIZATION,
@@ -490,8 +553,7 @@ pub fn resolve(
             parse_header_value,
         )
         .or_else(|| {
-            let admin = &config.proxy.admin;
-            let (user, password) = (admin.username.as_ref()?, admin.password.as_ref()?);
+            let (user, password) = proxy_credentials.as_ref()?;
             Some(basic_authorization(user, password))
         });
 
@@ -558,6 +620,85 @@ pub fn resolve(
         )
         .unwrap_or(8);
 
+    let proxy_cert_apply = r
+        .parsed(
+            &PROXY_CERT_APPLY,
+            args.proxy_cert_apply.as_deref(),
+            parse_cert_apply,
+        )
+        .or_else(|| config.acme().and_then(|a| a.apply))
+        .unwrap_or_default();
+    let proxy_process_name = r
+        .parsed(
+            &PROXY_PROCESS_NAME,
+            args.proxy_process_name.as_deref(),
+            parse_process_name,
+        )
+        .unwrap_or_else(|| DEFAULT_PROXY_PROCESS_NAME.to_owned());
+    let proxy_health_url = r
+        .parsed(
+            &PROXY_HEALTH_URL,
+            args.proxy_health_url.as_deref(),
+            parse_http_url,
+        )
+        .unwrap_or_else(|| format!("{}/health", config.proxy.admin.base_url()));
+    let proxy_restart_interval = r
+        .parsed(
+            &PROXY_RESTART_INTERVAL_SECS,
+            args.proxy_restart_interval_secs.as_deref(),
+            parse_secs,
+        )
+        .unwrap_or(DEFAULT_PROXY_RESTART_INTERVAL);
+    let watch_tls = if args.watch_tls.is_empty() {
+        // The environment holds a comma-separated list.
+        r.text(&WATCH_TLS, None)
+            .map(|list| {
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        args.watch_tls.clone()
+    };
+    if proxy_cert_apply == CertApply::Restart
+        && args.proxy_health_url.is_none()
+        && (env)(PROXY_HEALTH_URL.env).is_none()
+        && !config.proxy.admin.enabled
+    {
+        r.problems.push(Problem::warning(
+            PROXY_HEALTH_URL.long,
+            "certificates are applied by restarting the proxy, and a restarted proxy counts as \
+             back once its health check answers 200; proxy.admin is not enabled, so the default \
+             (the admin port's /health) will never answer: enable proxy.admin or set \
+             --proxy-health-url / SBMESH_PROXY_HEALTH_URL (e.g. the data port's /health)",
+        ));
+    }
+    if config.certificate_mode() == config::CertificateMode::San
+        && let Some(file) = &config.proxy.tls_cert_file
+        && *file != cert_dir.join(sbmesh::acme::deliver::CHAIN_FILE)
+    {
+        r.problems.push(Problem::warning(
+            "proxy.tls_cert_file",
+            format!(
+                "is {}, but with certificates: san the sidecar writes the certificate to {}; \
+                 the proxy will not serve it (point proxy.tls_cert_file and tls_key_file there, \
+                 or set --cert-dir / SBMESH_CERT_DIR)",
+                file.display(),
+                cert_dir.join(sbmesh::acme::deliver::CHAIN_FILE).display()
+            ),
+        ));
+    }
+    r.problems.extend(config::conflicts(
+        &config,
+        SidecarPorts {
+            gossip: gossip_port,
+            transport: transport_port,
+        },
+    ));
+
     if r.problems.iter().any(Problem::is_error) {
         return Err(r.problems);
     }
@@ -594,20 +735,26 @@ pub fn resolve(
         acme_max_orders,
         acme_orders_interval,
         acme_concurrent_orders,
+        proxy_cert_apply,
+        proxy_process_name,
+        proxy_health_url,
+        proxy_restart_interval,
+        watch_tls,
+        warnings: r.problems,
     })
 }
 
 fn resolve_node_id(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::ClusterSection,
+    cluster: &config::SbmeshSection,
     pod_name: Option<&str>,
     hostname: &str,
 ) -> String {
     let (node_id, source) = if let Some(id) = r.text(&NODE_ID, args.node_id.as_deref()) {
         (id.trim().to_string(), NODE_ID.long)
     } else if let Some(id) = cluster.node_id.as_deref() {
-        (id.trim().to_string(), "proxy.cluster.node_id")
+        (id.trim().to_string(), "proxy.extensions.sbmesh.node_id")
     } else if pod_name.is_some() {
         (identity::default_node_id(pod_name, hostname), POD_NAME.long)
     } else {
@@ -615,7 +762,9 @@ fn resolve_node_id(
     };
     if let Err(e) = identity::validate_node_id(&node_id) {
         match source {
-            "proxy.cluster.node_id" => r.problems.push(Problem::error(source, e.to_string())),
+            "proxy.extensions.sbmesh.node_id" => {
+                r.problems.push(Problem::error(source, e.to_string()))
+            }
             "hostname" => r.problems.push(Problem::error(
                 NODE_ID.long,
                 format!(
@@ -633,7 +782,7 @@ fn resolve_node_id(
 fn resolve_cluster_id(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::ClusterSection,
+    cluster: &config::SbmeshSection,
     pod_name: Option<&str>,
 ) -> String {
     let explicit = r.text(&CLUSTER_ID, args.cluster_id.as_deref());
@@ -645,8 +794,10 @@ fn resolve_cluster_id(
         if explicit.is_some() {
             r.bad(&CLUSTER_ID, e);
         } else if from_yml.is_some() {
-            r.problems
-                .push(Problem::error("proxy.cluster.cluster_id", e.to_string()));
+            r.problems.push(Problem::error(
+                "proxy.extensions.sbmesh.cluster_id",
+                e.to_string(),
+            ));
         } else {
             r.bad(
                 &POD_NAME,
@@ -660,7 +811,7 @@ fn resolve_cluster_id(
 fn resolve_seeds(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::ClusterSection,
+    cluster: &config::SbmeshSection,
     gossip_port: u16,
 ) -> Vec<String> {
     let mut seeds = Vec::new();
@@ -675,9 +826,10 @@ fn resolve_seeds(
         for entry in &cluster.seeds {
             match identity::normalize_seed(entry, gossip_port) {
                 Ok(seed) => seeds.push(seed),
-                Err(e) => r
-                    .problems
-                    .push(Problem::error("proxy.cluster.seeds", e.to_string())),
+                Err(e) => r.problems.push(Problem::error(
+                    "proxy.extensions.sbmesh.seeds",
+                    e.to_string(),
+                )),
             }
         }
     }
@@ -689,7 +841,7 @@ fn resolve_seeds(
 fn resolve_advertise(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::ClusterSection,
+    cluster: &config::SbmeshSection,
     pod_ip: Option<IpAddr>,
     bind: IpAddr,
     gossip_port: u16,
@@ -704,7 +856,7 @@ fn resolve_advertise(
             Ok(addr) => Some(addr),
             Err(e) => {
                 r.problems.push(Problem::error(
-                    "proxy.cluster.advertise_addr",
+                    "proxy.extensions.sbmesh.advertise_addr",
                     e.to_string(),
                 ));
                 None
@@ -720,7 +872,7 @@ fn resolve_advertise(
 fn resolve_cluster_key(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::ClusterSection,
+    cluster: &config::SbmeshSection,
     key_file: Option<&Path>,
 ) -> Option<Vec<[u8; 32]>> {
     let read = |path: &Path| std::fs::read_to_string(path);
@@ -769,7 +921,7 @@ fn resolve_cluster_key(
             }
         }
         (None, None) => {
-            let source = cluster.security.as_ref()?.shared_key.as_deref()?;
+            let source = cluster.shared_key.as_deref()?;
             match key_ring_from(SHARED_KEY_PATH, source, r.env, &read) {
                 Ok(ring) => Some(ring),
                 Err(problem) => {
@@ -873,6 +1025,22 @@ fn parse_header_value(text: &str) -> Result<String, String> {
                 .to_string(),
         )
     }
+}
+
+fn parse_cert_apply(text: &str) -> Result<CertApply, String> {
+    CertApply::from_name(text)
+        .ok_or_else(|| format!("{text:?} is not one of: {}", CertApply::names()))
+}
+
+fn parse_process_name(text: &str) -> Result<String, String> {
+    // /proc/<pid>/comm holds at most 15 bytes of the executable's name.
+    if text.is_empty() || text.len() > 15 || text.contains('/') {
+        return Err(format!(
+            "{text:?} is not a process name; expected the executable's name as /proc/<pid>/comm \
+             shows it (1 to 15 characters, no '/'), such as sbproxy"
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 fn parse_log_format(text: &str) -> Result<LogFormat, String> {
@@ -1000,15 +1168,72 @@ mod tests {
     const CLUSTER_YML: &str = "
 proxy:
   admin: { enabled: true, port: 9191, username: admin, password: secret }
-  cluster:
-    cluster_id: demo
-    node_id: ${SBPROXY_POD_NAME}
-    seeds: [\"demo-proxy-0.demo-mesh.default.svc.cluster.local\", \"10.0.0.9:7000\"]
-    gossip_port: 7100
-    transport_port: 8100
-    security: { mode: shared_key, shared_key: \"env:SBPROXY_CLUSTER_KEY\" }
+  extensions:
+    sbmesh:
+      cluster_id: demo
+      node_id: ${SBPROXY_POD_NAME}
+      seeds: [\"demo-proxy-0.demo-mesh.default.svc.cluster.local\", \"10.0.0.9:7000\"]
+      gossip_port: 7100
+      transport_port: 8100
+      shared_key: \"env:SBPROXY_CLUSTER_KEY\"
 origins: { api.example.com: {} }
 ";
+
+    #[test]
+    fn the_reload_post_follows_the_proxys_admin_defaults() {
+        // enabled, no credentials: the proxy checks admin / changeme
+        let s = Case::new("proxy:\n  admin: { enabled: true, bind: 127.0.4.5, port: 9300 }\n").ok();
+        assert_eq!(
+            s.proxy_authorization.as_deref(),
+            Some(basic_authorization("admin", "changeme").as_str())
+        );
+        assert_eq!(s.proxy_reload_url, "http://127.0.4.5:9300/admin/reload");
+        assert_eq!(s.proxy_health_url, "http://127.0.4.5:9300/health");
+        let s = Case::new("proxy:\n  admin: { enabled: true, bind: 0.0.0.0 }\n").ok();
+        assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9090/admin/reload");
+        // disabled: nothing to authenticate against
+        assert_eq!(Case::new("origins: {}\n").ok().proxy_authorization, None);
+    }
+
+    #[test]
+    fn cert_apply_comes_from_the_flag_the_env_the_block_then_reload() {
+        let yml = "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory, apply: restart }\n";
+        assert_eq!(Case::new(yml).ok().proxy_cert_apply, CertApply::Restart);
+        assert_eq!(
+            Case::new(yml)
+                .env("SBMESH_PROXY_CERT_APPLY", "none")
+                .ok()
+                .proxy_cert_apply,
+            CertApply::None
+        );
+        assert_eq!(
+            Case::new("origins: {}\n").ok().proxy_cert_apply,
+            CertApply::Reload
+        );
+        let problems = Case::new("origins: {}\n")
+            .env("SBMESH_PROXY_CERT_APPLY", "hup")
+            .problems();
+        assert_eq!(
+            problems,
+            [
+                "--proxy-cert-apply: \"hup\" is not one of: reload, restart, none (from --proxy-cert-apply or SBMESH_PROXY_CERT_APPLY)"
+            ]
+        );
+        let problems = Case::new("origins: {}\n")
+            .env("SBMESH_PROXY_PROCESS_NAME", "/usr/bin/sbproxy")
+            .problems();
+        assert!(
+            problems[0].starts_with("--proxy-process-name: "),
+            "{problems:?}"
+        );
+        let s = Case::new("origins: {}\n")
+            .env("SBMESH_WATCH_TLS", "/etc/tls/a, /etc/tls/b")
+            .ok();
+        assert_eq!(
+            s.watch_tls,
+            [PathBuf::from("/etc/tls/a"), PathBuf::from("/etc/tls/b")]
+        );
+    }
 
     #[test]
     fn defaults() {
@@ -1097,7 +1322,7 @@ origins: { api.example.com: {} }
     #[test]
     fn precedence_flag_over_env_over_yml_over_default() {
         // (flag, env, expected gossip port)
-        let yml = "proxy:\n  cluster: { gossip_port: 7000 }\n";
+        let yml = "proxy:\n  extensions:\n    sbmesh: { gossip_port: 7000 }\n";
         let cases = [
             (None, None, 7000),
             (None, Some("7100"), 7100),
@@ -1114,7 +1339,7 @@ origins: { api.example.com: {} }
         assert_eq!(Case::new("origins:\n").ok().gossip_port, 7946);
 
         // string-valued settings, same ladder
-        let yml = "proxy:\n  admin: { username: yml-user, password: yml-pw }\n  cluster: { cluster_id: yml-id, node_id: yml-node, advertise_addr: 10.0.0.1 }\n";
+        let yml = "proxy:\n  admin: { username: yml-user, password: yml-pw }\n  extensions:\n    sbmesh: { cluster_id: yml-id, node_id: yml-node, advertise_addr: 10.0.0.1 }\n";
         let s = Case::new(yml).ok();
         assert_eq!(
             (
@@ -1163,7 +1388,7 @@ origins: { api.example.com: {} }
 
     #[test]
     fn empty_values_fall_through() {
-        let case = Case::new("proxy:\n  cluster: { gossip_port: 7000 }\n")
+        let case = Case::new("proxy:\n  extensions:\n    sbmesh: { gossip_port: 7000 }\n")
             .env("SBMESH_GOSSIP_PORT", "")
             .args(|a| a.transport_port = Some(String::new()));
         let s = case.ok();
@@ -1240,8 +1465,8 @@ origins: { api.example.com: {} }
             Some(vec![config::parse_key_ring(K1).unwrap()[0]])
         );
 
-        // --seeds replaces proxy.cluster.seeds, it does not add to them
-        let s = Case::new("proxy:\n  cluster: { seeds: [yml-seed] }\n")
+        // --seeds replaces sbmesh.seeds, it does not add to them
+        let s = Case::new("proxy:\n  extensions:\n    sbmesh: { seeds: [yml-seed] }\n")
             .env("SBMESH_SEEDS", "flag-seed")
             .env("SBMESH_CLUSTER_KEY", K1)
             .ok();
@@ -1253,7 +1478,7 @@ origins: { api.example.com: {} }
         for case in [
             Case::new("origins: {}\n").env("SBMESH_SEEDS", "a"),
             Case::new("origins: {}\n").env("SBMESH_MESH_SERVICE", "demo-mesh"),
-            Case::new("proxy:\n  cluster: { seeds: [a] }\n"),
+            Case::new("proxy:\n  extensions:\n    sbmesh: { seeds: [a] }\n"),
         ] {
             let problems = case.problems();
             assert_eq!(problems.len(), 1, "{problems:#?}");
@@ -1266,7 +1491,7 @@ origins: { api.example.com: {} }
                 "--cluster-key",
                 "SBMESH_CLUSTER_KEY",
                 "--cluster-key-file",
-                "proxy.cluster.security.shared_key",
+                "proxy.extensions.sbmesh.shared_key",
                 "`sbmesh-sidecar keygen`",
             ] {
                 assert!(p.contains(name), "{name} missing from {p}");
@@ -1293,20 +1518,20 @@ origins: { api.example.com: {} }
         let case = Case::new("origins: {}\n");
         let key_path = case.dir.file("key", &format!("{K1}\n"));
         let yml = format!(
-            "proxy:\n  cluster:\n    security: {{ shared_key: \"file:{}\" }}\n",
+            "proxy:\n  extensions:\n    sbmesh: {{ shared_key: \"file:{}\" }}\n",
             key_path.display()
         );
         std::fs::write(case.args.config.as_ref().unwrap(), yml).unwrap();
         assert_eq!(case.ok().cluster_key.unwrap().len(), 1);
         // literal in sb.yml
         let s = Case::new(&format!(
-            "proxy:\n  cluster:\n    security: {{ shared_key: \"{K1}\" }}\n"
+            "proxy:\n  extensions:\n    sbmesh: {{ shared_key: \"{K1}\" }}\n"
         ))
         .ok();
         assert_eq!(s.cluster_key.unwrap().len(), 1);
         // the flag wins over sb.yml
         let s = Case::new(&format!(
-            "proxy:\n  cluster:\n    security: {{ shared_key: \"{K1}\" }}\n"
+            "proxy:\n  extensions:\n    sbmesh: {{ shared_key: \"{K1}\" }}\n"
         ))
         .env("SBMESH_CLUSTER_KEY", K2)
         .ok();
@@ -1316,7 +1541,7 @@ origins: { api.example.com: {} }
     #[test]
     fn key_file_is_a_ring_primary_first() {
         let case = Case::new(&format!(
-            "proxy:\n  cluster:\n    security: {{ shared_key: \"{K1}\" }}\n"
+            "proxy:\n  extensions:\n    sbmesh: {{ shared_key: \"{K1}\" }}\n"
         ));
         let key_file = case
             .dir
@@ -1371,13 +1596,13 @@ origins: { api.example.com: {} }
         assert!(problems[0].contains(": no key found;"), "{}", problems[0]);
 
         let problems = Case::new(
-            "proxy:\n  cluster:\n    seeds: [a]\n    security: { shared_key: \"env:UNSET_KEY\" }\n",
+            "proxy:\n  extensions:\n    sbmesh:\n      seeds: [a]\n      shared_key: \"env:UNSET_KEY\"\n",
         )
         .problems();
         assert_eq!(
             problems,
             [
-                "proxy.cluster.security.shared_key: environment variable UNSET_KEY (named by env:UNSET_KEY) is not set or empty"
+                "proxy.extensions.sbmesh.shared_key: environment variable UNSET_KEY (named by env:UNSET_KEY) is not set or empty"
             ]
         );
     }
@@ -1446,11 +1671,16 @@ origins: { api.example.com: {} }
 
     #[test]
     fn file_problems_and_flag_problems_together() {
-        let case = Case::new("proxy:\n  acme: { storage_backend: sqlite }\n")
-            .env("SBMESH_GOSSIP_PORT", "x");
+        let case = Case::new(
+            "proxy:\n  extensions:\n    sbmesh:\n      acme: { storage_backend: sqlite }\n",
+        )
+        .env("SBMESH_GOSSIP_PORT", "x");
         let problems = case.problems();
         assert_eq!(problems.len(), 2, "{problems:#?}");
-        assert!(problems[0].starts_with("proxy.acme.storage_backend: unsupported backend"));
+        assert!(
+            problems[0]
+                .starts_with("proxy.extensions.sbmesh.acme.storage_backend: unsupported backend")
+        );
         assert!(problems[1].starts_with("--gossip-port: "));
 
         let problems = Case::new("origins: {}\n")
@@ -1505,11 +1735,28 @@ origins: { api.example.com: {} }
             "{}",
             problems[0]
         );
-        let problems = Case::new("proxy:\n  admin: { password: p }\n").problems();
-        assert!(
-            problems[0].starts_with("--admin-user: an admin password is set"),
-            "{}",
-            problems[0]
+        // The proxy's default user goes with a password written alone.
+        let s = Case::new("proxy:\n  admin: { password: p }\n").ok();
+        assert_eq!(
+            (s.admin_user.as_deref(), s.admin_password.as_deref()),
+            (Some("admin"), Some("p"))
+        );
+        // env: and file: references, resolved as the proxy resolves them.
+        let s = Case::new("proxy:\n  admin: { enabled: true, password: \"env:ADMIN_PW\" }\n")
+            .env("ADMIN_PW", "from-env")
+            .ok();
+        assert_eq!(
+            s.proxy_authorization.as_deref(),
+            Some(basic_authorization("admin", "from-env").as_str())
+        );
+        let problems =
+            Case::new("proxy:\n  admin: { enabled: true, password: \"env:ADMIN_PW\" }\n")
+                .problems();
+        assert_eq!(
+            problems,
+            [
+                "proxy.admin.password: names the environment variable ADMIN_PW (env:ADMIN_PW), which is not set"
+            ]
         );
         let problems = Case::new("origins: {}\n")
             .env("SBMESH_ADMIN_USER", "a:b")

@@ -17,31 +17,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::acme::{Pebble, SerialCache, acme_config, handshake_ok, unique_hosts};
+use common::acme::{
+    Pebble, SerialCache, acme_config, handshake_ok, own_certs, redis_from_env, unique_hosts,
+};
 use common::*;
-use serde_json::Value;
 
 #[path = "../../tests/redis_server/mod.rs"]
 mod redis_server;
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
-
-/// The certificates a node's status lists for itself: host -> serial.
-fn own_certs(status: &Value) -> BTreeMap<String, String> {
-    status["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["local"] == true)
-        .flat_map(|n| n["certificates"].as_array().cloned().unwrap_or_default())
-        .filter_map(|c| {
-            Some((
-                c["host"].as_str()?.to_owned(),
-                c["serial"].as_str()?.to_owned(),
-            ))
-        })
-        .collect()
-}
 
 /// Which node orders `host`: its rendezvous owner among all three.
 fn owner_of(host: &str) -> usize {
@@ -209,10 +193,7 @@ fn redis_fleet_issues_each_host_once_and_every_replica_gets_it() {
     let Some(pebble) = Pebble::from_env() else {
         return;
     };
-    let Some(redis) = std::env::var("SBMESH_TEST_REDIS_URL").ok().or_else(|| {
-        assert!(std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"));
-        None
-    }) else {
+    let Some(redis) = redis_from_env() else {
         return;
     };
     let hosts = unique_hosts("redis", 10);

@@ -41,20 +41,22 @@ fn validate_exit_codes_and_problem_lines() {
     let bad = dir.path().join("bad.yml");
     std::fs::write(
         &bad,
-        "proxy:\n  cluster: {gossip_port: 99999}\n  acme: {enabled: true, storage_backend: sqlite}\n",
+        "proxy:\n  extensions:\n    sbmesh: {gossip_port: 99999, acme: {enabled: true, storage_backend: sqlite}}\n",
     )
     .unwrap();
     let out = sidecar(&["validate", "--config", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.lines()
-            .any(|l| l.starts_with("proxy.acme.storage_backend: ") && l.contains("redis")),
+        text.lines().any(
+            |l| l.starts_with("proxy.extensions.sbmesh.acme.storage_backend: ")
+                && l.contains("redis")
+        ),
         "{text}"
     );
     assert!(
         text.lines()
-            .any(|l| l.starts_with("proxy.cluster.gossip_port: ")),
+            .any(|l| l.starts_with("proxy.extensions.sbmesh.gossip_port: ")),
         "{text}"
     );
 }
@@ -65,13 +67,16 @@ fn run_with_a_bad_config_exits_2_printing_the_problems() {
     let bad = dir.path().join("sb.yml");
     std::fs::write(
         &bad,
-        "proxy:\n  acme: {enabled: true, storage_backend: sqlite}\n",
+        "proxy:\n  extensions: {sbmesh: {acme: {enabled: true, storage_backend: sqlite}}}\n",
     )
     .unwrap();
     let out = sidecar(&["run", "--config", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("proxy.acme.storage_backend: "), "{text}");
+    assert!(
+        text.contains("proxy.extensions.sbmesh.acme.storage_backend: "),
+        "{text}"
+    );
 
     // Peers without a key: refused with the way to make one.
     let ok = dir.path().join("ok.yml");
@@ -94,7 +99,7 @@ fn readyz_names_an_unreachable_store_and_the_process_drains_on_sigterm() {
     // Port 1 on loopback: nothing listens there.
     std::fs::write(
         &cfg,
-        "proxy:\n  acme: {enabled: false, storage_backend: redis, storage_path: \"redis://127.0.0.1:1/0\"}\n",
+        "proxy:\n  extensions: {sbmesh: {acme: {enabled: false, storage_backend: redis, storage_path: \"redis://127.0.0.1:1/0\"}}}\n",
     )
     .unwrap();
     let admin = "127.0.19.1:9091";

@@ -168,9 +168,11 @@ fn hint(problem_type: &str) -> &'static str {
             "; the CA will not issue for this hostname: remove it from origins or use another CA"
         }
         "externalAccountRequired" => {
-            "; this CA requires external account binding: set proxy.acme.eab {kid, hmac_key}"
+            "; this CA requires external account binding: set proxy.extensions.sbmesh.acme.eab {kid, hmac_key}"
         }
-        "invalidContact" | "unsupportedContact" => "; fix proxy.acme.email (or remove it)",
+        "invalidContact" | "unsupportedContact" => {
+            "; fix proxy.extensions.sbmesh.acme.email (or remove it)"
+        }
         "userActionRequired" => "; the CA needs the account holder to act (new terms of service?)",
         "accountDoesNotExist" => "; the stored account is unknown to the CA",
         _ => "",
@@ -225,7 +227,7 @@ impl AcmeError {
                 retry_after,
             },
             E::InvalidUri(e) => AcmeError::Config(format!(
-                "an ACME URL is not valid ({e}); check proxy.acme.directory_url"
+                "an ACME URL is not valid ({e}); check proxy.extensions.sbmesh.acme.directory_url"
             )),
             other => AcmeError::Protocol {
                 op,
@@ -536,7 +538,7 @@ async fn create_under_lock(
     }
     if directory.external_account_required && settings.eab.is_none() {
         return Err(AcmeError::Config(format!(
-            "the CA at {} requires external account binding: set proxy.acme.eab {{kid, hmac_key}} from the CA's account page",
+            "the CA at {} requires external account binding: set proxy.extensions.sbmesh.acme.eab {{kid, hmac_key}} from the CA's account page",
             settings.directory_url
         )));
     }
@@ -658,12 +660,12 @@ fn external_account_key(eab: &Eab) -> Result<ExternalAccountKey, AcmeError> {
         .or_else(|_| BASE64_STANDARD.decode(encoded))
         .map_err(|e| {
             AcmeError::Config(format!(
-                "proxy.acme.eab.hmac_key is not base64url ({e}); paste the MAC key exactly as the CA shows it"
+                "proxy.extensions.sbmesh.acme.eab.hmac_key is not base64url ({e}); paste the MAC key exactly as the CA shows it"
             ))
         })?;
     if decoded.is_empty() || eab.kid.trim().is_empty() {
         return Err(AcmeError::Config(
-            "proxy.acme.eab needs both kid and hmac_key".to_owned(),
+            "proxy.extensions.sbmesh.acme.eab needs both kid and hmac_key".to_owned(),
         ));
     }
     Ok(ExternalAccountKey::new(eab.kid.trim().to_owned(), &decoded))
@@ -684,7 +686,7 @@ async fn fetch_directory(
         .body(BodyWrapper::<Bytes>::default())
         .map_err(|e| {
             AcmeError::Config(format!(
-                "proxy.acme.directory_url {url:?} is not a valid URL: {e}"
+                "proxy.extensions.sbmesh.acme.directory_url {url:?} is not a valid URL: {e}"
             ))
         })?;
     let (parts, body) = http
@@ -700,12 +702,12 @@ async fn fetch_directory(
     }
     let doc: DirectoryDoc = serde_json::from_slice(&body).map_err(|e| {
         AcmeError::Config(format!(
-            "proxy.acme.directory_url {url} is not an ACME directory (its JSON does not parse: {e})"
+            "proxy.extensions.sbmesh.acme.directory_url {url} is not an ACME directory (its JSON does not parse: {e})"
         ))
     })?;
     if doc.new_nonce.is_none() || doc.new_account.is_none() || doc.new_order.is_none() {
         return Err(AcmeError::Config(format!(
-            "proxy.acme.directory_url {url} is not an ACME directory (newNonce, newAccount or newOrder missing)"
+            "proxy.extensions.sbmesh.acme.directory_url {url} is not an ACME directory (newNonce, newAccount or newOrder missing)"
         )));
     }
     Ok(DirectoryInfo {

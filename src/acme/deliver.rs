@@ -1,6 +1,9 @@
 //! Certificates handed to the proxy (SPEC section 6):
 //! `<cert-dir>/<host>/tls.crt` (chain, leaf first, PEM, mode 0644) and
-//! `<cert-dir>/<host>/tls.key` (PKCS#8 PEM, mode 0600).
+//! `<cert-dir>/<host>/tls.key` (PKCS#8 PEM, mode 0600) per host, or the
+//! same pair directly in `<cert-dir>` for the one certificate of
+//! `certificates: san` ([`write_san_files`]). Both go through
+//! [`write_pair`], so they share everything below.
 //!
 //! Each file is replaced atomically: written to a temporary file in the same
 //! directory (created with its final mode, so the key is never readable by
@@ -148,9 +151,33 @@ pub fn host_dir(cert_dir: &Path, host: &str) -> io::Result<PathBuf> {
     Ok(cert_dir.join(host_dir_name(host)?))
 }
 
-/// Writes `<cert_dir>/<host>/tls.key` then `tls.crt` (see the module docs
-/// for the order), each atomically; returns whether anything changed
-/// (`false`: both files already held these bytes, nothing was written).
+/// Writes `<dir>/tls.key` then `tls.crt` (see the module docs for the
+/// order), each atomically, creating `dir` when missing; returns whether
+/// anything changed (`false`: both files already held these bytes, nothing
+/// was written).
+pub fn write_pair(dir: &Path, chain_pem: &str, key_pem: &str) -> io::Result<bool> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(dir)?;
+    remove_stale_temps(dir);
+    let key_changed = replace_file(dir, KEY_FILE, key_pem.as_bytes(), KEY_MODE)?;
+    let chain_changed = replace_file(dir, CHAIN_FILE, chain_pem.as_bytes(), CHAIN_MODE)?;
+    if key_changed || chain_changed {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(key_changed || chain_changed)
+}
+
+/// What is in `<dir>/tls.crt` and `<dir>/tls.key`: `(chain, key)`, or
+/// `None` when either file is missing, unreadable, oversized or not UTF-8.
+pub fn read_pair(dir: &Path) -> Option<(String, String)> {
+    let chain = read_bounded(&dir.join(CHAIN_FILE)).ok()??;
+    let key = read_bounded(&dir.join(KEY_FILE)).ok()??;
+    Some((String::from_utf8(chain).ok()?, String::from_utf8(key).ok()?))
+}
+
+/// Writes `<cert_dir>/<host>/tls.key` then `tls.crt` ([`write_pair`]).
 /// `host` is lowercased; one that is not a DNS name is an `InvalidInput`
 /// error and nothing is touched.
 pub fn write_cert_files(
@@ -159,28 +186,24 @@ pub fn write_cert_files(
     chain_pem: &str,
     key_pem: &str,
 ) -> io::Result<bool> {
-    let dir = host_dir(cert_dir, host)?;
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(DIR_MODE)
-        .create(&dir)?;
-    remove_stale_temps(&dir);
-    let key_changed = replace_file(&dir, KEY_FILE, key_pem.as_bytes(), KEY_MODE)?;
-    let chain_changed = replace_file(&dir, CHAIN_FILE, chain_pem.as_bytes(), CHAIN_MODE)?;
-    if key_changed || chain_changed {
-        File::open(&dir)?.sync_all()?;
-    }
-    Ok(key_changed || chain_changed)
+    write_pair(&host_dir(cert_dir, host)?, chain_pem, key_pem)
 }
 
-/// What is on disk for `host`: `(chain, key)`, or `None` when either file
-/// is missing, unreadable, oversized or not UTF-8, or `host` is not a DNS
-/// name.
+/// What is on disk for `host` ([`read_pair`]); `None` also when `host` is
+/// not a DNS name.
 pub fn read_cert_files(cert_dir: &Path, host: &str) -> Option<(String, String)> {
-    let dir = host_dir(cert_dir, host).ok()?;
-    let chain = read_bounded(&dir.join(CHAIN_FILE)).ok()??;
-    let key = read_bounded(&dir.join(KEY_FILE)).ok()??;
-    Some((String::from_utf8(chain).ok()?, String::from_utf8(key).ok()?))
+    read_pair(&host_dir(cert_dir, host).ok()?)
+}
+
+/// Writes the SAN certificate, `<cert_dir>/tls.key` then
+/// `<cert_dir>/tls.crt` ([`write_pair`]).
+pub fn write_san_files(cert_dir: &Path, chain_pem: &str, key_pem: &str) -> io::Result<bool> {
+    write_pair(cert_dir, chain_pem, key_pem)
+}
+
+/// What is on disk for the SAN certificate ([`read_pair`] of `cert_dir`).
+pub fn read_san_files(cert_dir: &Path) -> Option<(String, String)> {
+    read_pair(cert_dir)
 }
 
 #[cfg(test)]
@@ -325,6 +348,31 @@ mod tests {
         fs::write(host.join(".tmp-tls.key-0123"), "half").unwrap();
         write_cert_files(dir.path(), "s.example.com", CHAIN, KEY).unwrap();
         assert!(!host.join(".tmp-tls.key-0123").exists());
+    }
+
+    #[test]
+    fn the_san_pair_lives_in_cert_dir_beside_host_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        assert_eq!(read_san_files(&certs), None);
+        // Creates cert_dir itself when missing.
+        assert!(write_san_files(&certs, CHAIN, KEY).unwrap());
+        assert_eq!(fs::read_to_string(certs.join("tls.crt")).unwrap(), CHAIN);
+        assert_eq!(mode(&certs.join("tls.key")), 0o600);
+        assert_eq!(mode(&certs.join("tls.crt")), 0o644);
+        assert!(!write_san_files(&certs, CHAIN, KEY).unwrap());
+        // Host directories next to it are left alone.
+        write_cert_files(&certs, "a.example.com", CHAIN, KEY).unwrap();
+        let key2 = KEY.replace("BBBB", "EEEE");
+        assert!(write_san_files(&certs, CHAIN, &key2).unwrap());
+        assert_eq!(
+            read_san_files(&certs),
+            Some((CHAIN.to_owned(), key2.clone()))
+        );
+        assert_eq!(
+            read_cert_files(&certs, "a.example.com"),
+            Some((CHAIN.to_owned(), KEY.to_owned()))
+        );
     }
 
     #[test]

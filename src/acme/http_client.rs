@@ -174,7 +174,7 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientBuildError {
     /// `ca_root` cannot be read or holds no usable certificate.
-    #[error("proxy.acme.ca_root {path}: {message}")]
+    #[error("proxy.extensions.sbmesh.acme.ca_root {path}: {message}")]
     CaRoot {
         /// The file.
         path: String,

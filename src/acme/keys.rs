@@ -8,11 +8,15 @@
 //! acme/<dir>/budget           new-order budget of the account
 //! acme/challenges/<token>     key authorization of a pending HTTP-01 challenge (expires)
 //! acme/certs/<host>           chain, key and facts of a host's certificate (sealed)
-//! locks: acme-account-<dir>, acme-order-<host>
+//! acme/san/<set>              the same for the one certificate of `certificates: san` (sealed)
+//! locks: acme-account-<dir>, acme-order-<host>, acme-order-san-<set>
 //! ```
 //!
 //! `<dir>` is [`directory_id`] of the directory URL, so a switch from a
-//! staging to a production CA starts a new account and history.
+//! staging to a production CA starts a new account and history. `<set>` is
+//! [`hostname_set_id`] of the certificate's names: a changed origin set is
+//! a new record (and a new order), the old one is simply no longer read.
+//! The SAN certificate's unit id (ownership, logs) is [`san_unit_id`].
 
 use crate::config::sha256_hex;
 
@@ -59,6 +63,27 @@ pub fn order_lock(host: &str) -> String {
     format!("acme-order-{host}")
 }
 
+/// Prefix of the SAN certificate records (for listing).
+pub const SAN_PREFIX: &str = "acme/san/";
+
+/// Certificate record of the SAN certificate for the hostname set `set_id`
+/// ([`hostname_set_id`]).
+pub fn san_certificate(set_id: &str) -> String {
+    format!("{SAN_PREFIX}{set_id}")
+}
+
+/// Lock held while the SAN certificate of `set_id` is ordered.
+pub fn san_order_lock(set_id: &str) -> String {
+    format!("acme-order-san-{set_id}")
+}
+
+/// Id of the SAN certificate unit for the hostname set `set_id`: the name
+/// its owner is chosen by (rendezvous hashing) and logged under. Never a
+/// hostname (it has a `:`), so it cannot collide with a per-host unit.
+pub fn san_unit_id(set_id: &str) -> String {
+    format!("san:{set_id}")
+}
+
 /// Id of a set of hostnames: order-independent, case-insensitive.
 pub fn hostname_set_id(hosts: &[String]) -> String {
     let mut sorted: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
@@ -83,9 +108,14 @@ mod tests {
             order_budget(&dir),
             challenge("abc_DEF-123"),
             certificate("api.example.com"),
+            san_certificate(&set),
         ] {
             validate_key(&key).unwrap();
         }
+        // Locks are store keys too (under the lock prefix).
+        validate_key(&format!("locks/{}", san_order_lock(&set))).unwrap();
+        assert!(san_unit_id(&set).starts_with("san:"));
+        assert!(!san_certificate(&set).starts_with(CERTS_PREFIX));
     }
 
     #[test]

@@ -1,25 +1,37 @@
 //! The loop that keeps every eligible origin certified on every replica.
 //!
-//! Each replica runs one [`AcmeManager`]. It
-//! - follows the configuration: the eligible keys of `origins` are the
-//!   hostnames to certify, re-read on every change (added hosts get a
-//!   certificate, removed ones stop being renewed);
+//! Each replica runs one [`AcmeManager`]. It keeps a set of certificate
+//! *units* ([`CertUnit`]: an id, the names, where the files go), built from
+//! the configuration by [`wanted_units`]: with `certificates: per_host`
+//! one unit per eligible origin, with `certificates: san` one unit for all
+//! of them. For every unit it
+//! - follows the configuration: re-read on every change (added hosts get a
+//!   certificate, removed ones stop being renewed; in `san` mode a changed
+//!   origin set is a new unit, ordered once, while the old certificate's
+//!   files keep being served until the new ones are written);
+//! - writes a self-signed placeholder for the unit's names before the
+//!   first real certificate exists on disk ([`crate::acme::placeholder`]),
+//!   so a proxy that needs its files at start-up can start; the real
+//!   certificate replaces it exactly as a renewal does;
 //! - delivers: whenever the shared store holds a newer certificate for a
-//!   host than the one on disk, it writes `<cert-dir>/<host>/tls.{crt,key}`
-//!   and asks the proxy to reload. It learns of new certificates from the
-//!   mesh (every node lists the certificates it wrote in its metadata) and,
-//!   as a safety net, by reading the store now and then;
-//! - orders: a host that has no valid certificate, or whose renewal time
-//!   came, is ordered by exactly one replica, its rendezvous owner among the
-//!   alive members, under the host's lease lock in the store. After taking
-//!   the lock it reads the store again, so a certificate another replica
-//!   stored meanwhile is used instead of ordered twice.
+//!   unit than the one on disk, it writes `<cert-dir>/<host>/tls.{crt,key}`
+//!   (per host) or `<cert-dir>/tls.{crt,key}` (san) and calls
+//!   `certificates_changed`. It learns of new certificates from the mesh
+//!   (every node lists the certificates it wrote in its metadata) and, as a
+//!   safety net, by reading the store now and then;
+//! - orders: a unit that has no valid certificate, or whose renewal time
+//!   came, is ordered by exactly one replica, the rendezvous owner of the
+//!   unit id among the alive members, under the unit's lease lock in the
+//!   store. After taking the lock it reads the store again, so a
+//!   certificate another replica stored meanwhile is used instead of
+//!   ordered twice.
 //!
-//! The decisions are pure ([`due_for_order`]); the async shell only moves
-//! records between the store, the CA and the disk.
+//! The decisions are pure ([`wanted_units`], [`due_for_order`],
+//! [`CertUnit::names_fit`], `needs_placeholder`); the async shell only
+//! moves records between the store, the CA and the disk.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,18 +43,18 @@ use tracing::{debug, info, warn};
 use crate::acme::account::{AccountSettings, load_or_create};
 use crate::acme::certs::{CertRecord, key_matches, parse_chain};
 use crate::acme::challenge::ChallengeBook;
-use crate::acme::deliver::{read_cert_files, write_cert_files};
+use crate::acme::deliver::{host_dir, read_pair, write_pair};
 use crate::acme::issuer::Issuer;
 use crate::acme::keys;
 use crate::acme::ownership::owner;
+use crate::acme::placeholder::{PLACEHOLDER_REFRESH_SECS, is_placeholder};
 use crate::acme::schedule::{
-    AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, renew_at,
+    AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, renew_at, renew_before_ignored,
 };
-use crate::config::{AcmeSection, SbConfig};
+use crate::config::{AcmeSection, CertificateMode, SbConfig};
 use crate::mesh::seal::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
-use crate::reload::ReloadTrigger;
 use crate::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
 use crate::store::{Store, StoreError, now_unix_ms};
 
@@ -106,6 +118,9 @@ pub struct AcmeStatus {
     pub refusal: Option<String>,
 }
 
+/// What the manager calls after it wrote new certificate files.
+pub type CertificatesChanged = Arc<dyn Fn() + Send + Sync>;
+
 /// The manager's inputs.
 pub struct AcmeInputs {
     /// The shared certificate store.
@@ -117,8 +132,10 @@ pub struct AcmeInputs {
     pub metrics: Arc<Metrics>,
     /// The current configuration; a change is picked up at once.
     pub config: watch::Receiver<Arc<SbConfig>>,
-    /// Asks the proxy to reload after certificate files changed.
-    pub reload: ReloadTrigger,
+    /// Called after certificate files changed, to hand them to the proxy
+    /// (a reload POST, a restart, or nothing: the sidecar's
+    /// `--proxy-cert-apply`).
+    pub certificates_changed: CertificatesChanged,
     /// The challenge responder's book, where orders publish key authorizations.
     pub book: Arc<ChallengeBook>,
 }
@@ -252,23 +269,184 @@ fn jitter(host: &str, serial: &str) -> f64 {
     n as f64 / (1u64 << 52) as f64
 }
 
-/// The hosts `config` asks for: eligible origins, lowercased, without a
-/// trailing dot, deduplicated; and the wildcards that are not eligible.
+/// The hosts `config` asks for: eligible origins in their certificate
+/// form ([`crate::config::hostname::normalize`]), deduplicated; and the
+/// wildcards that are not eligible.
 pub fn wanted_hosts(config: &SbConfig) -> (BTreeSet<String>, Vec<String>) {
-    if !config.acme_enabled() {
-        return (BTreeSet::new(), Vec::new());
-    }
-    let mut hosts = BTreeSet::new();
-    let mut wildcards = Vec::new();
-    for origin in &config.origins {
-        let host = origin.trim_end_matches('.').to_ascii_lowercase();
-        if host.contains('*') {
-            wildcards.push(origin.clone());
-        } else if !host.is_empty() {
-            hosts.insert(host);
+    let (hosts, wildcards) = config.acme_hostnames();
+    (hosts.into_iter().collect(), wildcards)
+}
+
+/// Where a unit's files go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnitFiles {
+    /// `<cert-dir>/<host>/tls.{crt,key}` (`certificates: per_host`).
+    Host(String),
+    /// `<cert-dir>/tls.{crt,key}` (`certificates: san`).
+    San,
+}
+
+/// One certificate the manager keeps ordered, stored and on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertUnit {
+    /// Stable id: the hostname (per host) or [`keys::san_unit_id`] of the
+    /// name set (san). Ownership (rendezvous hashing), the renewal jitter
+    /// and the manager's bookkeeping go by it.
+    pub id: String,
+    /// The names to order, lowercase; sorted and deduplicated for a SAN
+    /// unit. Never empty.
+    pub names: Vec<String>,
+    /// Where the files go.
+    pub files: UnitFiles,
+}
+
+impl CertUnit {
+    /// The unit of one host (`certificates: per_host`).
+    pub fn per_host(host: &str) -> Self {
+        Self {
+            id: host.to_owned(),
+            names: vec![host.to_owned()],
+            files: UnitFiles::Host(host.to_owned()),
         }
     }
-    (hosts, wildcards)
+
+    /// The SAN unit of `names` (sorted and deduplicated here); `None` when
+    /// there are none.
+    pub fn san(names: impl IntoIterator<Item = String>) -> Option<Self> {
+        let names: Vec<String> = names
+            .into_iter()
+            .map(|n| n.to_ascii_lowercase())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if names.is_empty() {
+            return None;
+        }
+        Some(Self {
+            id: keys::san_unit_id(&keys::hostname_set_id(&names)),
+            names,
+            files: UnitFiles::San,
+        })
+    }
+
+    /// The name its store record is filed under ([`CertRecord::host`]) and
+    /// status lists as `host`: the host, or the first of the SAN names.
+    pub fn record_host(&self) -> &str {
+        &self.names[0]
+    }
+
+    /// Its certificate record in the store.
+    pub fn store_key(&self) -> String {
+        match &self.files {
+            UnitFiles::Host(host) => keys::certificate(host),
+            UnitFiles::San => keys::san_certificate(&keys::hostname_set_id(&self.names)),
+        }
+    }
+
+    /// Its order lock.
+    pub fn lock_name(&self) -> String {
+        match &self.files {
+            UnitFiles::Host(host) => keys::order_lock(host),
+            UnitFiles::San => keys::san_order_lock(&keys::hostname_set_id(&self.names)),
+        }
+    }
+
+    /// The directory of its `tls.crt` and `tls.key`.
+    pub fn dir(&self, cert_dir: &Path) -> std::io::Result<PathBuf> {
+        match &self.files {
+            UnitFiles::Host(host) => host_dir(cert_dir, host),
+            UnitFiles::San => Ok(cert_dir.to_owned()),
+        }
+    }
+
+    /// Whether a certificate naming `dns_names` serves this unit: one that
+    /// names the host (per host), or exactly the unit's names (san: a
+    /// certificate of another origin set is the old one, to replace).
+    pub fn names_fit(&self, dns_names: &[String]) -> bool {
+        match &self.files {
+            UnitFiles::Host(host) => dns_names.iter().any(|n| n.eq_ignore_ascii_case(host)),
+            UnitFiles::San => {
+                let got: BTreeSet<String> =
+                    dns_names.iter().map(|n| n.to_ascii_lowercase()).collect();
+                got.len() == self.names.len() && got.iter().eq(self.names.iter())
+            }
+        }
+    }
+
+    /// Whether a peer's status entry announces a certificate of this unit
+    /// (a placeholder never does).
+    pub fn announced_by(&self, info: &CertificateInfo) -> bool {
+        if info.placeholder {
+            return false;
+        }
+        match &self.files {
+            UnitFiles::Host(host) => info.host == *host,
+            UnitFiles::San if info.names.is_empty() => {
+                self.names.len() == 1 && info.host == self.names[0]
+            }
+            UnitFiles::San => self.names_fit(&info.names),
+        }
+    }
+}
+
+/// The units `config` asks for, and the wildcards that are not eligible:
+/// one unit per eligible origin (`per_host`), or one for all of them
+/// (`san`; none when there is no eligible origin). The config layer
+/// refuses more than [`crate::config::MAX_SAN_NAMES`] names for `san`.
+pub fn wanted_units(config: &SbConfig) -> (Vec<CertUnit>, Vec<String>) {
+    let (hosts, wildcards) = wanted_hosts(config);
+    let units = match config.certificate_mode() {
+        CertificateMode::PerHost => hosts.iter().map(|h| CertUnit::per_host(h)).collect(),
+        CertificateMode::San => CertUnit::san(hosts).into_iter().collect(),
+    };
+    (units, wildcards)
+}
+
+/// Whether a placeholder must be written for `unit`, given what is on disk
+/// (`local`) at `now`: when nothing is, or when a placeholder is there for
+/// other names or about to expire. Never over a real certificate, even one
+/// for another origin set (it is served until the new one arrives).
+fn needs_placeholder(unit: &CertUnit, local: Option<&Local>, now: u64) -> bool {
+    match local {
+        None => true,
+        Some(l) if l.placeholder => {
+            !unit.names_fit(&l.names) || now + PLACEHOLDER_REFRESH_SECS >= l.not_after_unix
+        }
+        Some(_) => false,
+    }
+}
+
+/// Writes a self-signed placeholder for `unit` into `cert_dir`.
+fn write_placeholder(unit: &CertUnit, cert_dir: &Path, now: u64) -> Result<Local, String> {
+    let (chain, key) =
+        crate::acme::placeholder::generate(&unit.names, now).map_err(|e| e.to_string())?;
+    let dir = unit.dir(cert_dir).map_err(|e| e.to_string())?;
+    write_pair(&dir, &chain, &key).map_err(|e| e.to_string())?;
+    let facts = parse_chain(&chain).map_err(|e| e.to_string())?;
+    Ok(Local {
+        serial: facts.serial,
+        not_after_unix: facts.not_after_unix,
+        names: facts.dns_names,
+        placeholder: true,
+    })
+}
+
+/// Writes a placeholder for every certificate `config` asks for that has
+/// nothing usable in `cert_dir` yet, before anything else runs: a proxy
+/// that reads its certificate files at start-up (sbproxy with
+/// `tls_cert_file`) can then start while the store, the mesh and the CA
+/// are still on their way. The manager does the same later for new
+/// origins. Returns the units written, or the first error.
+pub fn write_startup_placeholders(config: &SbConfig, cert_dir: &Path) -> Result<usize, String> {
+    let now = now_unix_ms() / 1000;
+    let mut written = 0;
+    for unit in wanted_units(config).0 {
+        if needs_placeholder(&unit, Local::read(&unit, cert_dir).as_ref(), now) {
+            write_placeholder(&unit, cert_dir, now).map_err(|e| format!("{}: {e}", unit.id))?;
+            written += 1;
+        }
+    }
+    Ok(written)
 }
 
 /// Why this node must not order with this store, if it must not.
@@ -288,16 +466,16 @@ pub fn local_store_refusal(backend: &str, shared: bool, has_peers: bool) -> Opti
 
 /// What the tasks report to the loop.
 enum Event {
-    /// A store read for `host` finished.
+    /// A store read for the unit `id` finished.
     Stored {
-        host: String,
+        id: String,
         result: Result<Option<CertRecord>, String>,
     },
     /// An order task ended.
-    Ordered { host: String, outcome: OrderOutcome },
-    /// The CA's renewal window (ARI) for the certificate `serial` of `host`.
+    Ordered { id: String, outcome: OrderOutcome },
+    /// The CA's renewal window (ARI) for the certificate `serial` of `id`.
     Ari {
-        host: String,
+        id: String,
         serial: String,
         window: Option<AriWindow>,
     },
@@ -332,10 +510,28 @@ enum OrderOutcome {
 struct Local {
     serial: String,
     not_after_unix: u64,
+    /// Its DNS names.
+    names: Vec<String>,
+    /// A self-signed placeholder of ours, not the CA's.
+    placeholder: bool,
 }
 
-#[derive(Default)]
-struct HostState {
+impl Local {
+    /// Reads what is on disk for `unit`.
+    fn read(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
+        let (chain, _key) = read_pair(&unit.dir(cert_dir).ok()?)?;
+        let facts = parse_chain(&chain).ok()?;
+        Some(Local {
+            placeholder: is_placeholder(&chain),
+            serial: facts.serial,
+            not_after_unix: facts.not_after_unix,
+            names: facts.dns_names,
+        })
+    }
+}
+
+struct UnitState {
+    unit: CertUnit,
     view: HostView,
     local: Option<Local>,
     /// Serial announced by a peer that we have not read from the store yet.
@@ -344,6 +540,34 @@ struct HostState {
     next_check: Option<Instant>,
     /// When the CA was last asked for the renewal window, and for which serial.
     ari_asked: Option<(Instant, String)>,
+    /// The serial last warned about for an ignored `renew_before_days`.
+    renew_warned: Option<String>,
+    /// Writing a placeholder failed; not tried again for this unit.
+    placeholder_failed: bool,
+}
+
+impl UnitState {
+    fn new(unit: CertUnit, local: Option<Local>) -> Self {
+        Self {
+            unit,
+            view: HostView::default(),
+            local,
+            wanted_serial: None,
+            fetching: false,
+            next_check: None,
+            ari_asked: None,
+            renew_warned: None,
+            placeholder_failed: false,
+        }
+    }
+
+    /// Whether the proxy has a real certificate for this unit's names (not
+    /// a placeholder, not the certificate of an older SAN set).
+    fn has_real(&self) -> bool {
+        self.local
+            .as_ref()
+            .is_some_and(|l| !l.placeholder && self.unit.names_fit(&l.names))
+    }
 }
 
 struct Runner {
@@ -352,10 +576,11 @@ struct Runner {
     mesh: Mesh,
     metrics: Arc<Metrics>,
     config_rx: watch::Receiver<Arc<SbConfig>>,
-    reload: ReloadTrigger,
+    certificates_changed: CertificatesChanged,
     book: Arc<ChallengeBook>,
     status_tx: watch::Sender<AcmeStatus>,
-    hosts: BTreeMap<String, HostState>,
+    /// By unit id.
+    units: BTreeMap<String, UnitState>,
     not_eligible: Vec<String>,
     acme: Option<AcmeSection>,
     issuer: Arc<Mutex<Option<Arc<Issuer>>>>,
@@ -384,10 +609,10 @@ impl Runner {
             mesh: inputs.mesh,
             metrics: inputs.metrics,
             config_rx: inputs.config,
-            reload: inputs.reload,
+            certificates_changed: inputs.certificates_changed,
             book: inputs.book,
             status_tx,
-            hosts: BTreeMap::new(),
+            units: BTreeMap::new(),
             not_eligible: Vec::new(),
             acme: None,
             issuer: Arc::new(Mutex::new(None)),
@@ -425,17 +650,17 @@ impl Runner {
             }
             if self.reload_pending {
                 self.reload_pending = false;
-                self.reload.certificates_changed();
+                (self.certificates_changed)();
                 self.publish_status();
             }
             self.step().await;
         }
     }
 
-    /// Picks up the hostnames (and ACME settings) of the current config.
+    /// Picks up the units (and ACME settings) of the current config.
     fn apply_config(&mut self) {
         let config = self.config_rx.borrow_and_update().clone();
-        let (wanted, wildcards) = wanted_hosts(&config);
+        let (wanted, wildcards) = wanted_units(&config);
         for wildcard in &wildcards {
             if !self.not_eligible.contains(wildcard) {
                 warn!(
@@ -445,36 +670,52 @@ impl Runner {
             }
         }
         self.not_eligible = wildcards;
+        let wanted_ids: BTreeSet<&str> = wanted.iter().map(|u| u.id.as_str()).collect();
         let removed: Vec<String> = self
-            .hosts
+            .units
             .keys()
-            .filter(|h| !wanted.contains(*h))
+            .filter(|id| !wanted_ids.contains(id.as_str()))
             .cloned()
             .collect();
-        for host in removed {
-            info!(host = %host, "origin removed: its certificate is no longer renewed");
-            self.hosts.remove(&host);
-            self.metrics.acme.forget_host(&host);
+        for id in removed {
+            let Some(state) = self.units.remove(&id) else {
+                continue;
+            };
+            match state.unit.files {
+                UnitFiles::Host(host) => {
+                    info!(host = %host, "origin removed: its certificate is no longer renewed");
+                }
+                UnitFiles::San => info!(
+                    unit = %id,
+                    names = state.unit.names.len(),
+                    "origin set changed: the SAN certificate of the old set is no longer renewed; \
+                     its files are served until the new set's certificate is written"
+                ),
+            }
+            for name in &state.unit.names {
+                self.metrics.acme.forget_host(name);
+            }
         }
-        for host in wanted {
-            if self.hosts.contains_key(&host) {
+        for unit in wanted {
+            if self.units.contains_key(&unit.id) {
                 continue;
             }
-            let mut state = HostState::default();
-            if let Some((chain, _key)) = read_cert_files(&self.cfg.cert_dir, &host)
-                && let Ok(facts) = parse_chain(&chain)
-            {
-                self.metrics
-                    .acme
-                    .set_expiry(&host, seconds_left(facts.not_after_unix));
-                state.local = Some(Local {
-                    serial: facts.serial,
-                    not_after_unix: facts.not_after_unix,
-                });
+            let local = Local::read(&unit, &self.cfg.cert_dir);
+            if let Some(l) = local.as_ref().filter(|l| !l.placeholder) {
+                for name in &unit.names {
+                    self.metrics
+                        .acme
+                        .set_expiry(name, seconds_left(l.not_after_unix));
+                }
             }
-            self.hosts.insert(host, state);
+            if let UnitFiles::San = unit.files {
+                info!(unit = %unit.id, names = ?unit.names, "SAN certificate unit");
+            }
+            self.units
+                .insert(unit.id.clone(), UnitState::new(unit, local));
         }
-        let acme = config.proxy.acme.clone().filter(|a| a.enabled);
+        self.write_placeholders();
+        let acme = config.acme().cloned();
         if acme.as_ref().map(issuer_identity) != self.acme.as_ref().map(issuer_identity) {
             // A new directory, contact or trust: the next order builds a new issuer.
             if let Ok(mut issuer) = self.issuer.try_lock() {
@@ -487,91 +728,77 @@ impl Runner {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::Stored { host, result } => {
-                let Some(state) = self.hosts.get_mut(&host) else {
+            Event::Stored { id, result } => {
+                let Some(state) = self.units.get_mut(&id) else {
                     return;
                 };
                 state.fetching = false;
                 match result {
-                    Ok(record) => {
+                    Ok(Some(record)) => self.take_record(&id, record),
+                    Ok(None) => {
                         state.view.checked = true;
-                        if let Some(record) = record {
-                            self.take_record(&host, record);
-                        } else if let Some(state) = self.hosts.get_mut(&host) {
-                            state.view.stored = None;
-                        }
+                        state.view.stored = None;
                     }
                     Err(e) => {
-                        debug!(host = %host, error = %e, "certificate store read failed; files left as they are");
+                        debug!(unit = %id, error = %e, "certificate store read failed; files left as they are");
                     }
                 }
             }
-            Event::Ari {
-                host,
-                serial,
-                window,
-            } => {
+            Event::Ari { id, serial, window } => {
                 if let Some(stored) = self
-                    .hosts
-                    .get_mut(&host)
+                    .units
+                    .get_mut(&id)
                     .and_then(|s| s.view.stored.as_mut())
                     .filter(|s| s.serial == serial)
                 {
                     if stored.ari != window {
-                        debug!(host = %host, ?window, "renewal window from the CA");
+                        debug!(unit = %id, ?window, "renewal window from the CA");
                     }
                     stored.ari = window;
                 }
             }
-            Event::Ordered { host, outcome } => {
-                if let Some(state) = self.hosts.get_mut(&host) {
-                    state.view.in_flight = false;
-                }
+            Event::Ordered { id, outcome } => {
+                let Some(state) = self.units.get_mut(&id) else {
+                    return;
+                };
+                state.view.in_flight = false;
                 let now = now_unix_ms() / 1000;
                 match outcome {
                     OrderOutcome::Issued(record) => {
                         self.metrics.acme.order("issued");
-                        info!(host = %host, serial = %record.serial, not_after = record.not_after_unix, "certificate issued");
-                        if let Some(state) = self.hosts.get_mut(&host) {
-                            state.view.failures.clear();
-                        }
-                        self.take_record(&host, *record);
+                        info!(unit = %id, names = state.unit.names.len(), serial = %record.serial, not_after = record.not_after_unix, "certificate issued");
+                        state.view.failures.clear();
+                        self.take_record(&id, *record);
                     }
                     OrderOutcome::AlreadyValid(record) => {
                         self.metrics.acme.order("skipped");
-                        debug!(host = %host, "another replica stored a valid certificate meanwhile");
-                        self.take_record(&host, *record);
+                        debug!(unit = %id, "another replica stored a valid certificate meanwhile");
+                        self.take_record(&id, *record);
                     }
                     OrderOutcome::Busy => {
-                        debug!(host = %host, "another replica is ordering it");
-                        if let Some(state) = self.hosts.get_mut(&host) {
-                            state.next_check = Some(Instant::now() + Duration::from_secs(1));
-                        }
+                        debug!(unit = %id, "another replica is ordering it");
+                        state.next_check = Some(Instant::now() + Duration::from_secs(1));
                     }
                     OrderOutcome::Deferred { until, why } => {
                         self.metrics.acme.order("skipped");
-                        warn!(host = %host, until, "order deferred: {why}");
-                        if let Some(state) = self.hosts.get_mut(&host) {
-                            state
-                                .view
-                                .failures
-                                .record(now, Some(until.saturating_sub(now)));
-                        }
+                        warn!(unit = %id, until, "order deferred: {why}");
+                        state
+                            .view
+                            .failures
+                            .record(now, Some(until.saturating_sub(now)));
                     }
                     OrderOutcome::Failed {
                         error,
                         retry_after_secs,
                     } => {
                         self.metrics.acme.order("failed");
-                        if let Some(state) = self.hosts.get_mut(&host) {
-                            state.view.failures.record(now, retry_after_secs);
-                            warn!(
-                                host = %host,
-                                failures = state.view.failures.count,
-                                next_attempt_unix = state.view.failures.next_attempt_unix(),
-                                "order failed: {error}"
-                            );
-                        }
+                        state.view.failures.record(now, retry_after_secs);
+                        warn!(
+                            unit = %id,
+                            failures = state.view.failures.count,
+                            next_attempt_unix = state.view.failures.next_attempt_unix(),
+                            "order failed: {error}"
+                        );
                     }
                 }
             }
@@ -579,9 +806,10 @@ impl Runner {
     }
 
     /// A record read from the store (or just issued): remember it, and
-    /// write it to disk when it is newer than what the proxy has.
-    fn take_record(&mut self, host: &str, record: CertRecord) {
-        let Some(state) = self.hosts.get_mut(host) else {
+    /// write it to disk when it is newer than what the proxy has (always
+    /// over a placeholder or the certificate of another SAN set).
+    fn take_record(&mut self, id: &str, record: CertRecord) {
+        let Some(state) = self.units.get_mut(id) else {
             return;
         };
         state.view.checked = true;
@@ -605,6 +833,7 @@ impl Runner {
         }
         let newer = match &state.local {
             None => true,
+            Some(_) if !state.has_real() => true,
             Some(local) => {
                 local.serial != record.serial && record.not_after_unix >= local.not_after_unix
             }
@@ -612,35 +841,97 @@ impl Runner {
         if !newer {
             return;
         }
-        match write_cert_files(&self.cfg.cert_dir, host, &record.chain_pem, &record.key_pem) {
+        let written = state
+            .unit
+            .dir(&self.cfg.cert_dir)
+            .and_then(|dir| write_pair(&dir, &record.chain_pem, &record.key_pem));
+        match written {
             Ok(changed) => {
                 state.local = Some(Local {
                     serial: record.serial.clone(),
                     not_after_unix: record.not_after_unix,
+                    names: record.hosts.clone(),
+                    placeholder: false,
                 });
-                self.metrics
-                    .acme
-                    .set_expiry(host, seconds_left(record.not_after_unix));
+                for name in &state.unit.names {
+                    self.metrics
+                        .acme
+                        .set_expiry(name, seconds_left(record.not_after_unix));
+                }
                 if changed {
-                    info!(host = %host, serial = %record.serial, "certificate written for the proxy");
+                    info!(unit = %id, serial = %record.serial, "certificate written for the proxy");
                     self.reload_pending = true;
                 }
             }
             Err(e) => {
-                warn!(host = %host, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write certificate files");
+                warn!(unit = %id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write certificate files");
             }
+        }
+        self.publish_status();
+    }
+
+    /// Writes a self-signed placeholder for every unit that has nothing
+    /// usable on disk yet (see `needs_placeholder`). It does not call
+    /// `certificates_changed` (a proxy reads it at start-up; reloading or
+    /// restarting a running proxy for it would only disturb) and orders
+    /// nothing: ordering goes by the store alone.
+    fn write_placeholders(&mut self) {
+        let now = now_unix_ms() / 1000;
+        let mut wrote = false;
+        for (id, state) in &mut self.units {
+            if state.placeholder_failed
+                || !needs_placeholder(&state.unit, state.local.as_ref(), now)
+            {
+                continue;
+            }
+            let written = write_placeholder(&state.unit, &self.cfg.cert_dir, now);
+            match written {
+                Ok(local) => {
+                    info!(unit = %id, names = state.unit.names.len(), "placeholder certificate written until the CA's arrives");
+                    state.local = Some(local);
+                    wrote = true;
+                }
+                Err(e) => {
+                    warn!(unit = %id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write a placeholder certificate");
+                    state.placeholder_failed = true;
+                }
+            }
+        }
+        if wrote {
+            self.publish_status();
         }
     }
 
     fn publish_status(&self) {
         let certificates = self
-            .hosts
-            .iter()
-            .filter_map(|(host, s)| {
-                s.local.as_ref().map(|l| CertificateInfo {
-                    host: host.clone(),
+            .units
+            .values()
+            .filter_map(|s| {
+                let l = s.local.as_ref()?;
+                let mut names = l.names.clone();
+                names.sort();
+                names.dedup();
+                let (host, names) = match &s.unit.files {
+                    // A per-host certificate lists its names only when it
+                    // has more than the host (keeps metadata small).
+                    UnitFiles::Host(host) => {
+                        let only_host = names.len() == 1 && names[0] == *host;
+                        (host.clone(), if only_host { Vec::new() } else { names })
+                    }
+                    UnitFiles::San => (
+                        names
+                            .first()
+                            .cloned()
+                            .unwrap_or_else(|| s.unit.names[0].clone()),
+                        names,
+                    ),
+                };
+                Some(CertificateInfo {
+                    host,
                     not_after_unix: l.not_after_unix,
                     serial: l.serial.clone(),
+                    names,
+                    placeholder: l.placeholder,
                 })
             })
             .collect();
@@ -662,9 +953,10 @@ impl Runner {
     /// One pass: learn from the mesh, read the store where due, order
     /// what this replica owns and is due.
     async fn step(&mut self) {
-        if self.hosts.is_empty() {
+        if self.units.is_empty() {
             return;
         }
+        self.write_placeholders();
         let Some(status) = self.mesh.status().await else {
             return;
         };
@@ -672,7 +964,18 @@ impl Runner {
         // have is a reason to read the store now.
         for node in status.nodes.iter().filter(|n| !n.local) {
             for cert in &node.certificates {
-                if let Some(state) = self.hosts.get_mut(&cert.host) {
+                // Per host the unit id is the host; a SAN entry lists its
+                // names, whose set id names the unit.
+                let san_id = (!cert.names.is_empty())
+                    .then(|| keys::san_unit_id(&keys::hostname_set_id(&cert.names)));
+                let id = san_id
+                    .filter(|id| self.units.contains_key(id))
+                    .unwrap_or_else(|| cert.host.clone());
+                if let Some(state) = self
+                    .units
+                    .get_mut(&id)
+                    .filter(|s| s.unit.announced_by(cert))
+                {
                     let have = state.local.as_ref().map(|l| l.serial.as_str());
                     let known = state.view.stored.as_ref().map(|s| s.serial.as_str());
                     if have != Some(cert.serial.as_str()) && known != Some(cert.serial.as_str()) {
@@ -688,30 +991,34 @@ impl Runner {
         }
         let missing_every = self.cfg.missing_check_every;
         let mut reads = Vec::new();
-        for (host, state) in &mut self.hosts {
+        for state in self.units.values_mut() {
             if state.fetching {
                 continue;
             }
+            // A placeholder or an older SAN set's certificate is as good
+            // as missing: look for the real one often.
+            let missing = !state.has_real();
             let due_check = state.next_check.is_none_or(|t| now_instant >= t);
             let want = full
                 || !state.view.checked
                 || state.wanted_serial.is_some()
-                || (state.local.is_none() && due_check)
+                || (missing && due_check)
                 || (state.next_check.is_some() && due_check);
             if want {
                 state.fetching = true;
-                state.next_check = state.local.is_none().then(|| now_instant + missing_every);
-                reads.push(host.clone());
+                state.next_check = missing.then(|| now_instant + missing_every);
+                reads.push(state.unit.clone());
             }
         }
-        for host in reads {
-            self.spawn_read(host);
+        for unit in reads {
+            self.spawn_read(unit);
         }
 
         // Ordering.
         let Some(acme) = self.acme.clone() else {
             return;
         };
+        self.warn_ignored_renew_before(acme.renew_before_days);
         let has_peers = self.mesh.has_peers();
         let refusal = local_store_refusal(self.store.backend(), self.store.is_shared(), has_peers);
         if refusal != self.refusal {
@@ -747,23 +1054,23 @@ impl Runner {
         let now = now_unix_ms() / 1000;
         self.ask_ari(&members);
         let mut to_order = Vec::new();
-        for (host, state) in &self.hosts {
-            let is_owner = owner(host, &members) == Some(self.cfg.node_id.as_str());
-            if due_for_order(host, &state.view, is_owner, acme.renew_before_days, now).is_ok() {
-                to_order.push(host.clone());
+        for (id, state) in &self.units {
+            let is_owner = owner(id, &members) == Some(self.cfg.node_id.as_str());
+            if due_for_order(id, &state.view, is_owner, acme.renew_before_days, now).is_ok() {
+                to_order.push(id.clone());
             }
         }
-        for host in to_order {
+        for id in to_order {
             let Ok(permit) = self.slots.clone().try_acquire_owned() else {
                 break;
             };
-            let known = self.hosts.get_mut(&host).and_then(|state| {
-                state.view.in_flight = true;
-                state.view.stored.clone()
-            });
+            let Some(state) = self.units.get_mut(&id) else {
+                continue;
+            };
+            state.view.in_flight = true;
             let job = OrderJob {
-                known,
-                host: host.clone(),
+                known: state.view.stored.clone(),
+                unit: state.unit.clone(),
                 node_id: self.cfg.node_id.clone(),
                 store: self.store.clone(),
                 metrics: self.metrics.clone(),
@@ -779,12 +1086,46 @@ impl Runner {
             tokio::spawn(async move {
                 let outcome = job.run().await;
                 drop(permit);
-                let _ = events.send(Event::Ordered { host, outcome });
+                let _ = events.send(Event::Ordered { id, outcome });
             });
         }
     }
 
-    /// The owner of a host asks the CA for its renewal window (ARI) when
+    /// Warns, once per certificate serial, when `renew_before_days` is set
+    /// aside for a stored certificate because it is at least half of its
+    /// lifetime (the one-third rule applies then, see
+    /// [`crate::acme::schedule::renew_at`]).
+    fn warn_ignored_renew_before(&mut self, renew_before_days: Option<u32>) {
+        let Some(days) = renew_before_days else {
+            return;
+        };
+        for (id, state) in &mut self.units {
+            let Some(stored) = &state.view.stored else {
+                continue;
+            };
+            if state.renew_warned.as_deref() == Some(stored.serial.as_str())
+                || !renew_before_ignored(stored.times, renew_before_days)
+            {
+                continue;
+            }
+            let lifetime = stored
+                .times
+                .not_after_unix
+                .saturating_sub(stored.times.not_before_unix);
+            warn!(
+                host = %state.unit.record_host(),
+                unit = %id,
+                serial = %stored.serial,
+                renew_before_days = days,
+                lifetime_days = lifetime as f64 / 86_400.0,
+                "renew_before_days is at least half of this certificate's lifetime; \
+                 renewing when one third of its lifetime remains instead"
+            );
+            state.renew_warned = Some(stored.serial.clone());
+        }
+    }
+
+    /// The owner of a unit asks the CA for its renewal window (ARI) when
     /// the directory offers it: at each new certificate, then every
     /// [`ARI_EVERY`]. Only once an issuer exists (the account is loaded).
     fn ask_ari(&mut self, members: &[&str]) {
@@ -795,11 +1136,11 @@ impl Runner {
             return;
         }
         let now = Instant::now();
-        for (host, state) in &mut self.hosts {
+        for (id, state) in &mut self.units {
             let Some(stored) = &state.view.stored else {
                 continue;
             };
-            if owner(host, members) != Some(self.cfg.node_id.as_str()) {
+            if owner(id, members) != Some(self.cfg.node_id.as_str()) {
                 continue;
             }
             let fresh = state.ari_asked.as_ref().is_some_and(|(at, serial)| {
@@ -814,9 +1155,14 @@ impl Runner {
                 self.cfg.key_ring.clone(),
                 self.events_tx.clone(),
             );
-            let (host, serial, issuer) = (host.clone(), stored.serial.clone(), issuer.clone());
+            let (id, unit, serial, issuer) = (
+                id.clone(),
+                state.unit.clone(),
+                stored.serial.clone(),
+                issuer.clone(),
+            );
             tokio::spawn(async move {
-                let Ok(Some(record)) = read_record(store.as_ref(), ring.as_ref(), &host).await
+                let Ok(Some(record)) = read_record(store.as_ref(), ring.as_ref(), &unit).await
                 else {
                     return;
                 };
@@ -831,24 +1177,23 @@ impl Runner {
                             start_unix,
                             end_unix,
                         });
-                let _ = events.send(Event::Ari {
-                    host,
-                    serial,
-                    window,
-                });
+                let _ = events.send(Event::Ari { id, serial, window });
             });
         }
     }
 
-    fn spawn_read(&self, host: String) {
+    fn spawn_read(&self, unit: CertUnit) {
         let store = self.store.clone();
         let ring = self.cfg.key_ring.clone();
         let events = self.events_tx.clone();
         tokio::spawn(async move {
-            let result = read_record(store.as_ref(), ring.as_ref(), &host)
+            let result = read_record(store.as_ref(), ring.as_ref(), &unit)
                 .await
                 .map_err(|e| e.to_string());
-            let _ = events.send(Event::Stored { host, result });
+            let _ = events.send(Event::Stored {
+                id: unit.id,
+                result,
+            });
         });
     }
 }
@@ -868,35 +1213,44 @@ fn issuer_identity(acme: &AcmeSection) -> String {
     )
 }
 
-/// Reads and checks the certificate record of `host`: `None` when there is
+/// Reads and checks the certificate record of `unit`: `None` when there is
 /// none; an error when it cannot be read or is not usable (corrupt, wrong
-/// host, key not matching).
+/// names, key not matching).
 async fn read_record(
     store: &dyn Store,
     ring: Option<&KeyRing>,
-    host: &str,
+    unit: &CertUnit,
 ) -> Result<Option<CertRecord>, StoreError> {
-    let key = keys::certificate(host);
+    let key = unit.store_key();
     let Some(entry) = get_fenced(store, &key).await? else {
         return Ok(None);
     };
     let record = CertRecord::decode(ring, &key, &entry.value)?;
-    check_record(host, &record).map_err(|message| StoreError::Corrupt {
+    check_record(unit, &record).map_err(|message| StoreError::Corrupt {
         key: key.clone(),
         message,
     })?;
     Ok(Some(record))
 }
 
-/// A record is used only when it is what it claims: the host's, with a
-/// key that matches the leaf.
-fn check_record(host: &str, record: &CertRecord) -> Result<(), String> {
+/// A record is used only when it is what it claims: the unit's (filed
+/// under its host; a certificate naming the host, or for a SAN unit
+/// exactly its names), with a key that matches the leaf.
+fn check_record(unit: &CertUnit, record: &CertRecord) -> Result<(), String> {
+    let host = unit.record_host();
     if record.host != host {
         return Err(format!("record is for {:?}, not {host:?}", record.host));
     }
     let facts = parse_chain(&record.chain_pem).map_err(|e| e.to_string())?;
-    if !facts.dns_names.iter().any(|n| n.eq_ignore_ascii_case(host)) {
-        return Err(format!("certificate does not name {host:?}"));
+    if !unit.names_fit(&facts.dns_names) {
+        return Err(match unit.files {
+            UnitFiles::Host(_) => format!("certificate does not name {host:?}"),
+            UnitFiles::San => format!(
+                "certificate names {:?}, not exactly the {} names of the set",
+                facts.dns_names,
+                unit.names.len()
+            ),
+        });
     }
     match key_matches(&record.chain_pem, &record.key_pem) {
         Ok(true) => Ok(()),
@@ -907,7 +1261,7 @@ fn check_record(host: &str, record: &CertRecord) -> Result<(), String> {
 
 /// One order, from lock to stored certificate.
 struct OrderJob {
-    host: String,
+    unit: CertUnit,
     node_id: String,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
@@ -924,7 +1278,7 @@ struct OrderJob {
 
 impl OrderJob {
     async fn run(self) -> OrderOutcome {
-        let lock = LeaseLock::new(self.store.clone(), &keys::order_lock(&self.host))
+        let lock = LeaseLock::new(self.store.clone(), &self.unit.lock_name())
             .with_metrics(self.metrics.clone());
         let lease = match lock.try_acquire(&self.node_id, self.lock_ttl).await {
             Ok(Some(lease)) => lease,
@@ -934,7 +1288,7 @@ impl OrderJob {
         let keeper = LeaseKeeper::spawn(lock, lease);
         let outcome = self.locked(&keeper).await;
         if let Err(e) = keeper.release().await {
-            debug!(host = %self.host, error = %e, "order lock not released; it expires by itself");
+            debug!(unit = %self.unit.id, error = %e, "order lock not released; it expires by itself");
         }
         outcome
     }
@@ -943,7 +1297,7 @@ impl OrderJob {
         let now = now_unix_ms() / 1000;
         // Another replica may have stored a certificate between our last
         // read and the lock: use it rather than order a second one.
-        match read_record(self.store.as_ref(), self.ring.as_ref(), &self.host).await {
+        match read_record(self.store.as_ref(), self.ring.as_ref(), &self.unit).await {
             Ok(Some(record)) => {
                 let times = CertTimes {
                     not_before_unix: record.not_before_unix,
@@ -959,7 +1313,7 @@ impl OrderJob {
                     times,
                     self.renew_before_days,
                     ari,
-                    jitter(&self.host, &record.serial),
+                    jitter(&self.unit.id, &record.serial),
                 );
                 if now < at {
                     return OrderOutcome::AlreadyValid(Box::new(record));
@@ -967,11 +1321,11 @@ impl OrderJob {
             }
             Ok(None) => {}
             Err(StoreError::Corrupt { message, .. }) => {
-                warn!(host = %self.host, "stored certificate unusable ({message}); ordering a new one");
+                warn!(unit = %self.unit.id, "stored certificate unusable ({message}); ordering a new one");
             }
             Err(e) => return failed(format!("reading the store: {e}"), None),
         }
-        let hosts = vec![self.host.clone()];
+        let hosts = self.unit.names.clone();
         let dir_id = keys::directory_id(&self.acme.directory_url);
         let history_key = keys::issued(&dir_id, &keys::hostname_set_id(&hosts));
         if let Err(until) = check_history(self.store.as_ref(), &history_key, now).await {
@@ -1013,7 +1367,7 @@ impl OrderJob {
             Err(e) => return failed(format!("the CA's certificate: {e}"), None),
         };
         let record = CertRecord {
-            host: self.host.clone(),
+            host: self.unit.record_host().to_owned(),
             hosts: facts.dns_names.clone(),
             chain_pem: issued.chain_pem,
             key_pem: issued.key_pem,
@@ -1023,7 +1377,7 @@ impl OrderJob {
             issued_at_unix: now_unix_ms() / 1000,
             issued_by: self.node_id.clone(),
         };
-        let key = keys::certificate(&self.host);
+        let key = self.unit.store_key();
         let bytes = match record.encode(self.ring.as_ref(), &key) {
             Ok(b) => b,
             Err(e) => return failed(e.to_string(), None),
@@ -1032,7 +1386,7 @@ impl OrderJob {
             return failed(format!("storing the certificate: {e}"), None);
         }
         if let Err(e) = record_issuance(self.store.as_ref(), &history_key, now).await {
-            warn!(host = %self.host, error = %e, "issuance history not recorded");
+            warn!(unit = %self.unit.id, error = %e, "issuance history not recorded");
         }
         OrderOutcome::Issued(Box::new(record))
     }
@@ -1250,7 +1604,7 @@ mod tests {
     #[test]
     fn wanted_hosts_normalise_and_report_wildcards() {
         let config = crate::config::parse(
-            "proxy:\n  acme: { enabled: true, email: a@b.c }\norigins:\n  \"API.example.com.\": {}\n  \"*.example.com\": {}\n  \"b.example.com\": {}\n",
+            "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, email: a@b.c }\norigins:\n  \"API.example.com.\": {}\n  \"*.example.com\": {}\n  \"b.example.com\": {}\n",
         )
         .unwrap();
         let (hosts, wildcards) = wanted_hosts(&config);
@@ -1261,6 +1615,233 @@ mod tests {
         assert_eq!(wildcards, vec!["*.example.com".to_owned()]);
         let disabled = crate::config::parse("origins:\n  a.example.com: {}\n").unwrap();
         assert!(wanted_hosts(&disabled).0.is_empty());
+    }
+
+    fn config(mode: &str, origins: &[&str]) -> SbConfig {
+        let mut text = format!(
+            "proxy:\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, email: a@b.c, certificates: {mode} }}\norigins:\n"
+        );
+        for o in origins {
+            text.push_str(&format!("  \"{o}\": {{}}\n"));
+        }
+        crate::config::parse(&text).unwrap()
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn per_host_mode_makes_one_unit_per_origin() {
+        let cfg = config(
+            "per_host",
+            &["B.example.com", "a.example.com", "*.w.example.com"],
+        );
+        let (units, wildcards) = wanted_units(&cfg);
+        assert_eq!(wildcards, names(&["*.w.example.com"]));
+        assert_eq!(
+            units,
+            vec![
+                CertUnit::per_host("a.example.com"),
+                CertUnit::per_host("b.example.com")
+            ]
+        );
+        let unit = &units[0];
+        assert_eq!(unit.id, "a.example.com");
+        assert_eq!(unit.store_key(), keys::certificate("a.example.com"));
+        assert_eq!(unit.lock_name(), keys::order_lock("a.example.com"));
+        assert_eq!(
+            unit.dir(Path::new("/certs")).unwrap(),
+            Path::new("/certs/a.example.com")
+        );
+        // The default mode is per host.
+        let default = crate::config::parse(
+            "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, email: a@b.c }\norigins:\n  a.example.com: {}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            wanted_units(&default).0,
+            vec![CertUnit::per_host("a.example.com")]
+        );
+    }
+
+    #[test]
+    fn san_mode_makes_one_unit_of_every_eligible_origin() {
+        let cfg = config(
+            "san",
+            &[
+                "c.example.com",
+                "A.example.com",
+                "b.example.com.",
+                "*.w.example.com",
+            ],
+        );
+        let (units, wildcards) = wanted_units(&cfg);
+        assert_eq!(wildcards, names(&["*.w.example.com"]));
+        assert_eq!(units.len(), 1);
+        let unit = &units[0];
+        let set = names(&["a.example.com", "b.example.com", "c.example.com"]);
+        assert_eq!(unit.names, set);
+        assert_eq!(unit.files, UnitFiles::San);
+        assert_eq!(unit.record_host(), "a.example.com");
+        let set_id = keys::hostname_set_id(&set);
+        assert_eq!(unit.id, format!("san:{set_id}"));
+        assert_eq!(unit.store_key(), keys::san_certificate(&set_id));
+        assert_eq!(unit.lock_name(), keys::san_order_lock(&set_id));
+        assert_eq!(unit.dir(Path::new("/certs")).unwrap(), Path::new("/certs"));
+        // The id does not depend on the order of the origins; another set
+        // is another unit.
+        let same = config("san", &["b.example.com", "c.example.com", "a.example.com"]);
+        assert_eq!(wanted_units(&same).0, units);
+        let more = config(
+            "san",
+            &[
+                "a.example.com",
+                "b.example.com",
+                "c.example.com",
+                "d.example.com",
+            ],
+        );
+        assert_ne!(wanted_units(&more).0[0].id, unit.id);
+        // No eligible origin: no unit.
+        assert!(
+            wanted_units(&config("san", &["*.w.example.com"]))
+                .0
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_san_record_is_valid_only_for_exactly_its_names() {
+        let set = names(&["a.example.com", "b.example.com", "c.example.com"]);
+        let unit = CertUnit::san(set.clone()).unwrap();
+        let record = |cert_names: &[String], host: &str| {
+            let (chain_pem, key_pem) =
+                crate::acme::placeholder::generate(cert_names, 1_800_000_000).unwrap();
+            CertRecord {
+                host: host.to_owned(),
+                hosts: cert_names.to_vec(),
+                chain_pem,
+                key_pem,
+                not_before_unix: 0,
+                not_after_unix: 0,
+                serial: "01".into(),
+                issued_at_unix: 0,
+                issued_by: "n".into(),
+            }
+        };
+        // Same names in another order: valid.
+        let reordered = names(&["c.example.com", "a.example.com", "b.example.com"]);
+        assert_eq!(
+            check_record(&unit, &record(&reordered, "a.example.com")),
+            Ok(())
+        );
+        // A subset or a superset is another set's certificate.
+        let fewer = names(&["a.example.com", "b.example.com"]);
+        let err = check_record(&unit, &record(&fewer, "a.example.com")).unwrap_err();
+        assert!(err.contains("not exactly the 3 names"), "{err}");
+        let mut more = set.clone();
+        more.push("d.example.com".into());
+        assert!(check_record(&unit, &record(&more, "a.example.com")).is_err());
+        // Filed under another host.
+        assert!(check_record(&unit, &record(&set, "b.example.com")).is_err());
+        // A key of another certificate.
+        let mut mismatched = record(&set, "a.example.com");
+        mismatched.key_pem = record(&set, "a.example.com").key_pem;
+        assert!(check_record(&unit, &mismatched).is_err());
+        // Per host, a certificate that names the host (among others) does.
+        let per_host = CertUnit::per_host("b.example.com");
+        assert_eq!(
+            check_record(&per_host, &record(&set, "b.example.com")),
+            Ok(())
+        );
+        assert!(check_record(&per_host, &record(&fewer[..1], "b.example.com")).is_err());
+    }
+
+    #[test]
+    fn a_peer_announces_a_unit_by_host_or_by_its_names() {
+        let info = |host: &str, list: &[&str], placeholder: bool| CertificateInfo {
+            host: host.into(),
+            not_after_unix: 1,
+            serial: "0a".into(),
+            names: names(list),
+            placeholder,
+        };
+        let host = CertUnit::per_host("a.example.com");
+        assert!(host.announced_by(&info("a.example.com", &[], false)));
+        assert!(!host.announced_by(&info("a.example.com", &[], true)));
+        assert!(!host.announced_by(&info("b.example.com", &[], false)));
+        let san = CertUnit::san(names(&["b.example.com", "a.example.com"])).unwrap();
+        assert!(san.announced_by(&info(
+            "a.example.com",
+            &["a.example.com", "b.example.com"],
+            false
+        )));
+        assert!(!san.announced_by(&info("a.example.com", &["a.example.com"], false)));
+        assert!(!san.announced_by(&info("a.example.com", &[], false)));
+        assert!(!san.announced_by(&info(
+            "a.example.com",
+            &["a.example.com", "b.example.com"],
+            true
+        )));
+    }
+
+    #[test]
+    fn placeholders_fill_only_what_has_no_real_certificate() {
+        let now = 1_800_000_000;
+        let san = CertUnit::san(names(&["a.example.com", "b.example.com"])).unwrap();
+        let local = |list: &[&str], placeholder: bool, not_after_unix: u64| Local {
+            serial: "01".into(),
+            not_after_unix,
+            names: names(list),
+            placeholder,
+        };
+        let week = now + 7 * 86_400;
+        assert!(needs_placeholder(&san, None, now));
+        // A placeholder for these names, fresh: kept.
+        let fresh = local(&["b.example.com", "a.example.com"], true, week);
+        assert!(!needs_placeholder(&san, Some(&fresh), now));
+        // About to expire, or for another set: written anew.
+        assert!(needs_placeholder(&san, Some(&fresh), week - 3600));
+        let other = local(&["a.example.com"], true, week);
+        assert!(needs_placeholder(&san, Some(&other), now));
+        // Never over a real certificate, even the old set's (served until
+        // the new one arrives) or an expired one.
+        assert!(!needs_placeholder(
+            &san,
+            Some(&local(&["a.example.com"], false, week)),
+            now
+        ));
+        assert!(!needs_placeholder(
+            &san,
+            Some(&local(&["a.example.com", "b.example.com"], false, 1)),
+            now
+        ));
+        let host = CertUnit::per_host("a.example.com");
+        assert!(needs_placeholder(&host, None, now));
+        assert!(!needs_placeholder(
+            &host,
+            Some(&local(&["a.example.com"], false, week)),
+            now
+        ));
+    }
+
+    #[test]
+    fn a_placeholder_on_disk_is_recognised_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let san = CertUnit::san(names(&["a.example.com", "b.example.com"])).unwrap();
+        let (chain, key) =
+            crate::acme::placeholder::generate(&san.names, now_unix_ms() / 1000).unwrap();
+        write_pair(dir.path(), &chain, &key).unwrap();
+        let local = Local::read(&san, dir.path()).unwrap();
+        assert!(local.placeholder);
+        let state = UnitState::new(san.clone(), Some(local));
+        assert!(
+            !state.has_real(),
+            "a placeholder is not the CA's certificate"
+        );
+        // Per host: its own directory, nothing there yet.
+        assert!(Local::read(&CertUnit::per_host("a.example.com"), dir.path()).is_none());
     }
 
     #[test]

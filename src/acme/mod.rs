@@ -19,4 +19,5 @@ pub mod http_client;
 pub mod issuer;
 pub mod manager;
 pub mod ownership;
+pub mod placeholder;
 pub mod schedule;

@@ -84,8 +84,8 @@ pub fn renew_at(
         }
         None => {
             let margin = renew_before_days
+                .filter(|_| !renew_before_ignored(cert, renew_before_days))
                 .map(|days| u64::from(days) * DAY)
-                .filter(|margin| *margin < lifetime / 2)
                 .unwrap_or(lifetime / 3);
             let early = fraction(margin, JITTER_FRACTION * jitter);
             cert.not_after_unix
@@ -94,6 +94,15 @@ pub fn renew_at(
         }
     };
     at.max(cert.not_before_unix)
+}
+
+/// Whether [`renew_at`] sets `renew_before_days` aside for `cert` (rule 2's
+/// condition): the margin is at least half the lifetime, so the one-third
+/// rule applies instead. The manager warns when it does, once per
+/// certificate. `false` without `renew_before_days`.
+pub fn renew_before_ignored(cert: CertTimes, renew_before_days: Option<u32>) -> bool {
+    let lifetime = cert.not_after_unix.saturating_sub(cert.not_before_unix);
+    renew_before_days.is_some_and(|days| u64::from(days) * DAY >= lifetime / 2)
 }
 
 /// Seconds to wait from `now` until `renew_at` (0 when due).
@@ -314,6 +323,13 @@ mod tests {
         // 2 days (< half of 6) is honoured.
         assert_eq!(renew_at(c, Some(2), None, 0.0), T0 + 4 * DAY);
         assert_eq!(renew_at(c, Some(1), None, 0.0), T0 + 5 * DAY);
+        // The manager is told when the setting is set aside (and warns).
+        assert!(renew_before_ignored(c, Some(30)));
+        assert!(renew_before_ignored(c, Some(3)));
+        assert!(!renew_before_ignored(c, Some(2)));
+        assert!(!renew_before_ignored(c, None));
+        assert!(!renew_before_ignored(cert(90), Some(30)));
+        assert!(renew_before_ignored(cert(90), Some(45)));
         // Degenerate: notAfter <= notBefore never renews before notBefore.
         let odd = CertTimes {
             not_before_unix: T0,

@@ -1,114 +1,122 @@
-//! `${VAR}` substitution in `sb.yml`, done on the text before YAML parsing
-//! (as the proxy does), so a value can also supply YAML structure.
+//! `${VAR}` substitution in `sb.yml`, done on the text before YAML parsing,
+//! exactly as sbproxy 1.13 does it, so that the sidecar and the proxy read
+//! the same values from the same file.
 
 use super::{EnvLookup, Problem};
 
-/// Replaces environment references in `text`.
-///
-/// - `${NAME}` becomes the value of `NAME`. **An unset variable becomes the
-///   empty string**, as in a shell; the sidecar treats an empty optional
-///   value as absent, so `node_id: ${SBPROXY_POD_NAME}` falls back to the
-///   default when the variable is unset.
-/// - `${NAME:-default}` becomes the value of `NAME`, or `default` when `NAME`
-///   is unset *or empty* (shell semantics). The default may itself contain
-///   `${...}` references.
-/// - `$${` is an escape for a literal `${`.
-/// - A `$` not followed by `{` is kept as it is (`$NAME` is not expanded).
-///
-/// `NAME` is `[A-Za-z_][A-Za-z0-9_]*`. An unterminated `${` (no `}` on the
-/// same line), an invalid name or another shell form (`${A-b}`, `${A:?e}`)
-/// is a [`Problem`] located as `line L, column C`. Substitution happens
-/// everywhere in the text, comments included.
+/// The result of [`interpolate_report`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interpolated {
+    /// The text with every resolved reference replaced.
+    pub text: String,
+    /// References whose variable is not set and that have no default,
+    /// kept literally in `text`, in file order.
+    pub unresolved: Vec<Unresolved>,
+}
+
+/// A `${NAME}` left as written because `NAME` is not set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    /// The variable's name.
+    pub name: String,
+    /// 1-based line of the reference in the original text.
+    pub line: usize,
+    /// 1-based column (in characters).
+    pub column: usize,
+}
+
+impl Unresolved {
+    /// The warning `validate` and `run` print for it.
+    pub fn warning(&self) -> Problem {
+        Problem::warning(
+            format!("line {}, column {}", self.line, self.column),
+            format!(
+                "${{{}}} is kept as written: the environment variable {} is not set (the proxy \
+                 does the same); set it, or write ${{{}:-default}}",
+                self.name, self.name, self.name
+            ),
+        )
+    }
+}
+
+/// Replaces environment references in `text`, as [`interpolate_report`]
+/// does, and returns the text only.
 pub fn interpolate(text: &str, env: &EnvLookup<'_>) -> Result<String, Problem> {
+    interpolate_report(text, env).map(|i| i.text)
+}
+
+/// Replaces environment references in `text`, as the proxy does:
+///
+/// - `$$` is a literal `$` (so `$${A}` is the text `${A}`);
+/// - `${NAME}` becomes the value of `NAME` (empty when it is set but empty);
+///   when `NAME` is not set it is **kept as written** and reported in
+///   [`Interpolated::unresolved`];
+/// - `${NAME:-default}` becomes the value of `NAME`, or `default` when
+///   `NAME` is unset *or empty*; `default` runs to the first `}` and is
+///   taken literally;
+/// - anything else (`$NAME`, `${A-b}`, an unclosed `${`) is kept as it is.
+///
+/// `NAME` is `[A-Za-z_][A-Za-z0-9_]*`. Substitution happens everywhere in
+/// the text, comments included. Never fails today; the `Result` leaves room
+/// for a limit without changing callers.
+pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Result<Interpolated, Problem> {
     let mut out = String::with_capacity(text.len());
-    expand(text, 0, text, env, &mut out)?;
-    Ok(out)
-}
-
-/// Expands `segment`, which starts at byte `base` of `whole` (for locating problems).
-fn expand(
-    segment: &str,
-    base: usize,
-    whole: &str,
-    env: &EnvLookup<'_>,
-    out: &mut String,
-) -> Result<(), Problem> {
+    let mut unresolved = Vec::new();
     let mut pos = 0;
-    while let Some(found) = segment[pos..].find('$') {
+    while let Some(found) = text[pos..].find('$') {
         let start = pos + found;
-        out.push_str(&segment[pos..start]);
-        let rest = &segment[start..];
-        if rest.starts_with("$${") {
-            out.push_str("${");
-            pos = start + 3;
-        } else if rest.starts_with("${") {
-            let body_start = start + 2;
-            let Some(body_len) = closing_brace(&segment[body_start..]) else {
-                return Err(located(
-                    whole,
-                    base + start,
-                    "unterminated `${`: close it with `}` on the same line, or write `$${` for a literal `${`",
-                ));
-            };
-            let body = &segment[body_start..body_start + body_len];
-            let (name, default) = match body.split_once(":-") {
-                Some((name, default)) => (name, Some(default)),
-                None => (body, None),
-            };
-            if !is_var_name(name) {
-                return Err(located(
-                    whole,
-                    base + start,
-                    format!(
-                        "invalid reference `${{{}}}`; expected ${{NAME}} or ${{NAME:-default}} with NAME made of letters, digits and _ (not starting with a digit)",
-                        truncate(body, 60)
-                    ),
-                ));
-            }
-            match (env(name).filter(|v| !v.is_empty()), default) {
-                (Some(value), _) => out.push_str(&value),
-                (None, Some(default)) => {
-                    let default_base = base + body_start + name.len() + 2;
-                    expand(default, default_base, whole, env, out)?;
-                }
-                (None, None) => {}
-            }
-            pos = body_start + body_len + 1;
-        } else {
+        out.push_str(&text[pos..start]);
+        let rest = &text[start..];
+        if rest.starts_with("$$") {
             out.push('$');
-            pos = start + 1;
+            pos = start + 2;
+            continue;
+        }
+        match reference(rest) {
+            Some((len, name, default)) => {
+                match (env(name), default) {
+                    (Some(value), None) => out.push_str(&value),
+                    (Some(value), Some(_)) if !value.is_empty() => out.push_str(&value),
+                    (_, Some(default)) => out.push_str(default),
+                    (None, None) => {
+                        out.push_str(&rest[..len]);
+                        let (line, column) = location(text, start);
+                        unresolved.push(Unresolved {
+                            name: name.to_owned(),
+                            line,
+                            column,
+                        });
+                    }
+                }
+                pos = start + len;
+            }
+            None => {
+                out.push('$');
+                pos = start + 1;
+            }
         }
     }
-    out.push_str(&segment[pos..]);
-    Ok(())
+    out.push_str(&text[pos..]);
+    Ok(Interpolated {
+        text: out,
+        unresolved,
+    })
 }
 
-/// The length of the body of a `${` whose body starts `body`, up to (not
-/// including) its matching `}`, honouring nested `${...}` and `$${` escapes.
-/// `None` when the line ends first.
-fn closing_brace(body: &str) -> Option<usize> {
-    let bytes = body.as_bytes();
-    let mut depth = 1usize;
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\n' => return None,
-            b'$' if bytes[i..].starts_with(b"$${") => i += 3,
-            b'$' if bytes[i..].starts_with(b"${") => {
-                depth += 1;
-                i += 2;
-            }
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-                i += 1;
-            }
-            _ => i += 1,
-        }
+/// `${NAME}` or `${NAME:-default}` at the start of `text`: its length, the
+/// name and the default.
+fn reference(text: &str) -> Option<(usize, &str, Option<&str>)> {
+    let body = text.strip_prefix("${")?;
+    let close = body.find(['}', '\n'])?;
+    if body.as_bytes()[close] != b'}' {
+        return None;
     }
-    None
+    let inner = &body[..close];
+    let (name, default) = match inner.split_once(":-") {
+        Some((name, default)) => (name, Some(default)),
+        None => (inner, None),
+    };
+    is_var_name(name).then_some((close + 3, name, default))
 }
 
 fn is_var_name(name: &str) -> bool {
@@ -119,22 +127,12 @@ fn is_var_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// A problem at byte `offset` of `whole`, located as `line L, column C` (1-based, columns in characters).
-fn located(whole: &str, offset: usize, message: impl Into<String>) -> Problem {
-    let before = &whole[..offset];
+/// 1-based line and column (in characters) of byte `offset` of `text`.
+fn location(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset];
     let line = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    let column = before[line_start..].chars().count() + 1;
-    Problem::error(format!("line {line}, column {column}"), message)
-}
-
-fn truncate(text: &str, max_chars: usize) -> String {
-    if text.chars().count() <= max_chars {
-        text.to_string()
-    } else {
-        let cut: String = text.chars().take(max_chars).collect();
-        format!("{cut}…")
-    }
+    (line, before[line_start..].chars().count() + 1)
 }
 
 #[cfg(test)]
@@ -150,118 +148,85 @@ mod tests {
         move |name| map.get(name).cloned()
     }
 
-    fn run(text: &str, pairs: &[(&str, &str)]) -> Result<String, Problem> {
-        interpolate(text, &env_of(pairs))
+    fn run(text: &str, pairs: &[(&str, &str)]) -> String {
+        interpolate(text, &env_of(pairs)).unwrap()
     }
 
     #[test]
     fn replaces_set_variables() {
-        assert_eq!(run("a: ${A}", &[("A", "1")]).unwrap(), "a: 1");
+        assert_eq!(run("a: ${A}", &[("A", "1")]), "a: 1");
         assert_eq!(
-            run("${A}${B} and ${A}", &[("A", "x"), ("B", "y")]).unwrap(),
+            run("${A}${B} and ${A}", &[("A", "x"), ("B", "y")]),
             "xy and x"
         );
-        assert_eq!(run("${_A1}", &[("_A1", "ok")]).unwrap(), "ok");
+        assert_eq!(run("${_A1}", &[("_A1", "ok")]), "ok");
+        assert_eq!(run("a: ${A}", &[("A", "")]), "a: ");
     }
 
     #[test]
-    fn unset_variable_without_default_is_empty() {
-        assert_eq!(run("node_id: ${POD}\n", &[]).unwrap(), "node_id: \n");
+    fn unset_variables_are_kept_and_reported() {
+        let r = interpolate_report("x: 1\nnode_id: é${POD}\n", &env_of(&[])).unwrap();
+        assert_eq!(r.text, "x: 1\nnode_id: é${POD}\n");
+        assert_eq!(
+            r.unresolved,
+            vec![Unresolved {
+                name: "POD".into(),
+                line: 2,
+                column: 11
+            }]
+        );
+        let w = r.unresolved[0].warning();
+        assert!(!w.is_error());
+        assert_eq!(w.path, "line 2, column 11");
+        assert!(w.message.contains("POD is not set"), "{}", w.message);
     }
 
     #[test]
     fn default_applies_when_unset_or_empty() {
-        assert_eq!(run("${A:-d}", &[]).unwrap(), "d");
-        assert_eq!(run("${A:-d}", &[("A", "")]).unwrap(), "d");
-        assert_eq!(run("${A:-d}", &[("A", "v")]).unwrap(), "v");
-        assert_eq!(run("${A:-}", &[]).unwrap(), "");
+        assert_eq!(run("${A:-d}", &[]), "d");
+        assert_eq!(run("${A:-d}", &[("A", "")]), "d");
+        assert_eq!(run("${A:-d}", &[("A", "v")]), "v");
+        assert_eq!(run("${A:-}", &[]), "");
         assert_eq!(
-            run("url: ${U:-http://h:80/x?a=b}", &[]).unwrap(),
+            run("url: ${U:-http://h:80/x?a=b}", &[]),
             "url: http://h:80/x?a=b"
         );
-        // only the first ":-" separates
-        assert_eq!(run("${A:-x:-y}", &[]).unwrap(), "x:-y");
+        // only the first ":-" separates, and the default is literal
+        assert_eq!(run("${A:-x:-y}", &[]), "x:-y");
+        assert_eq!(run("${A:-$B}", &[("B", "no")]), "$B");
     }
 
     #[test]
-    fn defaults_nest() {
-        assert_eq!(run("${A:-${B}}", &[("B", "b")]).unwrap(), "b");
-        assert_eq!(run("${A:-${B:-c}}", &[]).unwrap(), "c");
-        assert_eq!(run("${A:-pre-${B:-c}-post}", &[]).unwrap(), "pre-c-post");
-        assert_eq!(run("${A:-${B}}", &[("A", "a"), ("B", "b")]).unwrap(), "a");
+    fn double_dollar_is_a_dollar() {
+        assert_eq!(run("$${A}", &[("A", "1")]), "${A}");
+        assert_eq!(run("price: $$5 $$$$", &[]), "price: $5 $$");
+        assert_eq!(run("x: $${A:-b} ${A}", &[("A", "1")]), "x: ${A:-b} 1");
     }
 
     #[test]
-    fn escapes() {
-        assert_eq!(run("$${A}", &[("A", "1")]).unwrap(), "${A}");
-        assert_eq!(
-            run("x: $${A:-b} ${A}", &[("A", "1")]).unwrap(),
-            "x: ${A:-b} 1"
-        );
-        assert_eq!(run("${A:-$${lit}}", &[]).unwrap(), "${lit}");
-        // an escaped `${` opens nothing, so the next `}` closes the reference
-        assert_eq!(run("${A:-a$${b}c}", &[]).unwrap(), "a${bc}");
-    }
-
-    #[test]
-    fn lone_dollars_are_kept() {
-        assert_eq!(
-            run("price: $5 $A $$ $", &[("A", "no")]).unwrap(),
-            "price: $5 $A $$ $"
-        );
-        assert_eq!(run("$}", &[]).unwrap(), "$}");
-    }
-
-    #[test]
-    fn values_are_not_re_expanded() {
-        assert_eq!(run("${A}", &[("A", "${B}"), ("B", "no")]).unwrap(), "${B}");
-    }
-
-    #[test]
-    fn unicode_passes_through() {
-        assert_eq!(run("é: ${A} ✓", &[("A", "ü")]).unwrap(), "é: ü ✓");
-    }
-
-    #[test]
-    fn unterminated_is_located() {
-        let p = run("a: 1\nb: x${A\nc: }", &[]).unwrap_err();
-        assert_eq!(p.path, "line 2, column 5");
-        assert!(p.message.starts_with("unterminated `${`"), "{}", p.message);
-        assert!(p.is_error());
-
-        let p = run("ü${", &[]).unwrap_err();
-        assert_eq!(p.path, "line 1, column 2");
-
-        let p = run("${A:-${B}", &[]).unwrap_err();
-        assert_eq!(p.path, "line 1, column 1");
-    }
-
-    #[test]
-    fn invalid_names_are_refused() {
-        for bad in [
-            "${}", "${1A}", "${A-b}", "${A:?e}", "${A B}", "${:-x}", "${A.B}",
+    fn other_forms_are_kept_as_written() {
+        for text in [
+            "price: $5 $A $",
+            "${A-b}",
+            "${A:?e}",
+            "${}",
+            "${1A}",
+            "${A B}",
+            "b: x${A\nc: }",
+            "$}",
+            "${",
         ] {
-            let p = run(bad, &[]).unwrap_err();
-            assert_eq!(p.path, "line 1, column 1", "{bad}");
-            assert!(
-                p.message.starts_with("invalid reference"),
-                "{bad}: {}",
-                p.message
-            );
-            assert!(p.message.contains("${NAME:-default}"), "{}", p.message);
+            assert_eq!(run(text, &[("A", "no")]), text, "{text}");
         }
     }
 
     #[test]
-    fn problems_inside_defaults_are_located_in_the_whole_text() {
-        let p = run("x\n  ${A:-${1}}", &[]).unwrap_err();
-        assert_eq!(p.path, "line 2, column 8");
+    fn values_are_not_re_expanded() {
+        assert_eq!(run("${A}", &[("A", "${B}"), ("B", "no")]), "${B}");
     }
 
     #[test]
-    fn long_bad_references_are_truncated_in_messages() {
-        let text = format!("${{{}!}}", "A".repeat(500));
-        let p = run(&text, &[]).unwrap_err();
-        assert!(p.message.len() < 300, "{}", p.message);
+    fn unicode_passes_through() {
+        assert_eq!(run("é: ${A} ✓", &[("A", "ü")]), "é: ü ✓");
     }
 }

@@ -1,16 +1,19 @@
 //! The parts of `sb.yml` the sidecar reads, and how it reads them.
 //!
-//! `sb.yml` belongs to the proxy. The sidecar reads only `proxy.admin`,
-//! `proxy.cluster`, `proxy.acme` and the keys of `origins`, and ignores
-//! everything else in the file. Inside those sections, unknown keys are
-//! reported (a typo such as `storge_path` would otherwise silently fall back
-//! to a default).
+//! `sb.yml` belongs to the proxy (sbproxy 1.13, whose facts are in
+//! `docs/` and in [`sbproxy`]). The sidecar reads `proxy.admin` (for the
+//! reload POST), its own block `proxy.extensions.sbmesh`, the keys of
+//! `origins`, and of `proxy.cluster` / `proxy.acme` only what it needs to
+//! detect a conflict with the proxy's own mesh and ACME client. Everything
+//! else in the file belongs to the proxy and is accepted as it is; only
+//! the sidecar's block is strict (a typo such as `storge_path` there would
+//! otherwise silently fall back to a default).
 //!
 //! Reading is three pure steps, each usable on its own:
 //!
 //! 1. [`interpolate`] replaces `${VAR}` and `${VAR:-default}` from an
 //!    environment passed in as a function (so tests never touch the process
-//!    environment);
+//!    environment), exactly as the proxy does;
 //! 2. [`parse`] turns the interpolated text into an [`SbConfig`], collecting
 //!    *every* [`Problem`] rather than stopping at the first;
 //! 3. [`load`] does both for a file on disk and also returns the sha256 of the
@@ -20,25 +23,32 @@
 //! use sbmesh::config;
 //!
 //! let env = |name: &str| (name == "POD").then(|| "demo-proxy-0".to_string());
-//! let text = config::interpolate("proxy:\n  cluster:\n    node_id: ${POD}\n", &env).unwrap();
+//! let text = "proxy:\n  extensions:\n    sbmesh:\n      node_id: ${POD}\n";
+//! let text = config::interpolate(text, &env).unwrap();
 //! let cfg = config::parse(&text).unwrap();
-//! assert_eq!(cfg.proxy.cluster.unwrap().node_id.as_deref(), Some("demo-proxy-0"));
+//! assert_eq!(cfg.sbmesh().node_id.as_deref(), Some("demo-proxy-0"));
 //! ```
 //!
 //! Cluster keys live in [`key`]: where a key comes from ([`KeySource`]), how a
 //! key ring is written ([`parse_key_ring`]) and how a fresh one is made
-//! ([`generate_key`]).
+//! ([`generate_key`]). Conflicts between the sidecar and the proxy's own
+//! blocks are [`conflicts`].
 
+mod conflict;
+pub mod hostname;
 mod interpolate;
 pub mod key;
 mod parse;
+pub mod sbproxy;
 
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use interpolate::interpolate;
+pub use conflict::{SidecarPorts, conflicts};
+pub use interpolate::{Interpolated, Unresolved, interpolate, interpolate_report};
 pub use key::{
     KeyGenError, KeySource, generate_key, key_to_hex, parse_key_ring, resolve_key_source,
 };
@@ -50,12 +60,28 @@ pub use key::{
 /// `&|name| std::env::var(name).ok()`.
 pub type EnvLookup<'a> = dyn Fn(&str) -> Option<String> + 'a;
 
-/// The Let's Encrypt production directory, the default `proxy.acme.directory_url`.
+/// The Let's Encrypt production directory, the default `acme.directory_url`.
 pub const LETS_ENCRYPT_DIRECTORY: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
 /// The default `proxy.admin.port`: where the proxy's admin API (and its
 /// `/admin/reload`) listens.
 pub const DEFAULT_PROXY_ADMIN_PORT: u16 = 9090;
+/// The default `proxy.admin.bind` of sbproxy 1.13.
+pub const DEFAULT_PROXY_ADMIN_BIND: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+/// The user sbproxy 1.13 checks when `proxy.admin` is enabled without one.
+pub const DEFAULT_PROXY_ADMIN_USER: &str = "admin";
+/// The password sbproxy 1.13 checks when `proxy.admin` is enabled without one.
+pub const DEFAULT_PROXY_ADMIN_PASSWORD: &str = "changeme";
+/// The default gossip (UDP) port, of the sidecar's mesh and of the proxy's own.
+pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
+/// The default transport (TCP) port, of the sidecar's mesh and of the proxy's own.
+pub const DEFAULT_TRANSPORT_PORT: u16 = 8946;
+/// Most names one certificate may carry (the CA's usual limit), so most
+/// origins `certificates: san` accepts.
+pub const MAX_SAN_NAMES: usize = 100;
+/// Largest `sb.yml` read. A ConfigMap holds at most 1 MiB; this leaves room
+/// for files mounted another way while bounding the work of every re-read.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// How bad a [`Problem`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -118,62 +144,134 @@ impl Problem {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SbConfig {
-    /// The `proxy` section (only its `admin`, `cluster` and `acme` parts).
+    /// The proxy's own keys the sidecar reads, and the sidecar's block.
     pub proxy: ProxySection,
-    /// The keys of the `origins` mapping, in file order: the hostnames to certify.
+    /// The keys of the `origins` mapping, as written, in file order. The
+    /// hostnames to certify are their normalised forms
+    /// ([`hostname::normalize`]), see [`SbConfig::acme_hostnames`].
     pub origins: Vec<String>,
+    /// Warnings found while reading the file (unresolved `${NAME}`
+    /// references, keys the proxy would refuse), part of [`SbConfig::warnings`].
+    #[serde(skip)]
+    pub notes: Vec<Problem>,
 }
 
 impl SbConfig {
-    /// Problems that do not block the configuration: today, wildcard origins
-    /// while ACME is enabled (HTTP-01 cannot prove a wildcard, so they are
-    /// never ordered). With ACME disabled nothing is ordered, so nothing is
-    /// reported.
-    pub fn warnings(&self) -> Vec<Problem> {
-        if !self.acme_enabled() {
-            return Vec::new();
-        }
-        self.origins
-            .iter()
-            .filter(|host| host.contains('*'))
-            .map(|host| {
-                Problem::warning(
-                    parse::child_path("origins", host),
-                    "wildcard origin is not eligible for an HTTP-01 certificate and will not be \
-                     ordered; provide its certificate another way (e.g. cert-manager with DNS-01)",
-                )
-            })
-            .collect()
+    /// The sidecar's ACME settings (`proxy.extensions.sbmesh.acme`), when
+    /// present and enabled.
+    pub fn acme(&self) -> Option<&AcmeSection> {
+        self.proxy
+            .sbmesh
+            .as_ref()
+            .and_then(|s| s.acme.as_ref())
+            .filter(|a| a.enabled)
     }
 
-    /// The origins an ACME issuer may order certificates for: every origin
-    /// except wildcards, in file order.
-    pub fn acme_eligible_origins(&self) -> impl Iterator<Item = &str> {
-        self.origins
-            .iter()
-            .map(String::as_str)
-            .filter(|host| !host.contains('*'))
-    }
-
-    /// True when `proxy.acme.enabled` is true.
+    /// True when `proxy.extensions.sbmesh.acme.enabled` is true.
     pub fn acme_enabled(&self) -> bool {
-        self.proxy.acme.as_ref().is_some_and(|acme| acme.enabled)
+        self.acme().is_some()
+    }
+
+    /// The sidecar's block, or an empty one.
+    pub fn sbmesh(&self) -> SbmeshSection {
+        self.proxy.sbmesh.clone().unwrap_or_default()
+    }
+
+    /// How certificates are ordered and written (`per_host` when ACME is
+    /// off or the key is omitted).
+    pub fn certificate_mode(&self) -> CertificateMode {
+        self.acme().map(|a| a.certificates).unwrap_or_default()
+    }
+
+    /// The hostnames an ACME issuer orders for: the normalised form of every
+    /// origin that is a valid, non-wildcard hostname, deduplicated, in file
+    /// order; and the origins that are not eligible (wildcards), as
+    /// written. Empty when ACME is disabled. Invalid origins are problems of
+    /// [`parse`], so a parsed config with ACME on has none.
+    pub fn acme_hostnames(&self) -> (Vec<String>, Vec<String>) {
+        if !self.acme_enabled() {
+            return (Vec::new(), Vec::new());
+        }
+        let mut hosts: Vec<String> = Vec::new();
+        let mut wildcards = Vec::new();
+        for origin in &self.origins {
+            if origin.contains('*') {
+                wildcards.push(origin.clone());
+            } else if let Ok(host) = hostname::normalize(origin)
+                && !hosts.contains(&host)
+            {
+                hosts.push(host);
+            }
+        }
+        (hosts, wildcards)
+    }
+
+    /// Problems that do not block the configuration: wildcard origins while
+    /// ACME is enabled (HTTP-01 cannot prove a wildcard, so they are never
+    /// ordered), and a file that still configures the sidecar the first
+    /// way (in `proxy.cluster` / `proxy.acme`).
+    pub fn warnings(&self) -> Vec<Problem> {
+        let mut warnings = self.notes.clone();
+        if self.proxy.sbmesh.is_none()
+            && (self.proxy.cluster.is_some() || self.proxy.acme.is_some())
+        {
+            warnings.push(Problem::warning(SBMESH_PATH, MIGRATION_MESSAGE));
+        }
+        if self.acme_enabled() {
+            warnings.extend(
+                self.origins
+                    .iter()
+                    .filter(|host| host.contains('*'))
+                    .map(|host| {
+                        Problem::warning(
+                            parse::child_path("origins", host),
+                            "wildcard origin is not eligible for an HTTP-01 certificate and will \
+                             not be ordered; provide its certificate another way (e.g. \
+                             cert-manager with DNS-01)",
+                        )
+                    }),
+            );
+        }
+        warnings
     }
 }
 
-/// `proxy`: the three sub-sections the sidecar reads.
+/// The YAML path of the sidecar's block.
+pub const SBMESH_PATH: &str = "proxy.extensions.sbmesh";
+
+/// The one line a file gets when it configures the sidecar in the proxy's
+/// own blocks (the first version of the contract) and has no sidecar block.
+pub const MIGRATION_MESSAGE: &str = "not found, and the sidecar no longer reads proxy.cluster or \
+     proxy.acme (sbproxy itself acts on those blocks: it binds the mesh ports and orders \
+     certificates). Move the sidecar's mesh keys (cluster_id, node_id, seeds, gossip_port, \
+     transport_port, advertise_addr), its shared_key (was security.shared_key) and its acme \
+     block under proxy.extensions.sbmesh, and remove proxy.cluster and proxy.acme unless sbproxy \
+     itself should use them";
+
+/// `proxy`: what the sidecar reads of the proxy's own keys, and its own
+/// block under `proxy.extensions`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ProxySection {
     /// `proxy.admin`: the proxy's admin API, where reloads are POSTed.
     pub admin: AdminSection,
-    /// `proxy.cluster`: mesh settings; flags and environment override each key.
-    pub cluster: Option<ClusterSection>,
-    /// `proxy.acme`: certificate issuance.
-    pub acme: Option<AcmeSection>,
+    /// `proxy.cluster`, when present: the proxy's **own** mesh, read only
+    /// to detect a port conflict with the sidecar's.
+    pub cluster: Option<ProxyCluster>,
+    /// `proxy.acme`, when present: the proxy's **own** ACME client, read
+    /// only to detect a conflict with the sidecar's.
+    pub acme: Option<ProxyAcme>,
+    /// `proxy.https_bind_port`: the proxy's TLS listener, when it has one.
+    pub https_bind_port: Option<u16>,
+    /// `proxy.tls_cert_file`: the one certificate the proxy serves.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `proxy.tls_key_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// `proxy.extensions.sbmesh`: the sidecar's own settings.
+    pub sbmesh: Option<SbmeshSection>,
 }
 
-/// `proxy.admin`.
+/// `proxy.admin`, with sbproxy 1.13's defaults.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AdminSection {
@@ -181,9 +279,13 @@ pub struct AdminSection {
     pub enabled: bool,
     /// `port`, default [`DEFAULT_PROXY_ADMIN_PORT`].
     pub port: u16,
-    /// `username` for HTTP Basic on the proxy's admin API.
+    /// `bind`, default [`DEFAULT_PROXY_ADMIN_BIND`].
+    pub bind: IpAddr,
+    /// `username`; when the admin API is enabled and it is omitted, the
+    /// proxy's default [`DEFAULT_PROXY_ADMIN_USER`].
     pub username: Option<String>,
-    /// `password` for HTTP Basic on the proxy's admin API.
+    /// `password`; when the admin API is enabled and it is omitted, the
+    /// proxy's default [`DEFAULT_PROXY_ADMIN_PASSWORD`].
     pub password: Option<String>,
 }
 
@@ -192,9 +294,42 @@ impl Default for AdminSection {
         AdminSection {
             enabled: false,
             port: DEFAULT_PROXY_ADMIN_PORT,
+            bind: DEFAULT_PROXY_ADMIN_BIND,
             username: None,
             password: None,
         }
+    }
+}
+
+impl AdminSection {
+    /// The credentials the proxy's admin API checks: those written, else
+    /// the proxy's defaults while the admin API is enabled.
+    ///
+    /// Values are as written: an `env:NAME` or `file:PATH` reference is
+    /// resolved by [`resolve_field`].
+    pub fn credentials(&self) -> Option<(String, String)> {
+        if !self.enabled && self.username.is_none() && self.password.is_none() {
+            return None;
+        }
+        Some((
+            self.username
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PROXY_ADMIN_USER.to_owned()),
+            self.password
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PROXY_ADMIN_PASSWORD.to_owned()),
+        ))
+    }
+
+    /// Base URL of the proxy's admin API as seen from inside the pod:
+    /// `http://<bind>:<port>`, loopback when the proxy binds every address.
+    pub fn base_url(&self) -> String {
+        let ip = match self.bind {
+            IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        format!("http://{}", SocketAddr::new(ip, self.port))
     }
 }
 
@@ -203,17 +338,73 @@ impl fmt::Debug for AdminSection {
         f.debug_struct("AdminSection")
             .field("enabled", &self.enabled)
             .field("port", &self.port)
+            .field("bind", &self.bind)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
 
-/// `proxy.cluster`. Every key is optional; the sidecar's flags and
-/// environment variables take precedence over each one.
+/// Resolves a per-field reference as sbproxy 1.13 does: `env:NAME` is the
+/// value of an environment variable, `file:PATH` the content of a file
+/// (without its trailing newline), anything else the value itself. `path`
+/// locates the setting in the problem; the value never appears in it.
+pub fn resolve_field(
+    path: &str,
+    value: &str,
+    env: &EnvLookup<'_>,
+    read_file: &dyn Fn(&Path) -> std::io::Result<String>,
+) -> Result<String, Problem> {
+    if let Some(name) = value.strip_prefix("env:") {
+        let name = name.trim();
+        return env(name).ok_or_else(|| {
+            Problem::error(
+                path,
+                format!("names the environment variable {name} (env:{name}), which is not set"),
+            )
+        });
+    }
+    if let Some(file) = value.strip_prefix("file:") {
+        let file = Path::new(file.trim());
+        return read_file(file)
+            .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
+            .map_err(|e| {
+                Problem::error(
+                    path,
+                    format!(
+                        "names the file {} (file:), which cannot be read: {e}",
+                        file.display()
+                    ),
+                )
+            });
+    }
+    Ok(value.to_owned())
+}
+
+/// `proxy.cluster`: the proxy's own mesh, which binds these ports itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyCluster {
+    /// `proxy.cluster.gossip_port` (UDP), default [`DEFAULT_GOSSIP_PORT`].
+    pub gossip_port: u16,
+    /// `proxy.cluster.transport_port` (TCP), default [`DEFAULT_TRANSPORT_PORT`].
+    pub transport_port: u16,
+}
+
+/// `proxy.acme`: the proxy's own ACME client.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyAcme {
+    /// `proxy.acme.enabled`.
+    pub enabled: bool,
+    /// `proxy.acme.storage_backend` as written (sbproxy's default is `redb`).
+    pub storage_backend: Option<String>,
+}
+
+/// `proxy.extensions.sbmesh`: the sidecar's own settings. Every key is
+/// optional; the sidecar's flags and environment variables take precedence
+/// over each one.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
-pub struct ClusterSection {
+pub struct SbmeshSection {
     /// `cluster_id`: packets from another cluster id are dropped.
     pub cluster_id: Option<String>,
     /// `node_id`: this member's name in the mesh (often `${SBPROXY_POD_NAME}`).
@@ -227,51 +418,32 @@ pub struct ClusterSection {
     pub transport_port: Option<u16>,
     /// `advertise_addr`: `ip` or `ip:port`, as written.
     pub advertise_addr: Option<String>,
-    /// `security`: how mesh traffic is sealed.
-    pub security: Option<Security>,
-}
-
-/// `proxy.cluster.security`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Security {
-    /// `mode`; only `shared_key` exists (and is assumed when absent).
-    pub mode: SecurityMode,
     /// `shared_key`: a [`KeySource`] as written: `env:NAME`, `file:/path`, or
     /// the key ring itself (comma-separated 64-hex-character keys).
     pub shared_key: Option<String>,
+    /// `acme`: certificate issuance by the sidecar.
+    pub acme: Option<AcmeSection>,
 }
 
-impl Default for Security {
-    fn default() -> Self {
-        Security {
-            mode: SecurityMode::SharedKey,
-            shared_key: None,
-        }
-    }
-}
-
-impl fmt::Debug for Security {
+impl fmt::Debug for SbmeshSection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Security")
-            .field("mode", &self.mode)
+        f.debug_struct("SbmeshSection")
+            .field("cluster_id", &self.cluster_id)
+            .field("node_id", &self.node_id)
+            .field("seeds", &self.seeds)
+            .field("gossip_port", &self.gossip_port)
+            .field("transport_port", &self.transport_port)
+            .field("advertise_addr", &self.advertise_addr)
             .field(
                 "shared_key",
                 &self.shared_key.as_deref().map(KeySource::parse),
             )
+            .field("acme", &self.acme)
             .finish()
     }
 }
 
-/// `proxy.cluster.security.mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SecurityMode {
-    /// Every packet is sealed with a key shared by all members.
-    SharedKey,
-}
-
-/// `proxy.acme`.
+/// `proxy.extensions.sbmesh.acme`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct AcmeSection {
@@ -293,6 +465,11 @@ pub struct AcmeSection {
     pub renew_before_days: Option<u32>,
     /// `eab`: external account binding, for CAs that require one.
     pub eab: Option<Eab>,
+    /// `certificates`: one certificate per origin, or one for all.
+    pub certificates: CertificateMode,
+    /// `apply`: how a new certificate reaches the running proxy; `None`
+    /// when omitted (the sidecar's default applies, see `--proxy-cert-apply`).
+    pub apply: Option<CertApply>,
 }
 
 impl Default for AcmeSection {
@@ -306,11 +483,83 @@ impl Default for AcmeSection {
             storage_path: None,
             renew_before_days: None,
             eab: None,
+            certificates: CertificateMode::default(),
+            apply: None,
         }
     }
 }
 
-/// `proxy.acme.eab`: external account binding credentials from the CA.
+/// `acme.certificates`: what is ordered and written for the proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CertificateMode {
+    /// One certificate per origin, `<cert-dir>/<host>/tls.{crt,key}`.
+    #[default]
+    PerHost,
+    /// One certificate naming every eligible origin, `<cert-dir>/tls.{crt,key}`
+    /// (sbproxy 1.13 serves exactly one certificate from files).
+    San,
+}
+
+impl CertificateMode {
+    /// Every mode, as listed to users.
+    pub const ALL: [CertificateMode; 2] = [CertificateMode::PerHost, CertificateMode::San];
+
+    /// The name used in `sb.yml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CertificateMode::PerHost => "per_host",
+            CertificateMode::San => "san",
+        }
+    }
+
+    /// The mode named `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+/// `acme.apply` (and `--proxy-cert-apply`): how a new certificate reaches
+/// the running proxy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CertApply {
+    /// POST the proxy's reload URL (for proxies that re-read certificate
+    /// files on reload).
+    #[default]
+    Reload,
+    /// Restart the proxy process gracefully, one pod at a time across the
+    /// fleet (sbproxy 1.13 reads its certificate only at start-up).
+    Restart,
+    /// Write the files only.
+    None,
+}
+
+impl CertApply {
+    /// Every way, as listed to users.
+    pub const ALL: [CertApply; 3] = [CertApply::Reload, CertApply::Restart, CertApply::None];
+
+    /// The name used in `sb.yml` and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CertApply::Reload => "reload",
+            CertApply::Restart => "restart",
+            CertApply::None => "none",
+        }
+    }
+
+    /// The way named `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+
+    /// The accepted names, for messages.
+    pub fn names() -> String {
+        Self::ALL.map(Self::as_str).join(", ")
+    }
+}
+
+/// `acme.eab`: external account binding credentials from the CA.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Eab {
     /// `kid`: the key identifier.
@@ -417,7 +666,7 @@ impl fmt::Display for StorageBackend {
 /// problem found, warnings included, in file order. Never panics, whatever
 /// the text.
 pub fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
-    parse::parse(text)
+    parse::parse(text, &[])
 }
 
 /// A configuration file as read from disk.
@@ -436,18 +685,32 @@ pub struct Loaded {
 ///
 /// A read error is a single problem whose path is the file path.
 pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
-    let raw = std::fs::read(path).map_err(|e| {
-        vec![Problem::error(
-            path.display().to_string(),
-            format!("cannot read: {e}"),
-        )]
-    })?;
+    let raw = read_bounded(path)
+        .map_err(|message| vec![Problem::error(path.display().to_string(), message)])?;
     let config = parse_bytes(&raw, env)?;
     Ok(Loaded {
         config,
         sha256_hex_of_raw_file: sha256_hex(&raw),
         raw,
     })
+}
+
+/// Reads at most [`MAX_CONFIG_BYTES`] of the file at `path`; a larger file
+/// is an error saying so, without reading it whole.
+pub fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut raw = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if raw.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "larger than {} MiB; the sidecar reads at most that much (a ConfigMap holds at most 1 MiB)",
+            MAX_CONFIG_BYTES >> 20
+        ));
+    }
+    Ok(raw)
 }
 
 /// Interpolates and parses raw file bytes, as [`load`] does after reading.
@@ -461,8 +724,8 @@ pub fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, Vec<Prob
             ),
         )]
     })?;
-    let text = interpolate(text, env).map_err(|p| vec![p])?;
-    parse(&text)
+    let interpolated = interpolate_report(text, env).map_err(|p| vec![p])?;
+    parse::parse_interpolated(&interpolated)
 }
 
 /// Lowercase hex sha256 of `bytes`.

@@ -1,47 +1,65 @@
 //! From interpolated `sb.yml` text to [`SbConfig`], reading the YAML tree
 //! field by field so that every problem is collected with its path, where a
 //! derived `Deserialize` would stop at the first.
+//!
+//! Strict (unknown keys are problems) only inside the sidecar's block
+//! `proxy.extensions.sbmesh`; the proxy's own blocks are read for the few
+//! values the sidecar uses, and a key sbproxy 1.13 would refuse there is a
+//! warning (the proxy's own error, said early).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 
 use base64::Engine as _;
 use serde_norway::{Mapping, Value};
 
+use super::interpolate::Interpolated;
 use super::key::KeySource;
 use super::{
-    AcmeSection, AdminSection, ClusterSection, Eab, Problem, ProxySection, SbConfig, Security,
-    SecurityMode, StorageBackend,
+    AcmeSection, AdminSection, CertApply, CertificateMode, DEFAULT_GOSSIP_PORT,
+    DEFAULT_TRANSPORT_PORT, Eab, MAX_SAN_NAMES, Problem, ProxyAcme, ProxyCluster, ProxySection,
+    SBMESH_PATH, SbConfig, SbmeshSection, StorageBackend, hostname, sbproxy,
 };
 use crate::identity;
 
-const ADMIN_KEYS: &[&str] = &["enabled", "port", "username", "password"];
-const CLUSTER_KEYS: &[&str] = &[
+const SBMESH_KEYS: &[&str] = &[
     "cluster_id",
     "node_id",
     "seeds",
     "gossip_port",
     "transport_port",
     "advertise_addr",
-    "security",
+    "shared_key",
+    "acme",
 ];
-const SECURITY_KEYS: &[&str] = &["mode", "shared_key"];
 const ACME_KEYS: &[&str] = &[
     "enabled",
     "email",
     "directory_url",
     "ca_root",
+    "eab",
     "storage_backend",
     "storage_path",
     "renew_before_days",
-    "eab",
+    "certificates",
+    "apply",
 ];
 const EAB_KEYS: &[&str] = &["kid", "hmac_key"];
 
+/// Lifetime of the certificates the public CAs whose directories are known
+/// here issue, to check `renew_before_days` before any certificate exists.
+const KNOWN_LIFETIMES: &[(&str, u32)] = &[
+    ("https://acme-v02.api.letsencrypt.org/directory", 90),
+    ("https://acme-staging-v02.api.letsencrypt.org/directory", 90),
+];
+
 /// The default gossip port, used only to check the form of seeds and
 /// `advertise_addr` here; the sidecar applies the real one.
-const CHECK_PORT: u16 = 7946;
+const CHECK_PORT: u16 = DEFAULT_GOSSIP_PORT;
 
-pub(super) fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
+/// Parses interpolated text in which the references `unresolved` were left
+/// as written (their names).
+pub(super) fn parse(text: &str, unresolved: &[String]) -> Result<SbConfig, Vec<Problem>> {
     let mut value: Value = serde_norway::from_str(text).map_err(|e| vec![syntax_problem(&e)])?;
     value.apply_merge().map_err(|e| {
         vec![Problem::error(
@@ -69,6 +87,24 @@ pub(super) fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
     };
 
     let mut problems = Vec::new();
+    for unknown in sbproxy::unknown_keys(&value) {
+        let mut message = format!(
+            "sbproxy 1.13 refuses this key, and with it the whole file; its block accepts: {}",
+            unknown.accepted.join(", ")
+        );
+        if unknown.path == "proxy.acme.eab" {
+            message.push_str(
+                " (external account binding for the sidecar's ACME goes in \
+                 proxy.extensions.sbmesh.acme.eab)",
+            );
+        } else if let Some(near) = closest(
+            unknown.path.rsplit('.').next().unwrap_or_default(),
+            unknown.accepted,
+        ) {
+            message.push_str(&format!(" (did you mean {near}?)"));
+        }
+        problems.push(Problem::warning(unknown.path, message));
+    }
     let proxy = match root.get("proxy") {
         None | Some(Value::Null) => None,
         Some(Value::Mapping(proxy)) => Some(proxy),
@@ -76,32 +112,86 @@ pub(super) fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
             problems.push(Problem::error(
                 "proxy",
                 format!(
-                    "expected a mapping (with admin, cluster, acme, ...), found {}",
+                    "expected a mapping (with admin, extensions, ...), found {}",
                     describe(other)
                 ),
             ));
             None
         }
     };
+    let mut ctx = Ctx {
+        problems,
+        unresolved,
+    };
     let section = |name: &str| proxy.and_then(|p| p.get(name));
-    let admin = read_admin(section("admin"), &mut problems);
-    let cluster = read_cluster(section("cluster"), &mut problems);
-    let acme = read_acme(section("acme"), &mut problems);
-    let origins = read_origins(root.get("origins"), &mut problems);
+    let admin = read_admin(section("admin"), &mut ctx);
+    let cluster = read_proxy_cluster(section("cluster"), &mut ctx);
+    let acme = read_proxy_acme(section("acme"), &mut ctx);
+    let mut top = Fields::lenient(proxy, "proxy", &mut ctx);
+    let https_bind_port = top.as_mut().and_then(|f| f.port("https_bind_port"));
+    let tls_cert_file = top
+        .as_mut()
+        .and_then(|f| f.string("tls_cert_file"))
+        .map(PathBuf::from);
+    let tls_key_file = top
+        .as_mut()
+        .and_then(|f| f.string("tls_key_file"))
+        .map(PathBuf::from);
+    drop(top);
+    let sbmesh = read_sbmesh(section("extensions"), &mut ctx);
+    let acme_on = sbmesh
+        .as_ref()
+        .and_then(|s| s.acme.as_ref())
+        .filter(|a| a.enabled);
+    let origins = read_origins(root.get("origins"), acme_on, &mut ctx);
 
     let config = SbConfig {
         proxy: ProxySection {
             admin,
             cluster,
             acme,
+            https_bind_port,
+            tls_cert_file,
+            tls_key_file,
+            sbmesh,
         },
         origins,
+        notes: Vec::new(),
     };
-    problems.extend(config.warnings());
-    if problems.iter().any(Problem::is_error) {
-        Err(problems)
-    } else {
+    let (errors, notes): (Vec<Problem>, Vec<Problem>) =
+        ctx.problems.into_iter().partition(Problem::is_error);
+    let config = SbConfig { notes, ..config };
+    if errors.is_empty() {
         Ok(config)
+    } else {
+        let mut problems = errors;
+        problems.extend(config.warnings());
+        Err(problems)
+    }
+}
+
+/// Parses the result of [`super::interpolate_report`]: its unresolved
+/// references are warnings, and errors where the sidecar uses the value.
+pub(super) fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
+    let names: Vec<String> = interpolated
+        .unresolved
+        .iter()
+        .map(|u| u.name.clone())
+        .collect();
+    let warnings: Vec<Problem> = interpolated
+        .unresolved
+        .iter()
+        .map(|u| u.warning())
+        .collect();
+    match parse(&interpolated.text, &names) {
+        Ok(mut config) => {
+            config.notes.splice(0..0, warnings);
+            Ok(config)
+        }
+        Err(mut problems) => {
+            problems.splice(0..0, warnings);
+            Err(problems)
+        }
     }
 }
 
@@ -115,9 +205,16 @@ fn syntax_problem(e: &serde_norway::Error) -> Problem {
     Problem::error("(yaml)", message)
 }
 
-fn read_admin(value: Option<&Value>, problems: &mut Vec<Problem>) -> AdminSection {
+/// What every reader shares: the problems found so far and the names of
+/// the environment references left unresolved.
+struct Ctx<'u> {
+    problems: Vec<Problem>,
+    unresolved: &'u [String],
+}
+
+fn read_admin(value: Option<&Value>, ctx: &mut Ctx<'_>) -> AdminSection {
     let mut admin = AdminSection::default();
-    let Some(mut f) = Fields::open(value, "proxy.admin", ADMIN_KEYS, problems) else {
+    let Some(mut f) = Fields::lenient(value.and_then(Value::as_mapping), "proxy.admin", ctx) else {
         return admin;
     };
     if let Some(enabled) = f.boolean("enabled") {
@@ -125,6 +222,18 @@ fn read_admin(value: Option<&Value>, problems: &mut Vec<Problem>) -> AdminSectio
     }
     if let Some(port) = f.port("port") {
         admin.port = port;
+    }
+    if let Some(bind) = f.string("bind") {
+        match bind.trim().parse::<IpAddr>() {
+            Ok(ip) => admin.bind = ip,
+            Err(_) => f.error(
+                "bind",
+                format!(
+                    "{:?} is not an IP address; expected one such as 127.0.0.1 or 0.0.0.0",
+                    shorten(&bind)
+                ),
+            ),
+        }
     }
     admin.username = f.string("username");
     if admin.username.as_deref().is_some_and(|u| u.contains(':')) {
@@ -137,76 +246,81 @@ fn read_admin(value: Option<&Value>, problems: &mut Vec<Problem>) -> AdminSectio
     admin
 }
 
-fn read_cluster(value: Option<&Value>, problems: &mut Vec<Problem>) -> Option<ClusterSection> {
-    let mut f = Fields::open(value, "proxy.cluster", CLUSTER_KEYS, problems)?;
-    let mut cluster = ClusterSection {
+fn read_proxy_cluster(value: Option<&Value>, ctx: &mut Ctx<'_>) -> Option<ProxyCluster> {
+    let mut f = Fields::lenient(value.and_then(Value::as_mapping), "proxy.cluster", ctx)?;
+    Some(ProxyCluster {
+        gossip_port: f.port("gossip_port").unwrap_or(DEFAULT_GOSSIP_PORT),
+        transport_port: f.port("transport_port").unwrap_or(DEFAULT_TRANSPORT_PORT),
+    })
+}
+
+fn read_proxy_acme(value: Option<&Value>, ctx: &mut Ctx<'_>) -> Option<ProxyAcme> {
+    let mut f = Fields::lenient(value.and_then(Value::as_mapping), "proxy.acme", ctx)?;
+    Some(ProxyAcme {
+        enabled: f.boolean("enabled").unwrap_or(false),
+        storage_backend: f.string("storage_backend"),
+    })
+}
+
+fn read_sbmesh(extensions: Option<&Value>, ctx: &mut Ctx<'_>) -> Option<SbmeshSection> {
+    match extensions {
+        None | Some(Value::Null) | Some(Value::Mapping(_)) => {}
+        Some(other) => {
+            ctx.problems.push(Problem::error(
+                "proxy.extensions",
+                format!(
+                    "expected a mapping of extension blocks (the sidecar's is sbmesh), found {}",
+                    describe(other)
+                ),
+            ));
+            return None;
+        }
+    }
+    let mut f = Fields::open(
+        extensions.and_then(|e| e.get("sbmesh")),
+        SBMESH_PATH,
+        SBMESH_KEYS,
+        ctx,
+    )?;
+    let mut s = SbmeshSection {
         cluster_id: f.string("cluster_id"),
         node_id: f.string("node_id"),
-        ..ClusterSection::default()
+        ..SbmeshSection::default()
     };
-    if let Some(Err(e)) = cluster
-        .cluster_id
-        .as_deref()
-        .map(identity::validate_cluster_id)
-    {
+    if let Some(Err(e)) = s.cluster_id.as_deref().map(identity::validate_cluster_id) {
         f.error("cluster_id", e.to_string());
     }
-    if let Some(Err(e)) = cluster.node_id.as_deref().map(identity::validate_node_id) {
+    if let Some(Err(e)) = s.node_id.as_deref().map(identity::validate_node_id) {
         f.error("node_id", e.to_string());
     }
     for (path, seed) in f.string_list("seeds") {
         match identity::normalize_seed(&seed, CHECK_PORT) {
-            Ok(_) => cluster.seeds.push(seed.trim().to_string()),
-            Err(e) => f.problems.push(Problem::error(path, e.to_string())),
+            Ok(_) => s.seeds.push(seed.trim().to_string()),
+            Err(e) => f.ctx.problems.push(Problem::error(path, e.to_string())),
         }
     }
-    cluster.gossip_port = f.port("gossip_port");
-    cluster.transport_port = f.port("transport_port");
-    cluster.advertise_addr = f.string("advertise_addr");
-    if let Some(Err(e)) = cluster
+    s.gossip_port = f.port("gossip_port");
+    s.transport_port = f.port("transport_port");
+    s.advertise_addr = f.string("advertise_addr");
+    if let Some(Err(e)) = s
         .advertise_addr
         .as_deref()
         .map(|a| identity::parse_advertise(a, CHECK_PORT))
     {
         f.error("advertise_addr", e.to_string());
     }
-    cluster.security = read_security(&mut f);
-    Some(cluster)
-}
-
-fn read_security(cluster: &mut Fields<'_, '_>) -> Option<Security> {
-    let path = cluster.child("security");
-    let mut f = Fields::open(
-        cluster.get("security"),
-        &path,
-        SECURITY_KEYS,
-        cluster.problems,
-    )?;
-    let mut security = Security::default();
-    match f.string("mode").as_deref() {
-        None | Some("shared_key") => {}
-        Some(other) => f.error(
-            "mode",
-            format!(
-                "unsupported mode {:?}; supported: shared_key",
-                shorten(other)
-            ),
-        ),
-    }
-    security.mode = SecurityMode::SharedKey;
-    security.shared_key = f.string("shared_key");
-    if let Some(Err(message)) = security
-        .shared_key
-        .as_deref()
-        .map(|s| KeySource::parse(s).check())
-    {
+    s.shared_key = f.string("shared_key");
+    if let Some(Err(message)) = s.shared_key.as_deref().map(|k| KeySource::parse(k).check()) {
         f.error("shared_key", message);
     }
-    Some(security)
+    s.acme = read_acme(&mut f);
+    Some(s)
 }
 
-fn read_acme(value: Option<&Value>, problems: &mut Vec<Problem>) -> Option<AcmeSection> {
-    let mut f = Fields::open(value, "proxy.acme", ACME_KEYS, problems)?;
+fn read_acme(sbmesh: &mut Fields<'_, '_, '_>) -> Option<AcmeSection> {
+    let path = sbmesh.child("acme");
+    let value = sbmesh.get("acme");
+    let mut f = Fields::open(value, &path, ACME_KEYS, sbmesh.ctx)?;
     let mut acme = AcmeSection::default();
     if let Some(enabled) = f.boolean("enabled") {
         acme.enabled = enabled;
@@ -280,13 +394,57 @@ fn read_acme(value: Option<&Value>, problems: &mut Vec<Problem>) -> Option<AcmeS
         _ => {}
     }
     acme.renew_before_days = f.days("renew_before_days");
+    if let Some(days) = acme.renew_before_days
+        && let Some((_, lifetime)) = KNOWN_LIFETIMES
+            .iter()
+            .find(|(url, _)| *url == acme.directory_url.trim())
+        && days * 2 >= *lifetime
+    {
+        f.error(
+            "renew_before_days",
+            format!(
+                "{days} is at least half of the {lifetime}-day lifetime of this CA's \
+                 certificates, so every certificate would be due again as soon as it is issued; \
+                 use less than {} (or omit it: renewal then starts when a third of the lifetime \
+                 remains)",
+                lifetime / 2
+            ),
+        );
+    }
+    if let Some(mode) = f.string("certificates") {
+        match CertificateMode::from_name(mode.trim()) {
+            Some(m) => acme.certificates = m,
+            None => f.error(
+                "certificates",
+                format!(
+                    "{:?} is not a certificate mode; expected per_host (one certificate per \
+                     origin) or san (one certificate for all origins, what sbproxy 1.13 serves)",
+                    shorten(&mode)
+                ),
+            ),
+        }
+    }
+    if let Some(apply) = f.string("apply") {
+        match CertApply::from_name(apply.trim()) {
+            Some(a) => acme.apply = Some(a),
+            None => f.error(
+                "apply",
+                format!(
+                    "{:?} is not a way to apply certificates; expected one of: {}",
+                    shorten(&apply),
+                    CertApply::names()
+                ),
+            ),
+        }
+    }
     acme.eab = read_eab(&mut f);
     Some(acme)
 }
 
-fn read_eab(acme: &mut Fields<'_, '_>) -> Option<Eab> {
+fn read_eab(acme: &mut Fields<'_, '_, '_>) -> Option<Eab> {
     let path = acme.child("eab");
-    let mut f = Fields::open(acme.get("eab"), &path, EAB_KEYS, acme.problems)?;
+    let value = acme.get("eab");
+    let mut f = Fields::open(value, &path, EAB_KEYS, acme.ctx)?;
     let kid = f.string("kid");
     if kid.is_none() {
         f.error(
@@ -315,6 +473,73 @@ fn read_eab(acme: &mut Fields<'_, '_>) -> Option<Eab> {
         kid: kid.unwrap_or_default(),
         hmac_key: hmac_key.unwrap_or_default(),
     })
+}
+
+/// The keys of `origins` as written. With the sidecar's ACME on, each one
+/// must be a hostname (wildcards are warnings of [`SbConfig::warnings`]),
+/// and `certificates: san` takes at most [`MAX_SAN_NAMES`].
+fn read_origins(
+    value: Option<&Value>,
+    acme: Option<&AcmeSection>,
+    ctx: &mut Ctx<'_>,
+) -> Vec<String> {
+    let map = match value {
+        None | Some(Value::Null) => return Vec::new(),
+        Some(Value::Mapping(map)) => map,
+        Some(other) => {
+            ctx.problems.push(Problem::error(
+                "origins",
+                format!(
+                    "expected a mapping from hostname to origin settings, found {}",
+                    describe(other)
+                ),
+            ));
+            return Vec::new();
+        }
+    };
+    let mut origins = Vec::with_capacity(map.len());
+    let mut eligible = std::collections::HashSet::new();
+    for key in map.keys() {
+        let host = match key {
+            Value::String(host) if !host.trim().is_empty() => host,
+            other => {
+                ctx.problems.push(Problem::error(
+                    child_path("origins", &key_text(other)),
+                    format!("expected a hostname as key, found {}", describe(other)),
+                ));
+                continue;
+            }
+        };
+        origins.push(host.clone());
+        if acme.is_none() || host.contains('*') {
+            continue;
+        }
+        match hostname::normalize(host) {
+            Ok(name) => {
+                eligible.insert(name);
+            }
+            Err(message) => ctx.problems.push(Problem::error(
+                child_path("origins", host),
+                format!(
+                    "{message} (origins are certified by the sidecar's ACME; each key must be a hostname)"
+                ),
+            )),
+        }
+    }
+    if acme.is_some_and(|a| a.certificates == CertificateMode::San)
+        && eligible.len() > MAX_SAN_NAMES
+    {
+        ctx.problems.push(Problem::error(
+            "origins",
+            format!(
+                "{} hostnames, but certificates: san puts every one in a single certificate and \
+                 a CA accepts at most {MAX_SAN_NAMES} names in one; use certificates: per_host, \
+                 or split the origins across SBProxy fleets",
+                eligible.len()
+            ),
+        ));
+    }
+    origins
 }
 
 /// Checks the form of `storage_path` for `backend` (SPEC section 2).
@@ -350,55 +575,27 @@ fn check_storage_path(backend: StorageBackend, path: &str) -> Result<(), String>
     }
 }
 
-fn read_origins(value: Option<&Value>, problems: &mut Vec<Problem>) -> Vec<String> {
-    let map = match value {
-        None | Some(Value::Null) => return Vec::new(),
-        Some(Value::Mapping(map)) => map,
-        Some(other) => {
-            problems.push(Problem::error(
-                "origins",
-                format!(
-                    "expected a mapping from hostname to origin settings, found {}",
-                    describe(other)
-                ),
-            ));
-            return Vec::new();
-        }
-    };
-    let mut origins = Vec::with_capacity(map.len());
-    for key in map.keys() {
-        match key {
-            Value::String(host) if !host.trim().is_empty() => origins.push(host.clone()),
-            other => problems.push(Problem::error(
-                child_path("origins", &key_text(other)),
-                format!("expected a hostname as key, found {}", describe(other)),
-            )),
-        }
-    }
-    origins
-}
-
-/// A YAML mapping read key by key, reporting into `problems` under `path`.
-struct Fields<'a, 'p> {
+/// A YAML mapping read key by key, reporting into the shared [`Ctx`] under `path`.
+struct Fields<'a, 'c, 'u> {
     map: &'a Mapping,
     path: String,
-    problems: &'p mut Vec<Problem>,
+    ctx: &'c mut Ctx<'u>,
 }
 
-impl<'a, 'p> Fields<'a, 'p> {
+impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
     /// Opens the section `value` at `path`. Absent or null: `None`, silently.
     /// Not a mapping: a problem and `None`. Keys outside `allowed` are reported.
     fn open(
         value: Option<&'a Value>,
         path: &str,
         allowed: &[&str],
-        problems: &'p mut Vec<Problem>,
+        ctx: &'c mut Ctx<'u>,
     ) -> Option<Self> {
         let map = match value {
             None | Some(Value::Null) => return None,
             Some(Value::Mapping(map)) => map,
             Some(other) => {
-                problems.push(Problem::error(
+                ctx.problems.push(Problem::error(
                     path,
                     format!(
                         "expected a mapping with keys {}, found {}",
@@ -416,13 +613,23 @@ impl<'a, 'p> Fields<'a, 'p> {
                 if let Some(near) = closest(&name, allowed) {
                     message.push_str(&format!(" (did you mean {near}?)"));
                 }
-                problems.push(Problem::error(child_path(path, &name), message));
+                ctx.problems
+                    .push(Problem::error(child_path(path, &name), message));
             }
         }
         Some(Fields {
             map,
             path: path.to_string(),
-            problems,
+            ctx,
+        })
+    }
+
+    /// A mapping of the proxy's, whose other keys are the proxy's business.
+    fn lenient(map: Option<&'a Mapping>, path: &str, ctx: &'c mut Ctx<'u>) -> Option<Self> {
+        Some(Fields {
+            map: map?,
+            path: path.to_string(),
+            ctx,
         })
     }
 
@@ -437,12 +644,13 @@ impl<'a, 'p> Fields<'a, 'p> {
 
     fn error(&mut self, key: &str, message: impl Into<String>) {
         let path = self.child(key);
-        self.problems.push(Problem::error(path, message));
+        self.ctx.problems.push(Problem::error(path, message));
     }
 
     /// A scalar as text. Numbers and booleans are taken as written (as YAML
     /// would deserialize them into a string). Empty or blank counts as absent,
-    /// so an unset `${VAR}` leaves the setting to its default.
+    /// so `${VAR:-}` leaves the setting to its default. A value that still
+    /// holds an unresolved `${NAME}` is an error: the sidecar would use it.
     fn string(&mut self, key: &str) -> Option<String> {
         let text = match self.get(key)? {
             Value::String(s) => s.clone(),
@@ -454,9 +662,21 @@ impl<'a, 'p> Fields<'a, 'p> {
                 return None;
             }
         };
+        if let Some(name) = self
+            .ctx
+            .unresolved
+            .iter()
+            .find(|name| text.contains(&format!("${{{name}}}")))
+        {
+            let message = format!(
+                "uses ${{{name}}}, but the environment variable {name} is not set; set it, or \
+                 write ${{{name}:-default}}"
+            );
+            self.error(key, message);
+            return None;
+        }
         (!text.trim().is_empty()).then_some(text)
     }
-
     fn boolean(&mut self, key: &str) -> Option<bool> {
         match self.get(key)? {
             Value::Bool(b) => Some(*b),
@@ -520,7 +740,7 @@ impl<'a, 'p> Fields<'a, 'p> {
                     match item {
                         Value::String(s) if s.trim().is_empty() => {}
                         Value::String(s) => out.push((item_path, s.clone())),
-                        other => self.problems.push(Problem::error(
+                        other => self.ctx.problems.push(Problem::error(
                             item_path,
                             format!("expected a string, found {}", describe(other)),
                         )),

@@ -26,12 +26,22 @@ pub struct LastReload {
 /// A certificate a node has written for the proxy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CertificateInfo {
-    /// The hostname.
+    /// The hostname; for the SAN certificate (`certificates: san`), its
+    /// first name (the names are sorted).
     pub host: String,
     /// Expiry, unix seconds.
     pub not_after_unix: u64,
     /// Serial number, hex.
     pub serial: String,
+    /// Every name of the certificate (for the SAN certificate, the whole
+    /// set). Left empty when the certificate names `host` only, which
+    /// keeps per-host metadata small.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// The file is a self-signed placeholder written until the CA's
+    /// certificate arrives (SPEC section 6).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub placeholder: bool,
 }
 
 /// A node's ACME state beyond its certificates, as shown in status.
@@ -43,6 +53,17 @@ pub struct AcmeInfo {
     /// Why the node does not order certificates, when it does not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
+}
+
+/// A node's proxy restarts for certificates (`apply: restart`), as shown
+/// in status: `"proxy": { "restarts": 0, "last_restart_unix_ms": null }`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProxyInfo {
+    /// Graceful restarts signalled since the sidecar started.
+    pub restarts: u64,
+    /// When the last one was signalled, unix milliseconds.
+    pub last_restart_unix_ms: Option<u64>,
 }
 
 /// What a node says about itself.
@@ -62,6 +83,9 @@ pub struct NodeMeta {
     /// ACME state (present once ACME is enabled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub acme: Option<AcmeInfo>,
+    /// Proxy restarts (present when certificates are applied by restart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyInfo>,
 }
 
 /// A node's metadata as exchanged between members.
@@ -189,6 +213,24 @@ mod tests {
     use foca::BroadcastHandler;
 
     #[test]
+    fn proxy_info_serializes_as_in_the_spec() {
+        let meta = NodeMeta {
+            proxy: Some(ProxyInfo::default()),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&meta).unwrap();
+        assert_eq!(
+            json["proxy"],
+            serde_json::json!({ "restarts": 0, "last_restart_unix_ms": null })
+        );
+        // Absent when restarts are not the apply mode; old records decode.
+        let json = serde_json::to_value(NodeMeta::default()).unwrap();
+        assert!(json.get("proxy").is_none());
+        let old: NodeMeta = serde_json::from_str(r#"{"version":"0.1.0"}"#).unwrap();
+        assert_eq!(old.proxy, None);
+    }
+
+    #[test]
     fn newer_digest_is_kept_and_wanted_once() {
         let wanted = Wanted::default();
         let mut h = DigestHandler::new("a", wanted.clone());
@@ -207,6 +249,36 @@ mod tests {
         assert!(h.receive_item(&d(3), None).unwrap().is_some());
         assert_eq!(wanted.lock().unwrap().len(), 2);
         assert!(h.receive_item(b"\xff\xff", None).is_err());
+    }
+
+    #[test]
+    fn certificate_info_stays_small_and_reads_old_records() {
+        let plain = CertificateInfo {
+            host: "a.test".into(),
+            not_after_unix: 1,
+            serial: "0a".into(),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&plain).unwrap();
+        assert_eq!(
+            json,
+            r#"{"host":"a.test","not_after_unix":1,"serial":"0a"}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<CertificateInfo>(&json).unwrap(),
+            plain
+        );
+        let san = CertificateInfo {
+            names: vec!["a.test".into(), "b.test".into()],
+            placeholder: true,
+            ..plain
+        };
+        let json = serde_json::to_string(&san).unwrap();
+        assert!(
+            json.ends_with(r#""names":["a.test","b.test"],"placeholder":true}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<CertificateInfo>(&json).unwrap(), san);
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod wire;
 
 pub use discovery::SeedSource;
 pub use member::NodeIdentity;
-pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta};
+pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta, ProxyInfo};
 pub use runtime::{Mesh, MeshConfig, MeshError, SwimTuning};
 pub use view::{ClusterStatus, MemberInfo, MemberState, NodeStatus, Summary};
 pub use wire::WireError;

@@ -911,6 +911,7 @@ impl Driver {
             last_reload: local_meta.last_reload,
             certificates: local_meta.certificates,
             acme: local_meta.acme,
+            proxy: local_meta.proxy,
         }];
         let mut others: Vec<NodeStatus> = self
             .peers()
@@ -942,6 +943,7 @@ impl Driver {
                     last_reload: meta.last_reload,
                     certificates: meta.certificates,
                     acme: meta.acme,
+                    proxy: meta.proxy,
                 }
             })
             .collect();

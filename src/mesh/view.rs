@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::meta::{AcmeInfo, CertificateInfo, LastReload};
+use crate::mesh::meta::{AcmeInfo, CertificateInfo, LastReload, ProxyInfo};
 
 /// A member's membership state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -91,6 +91,10 @@ pub struct NodeStatus {
     /// not order at all when it does not. Absent while ACME is disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acme: Option<AcmeInfo>,
+    /// Its proxy restarts for certificates (`apply: restart`). Absent in
+    /// the other modes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyInfo>,
 }
 
 impl ClusterStatus {

@@ -94,6 +94,10 @@ pub struct ReloaderConfig {
     /// first read (at once, at start): e.g. the one the process started
     /// with. Default: empty.
     pub initial_config: Arc<SbConfig>,
+    /// The ports of the sidecar's own mesh: content that conflicts with
+    /// them (or with the sidecar's ACME) is invalid, as `validate` says.
+    /// `None` checks no conflicts.
+    pub sidecar_ports: Option<crate::config::SidecarPorts>,
 }
 
 impl ReloaderConfig {
@@ -110,6 +114,7 @@ impl ReloaderConfig {
             assume_delivered: None,
             post_timeout: DEFAULT_POST_TIMEOUT,
             initial_config: Arc::default(),
+            sidecar_ports: None,
         }
     }
 }
@@ -207,6 +212,7 @@ impl Reloader {
             config.debounce,
             config.rescan,
             config.watch,
+            config.sidecar_ports,
             content_tx,
             parsed_tx,
         ));

@@ -19,10 +19,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 
 use super::machine::Input;
-use crate::config::{self, Problem, SbConfig};
-
-/// Largest config file read; a larger one is invalid.
-pub const MAX_CONFIG_BYTES: u64 = 16 * 1024 * 1024;
+use crate::config::{self, MAX_CONFIG_BYTES, Problem, SbConfig, SidecarPorts};
 
 /// What one read of the config file found.
 #[derive(Debug)]
@@ -42,8 +39,9 @@ pub enum Observation {
 }
 
 /// Reads, hashes and validates the config file the way `validate` does
-/// (interpolating `${VAR}` from the process environment).
-pub async fn observe(path: &Path) -> Observation {
+/// (interpolating `${VAR}` from the process environment); with `ports`, a
+/// conflict with the sidecar's mesh or ACME makes the content invalid too.
+pub async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
     let raw = match read_bounded(path).await {
         Ok(raw) => raw,
         Err(e) => return Observation::Unreadable(format!("{}: {e}", path.display())),
@@ -60,11 +58,24 @@ pub async fn observe(path: &Path) -> Observation {
         };
     }
     match config::parse_bytes(&raw, &|name| std::env::var(name).ok()) {
-        Ok(cfg) => Observation::Content {
-            sha256,
-            problems: cfg.warnings(),
-            config: Some(Box::new(cfg)),
-        },
+        Ok(cfg) => {
+            let conflicts = ports
+                .map(|p| config::conflicts(&cfg, p))
+                .unwrap_or_default();
+            if conflicts.is_empty() {
+                Observation::Content {
+                    sha256,
+                    problems: cfg.warnings(),
+                    config: Some(Box::new(cfg)),
+                }
+            } else {
+                Observation::Content {
+                    sha256,
+                    problems: conflicts,
+                    config: None,
+                }
+            }
+        }
         Err(problems) => Observation::Content {
             sha256,
             problems,
@@ -83,14 +94,16 @@ async fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(raw)
 }
 
-/// Starts an inotify watch of `path`'s directory; every relevant event
-/// lands (coalesced) in the returned receiver. `None` when the watch cannot
-/// be set up: the rescan alone then notices changes.
-fn watch_directory(path: &Path) -> Option<(RecommendedWatcher, mpsc::Receiver<()>)> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+/// Starts an inotify watch of the directory `dir` (not recursive); every
+/// relevant event lands, coalesced, in the returned receiver. `None` when
+/// the watch cannot be set up (logged with `what`, the watcher's name):
+/// the caller's rescan alone then notices changes. Kubelet mounts swap a
+/// `..data` symlink inside the directory, so the directory is what is
+/// watched, for the config file and for `--watch-tls` alike.
+pub(crate) fn watch_directory(
+    dir: &Path,
+    what: &str,
+) -> Option<(RecommendedWatcher, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::channel(1);
     let handler = move |event: notify::Result<Event>| {
         let relevant = match &event {
@@ -111,15 +124,23 @@ fn watch_directory(path: &Path) -> Option<(RecommendedWatcher, mpsc::Receiver<()
     let mut watcher = match notify::recommended_watcher(handler) {
         Ok(watcher) => watcher,
         Err(e) => {
-            tracing::warn!(error = %e, "reload: cannot start inotify; relying on the rescan");
+            tracing::warn!(error = %e, "{what}: cannot start inotify; relying on the rescan");
             return None;
         }
     };
-    if let Err(e) = watcher.watch(&dir, RecursiveMode::NonRecursive) {
-        tracing::warn!(dir = %dir.display(), error = %e, "reload: cannot watch the config directory; relying on the rescan");
+    if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+        tracing::warn!(dir = %dir.display(), error = %e, "{what}: cannot watch the directory; relying on the rescan");
         return None;
     }
     Some((watcher, rx))
+}
+
+/// The directory holding `path`.
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Watches `path` forever, sending what it reads to `tx`: once at start,
@@ -132,13 +153,17 @@ pub async fn run(
     debounce: Duration,
     rescan: Duration,
     watch: bool,
+    ports: Option<SidecarPorts>,
     tx: mpsc::Sender<Input>,
     parsed: watch::Sender<Arc<SbConfig>>,
 ) {
     // Without a watch, a channel that never yields (its sender is kept
     // alive here): only the rescan remains.
     let (_idle_tx, idle_rx) = mpsc::channel(1);
-    let (_watcher, mut events) = match watch.then(|| watch_directory(&path)).flatten() {
+    let (_watcher, mut events) = match watch
+        .then(|| watch_directory(&parent_dir(&path), "reload"))
+        .flatten()
+    {
         Some((watcher, rx)) => (Some(watcher), rx),
         None => (None, idle_rx),
     };
@@ -155,7 +180,7 @@ pub async fn run(
                 while events.try_recv().is_ok() {}
             }
         }
-        let input = match observe(&path).await {
+        let input = match observe(&path, ports).await {
             Observation::Unreadable(reason) => {
                 tracing::debug!(%reason, "reload: config file unreadable for now");
                 continue;
@@ -187,5 +212,57 @@ pub async fn run(
         if tx.send(input).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn content(obs: Observation) -> (Vec<String>, bool) {
+        match obs {
+            Observation::Content {
+                problems, config, ..
+            } => (
+                problems.iter().map(ToString::to_string).collect(),
+                config.is_some(),
+            ),
+            Observation::Unreadable(reason) => panic!("unreadable: {reason}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_conflict_with_the_sidecar_makes_the_content_invalid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sb.yml");
+        std::fs::write(
+            &path,
+            "proxy:\n  cluster: { cluster_id: own }\n  extensions: { sbmesh: {} }\n",
+        )
+        .unwrap();
+        let ours = SidecarPorts {
+            gossip: config::DEFAULT_GOSSIP_PORT,
+            transport: config::DEFAULT_TRANSPORT_PORT,
+        };
+        let (problems, valid) = content(observe(&path, Some(ours)).await);
+        assert!(!valid);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].starts_with("proxy.cluster.gossip_port: sbproxy's own mesh"));
+        // Elsewhere: valid.
+        let elsewhere = SidecarPorts {
+            gossip: 7947,
+            transport: 8947,
+        };
+        assert_eq!(
+            content(observe(&path, Some(elsewhere)).await),
+            (vec![], true)
+        );
+        // Too large: invalid, named by the file.
+        std::fs::write(&path, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+        let (problems, valid) = content(observe(&path, None).await);
+        assert!(
+            !valid && problems[0].contains("larger than"),
+            "{problems:?}"
+        );
     }
 }

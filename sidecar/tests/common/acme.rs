@@ -308,9 +308,10 @@ pub fn acme_config(
     extra_acme: &str,
 ) -> String {
     let mut s = format!(
-        "proxy:\n  admin:\n    enabled: true\n    port: 9090\n  acme:\n    enabled: true\n    \
-         email: ops@example.com\n    directory_url: \"{}\"\n    ca_root: \"{}\"\n    \
-         storage_backend: {backend}\n    storage_path: \"{path}\"\n{extra_acme}origins:\n",
+        "proxy:\n  admin:\n    enabled: true\n    port: 9090\n  extensions:\n    sbmesh:\n      \
+         acme:\n        enabled: true\n        email: ops@example.com\n        directory_url: \"{}\"\n        \
+         ca_root: \"{}\"\n        storage_backend: {backend}\n        storage_path: \"{path}\"\n\
+         {extra_acme}origins:\n",
         pebble.directory,
         pebble.ca_root.display()
     );
@@ -321,4 +322,36 @@ pub fn acme_config(
         s.push_str(&format!("  \"{h}\": {{}}\n"));
     }
     s
+}
+
+/// The CA's certificates a node's status lists for itself (placeholders
+/// left out): host -> serial.
+pub fn own_certs(status: &serde_json::Value) -> BTreeMap<String, String> {
+    status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["local"] == true)
+        .flat_map(|n| n["certificates"].as_array().cloned().unwrap_or_default())
+        // A self-signed placeholder is no certificate from the CA.
+        .filter(|c| c["placeholder"] != true)
+        .filter_map(|c| {
+            Some((
+                c["host"].as_str()?.to_owned(),
+                c["serial"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// The Redis `scripts/test` started (`SBMESH_TEST_REDIS_URL`). `None`, and
+/// the test skips, only when the suite does not require its servers.
+pub fn redis_from_env() -> Option<String> {
+    std::env::var("SBMESH_TEST_REDIS_URL").ok().or_else(|| {
+        assert!(
+            std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
+            "SBMESH_TEST_REDIS_URL is not set but SBMESH_TEST_REQUIRE_SERVERS=1"
+        );
+        None
+    })
 }

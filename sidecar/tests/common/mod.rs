@@ -21,6 +21,7 @@
 #![allow(dead_code)]
 
 pub mod acme;
+pub mod pods;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;

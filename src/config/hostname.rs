@@ -1,0 +1,130 @@
+//! Origin keys as hostnames a certificate can name (SPEC section 2 of the
+//! contract; `docs/` in this repository): lowercased, IDNs in their A-label
+//! (punycode) form, no port, no empty label, labels of at most 63 and names
+//! of at most 253 characters.
+
+use std::net::IpAddr;
+
+/// Longest hostname (RFC 1035, without the trailing dot).
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest label.
+pub const MAX_LABEL_LEN: usize = 63;
+
+/// The hostname an origin key names, in the form a certificate carries it:
+/// trimmed, without a trailing dot, lowercased, IDN labels as A-labels.
+/// `Err` says what is wrong and what would be accepted. Wildcards are not
+/// handled here: callers set them apart first (they are not eligible).
+pub fn normalize(origin: &str) -> Result<String, String> {
+    let trimmed = origin.trim();
+    let name = trimmed.strip_suffix('.').unwrap_or(trimmed);
+    if name.is_empty() {
+        return Err("is empty; expected a hostname such as api.example.com".to_owned());
+    }
+    if name.trim_start_matches('[').parse::<IpAddr>().is_ok()
+        || name
+            .trim_start_matches('[')
+            .split(']')
+            .next()
+            .is_some_and(|ip| ip.parse::<IpAddr>().is_ok())
+    {
+        return Err(
+            "is an IP address; an HTTP-01 certificate is ordered for a hostname such as \
+             api.example.com"
+                .to_owned(),
+        );
+    }
+    if let Some((host, port)) = name.rsplit_once(':')
+        && !host.is_empty()
+    {
+        return Err(format!(
+            "has a port ({port}); an origin key is a hostname without port, such as {}",
+            host.to_ascii_lowercase()
+        ));
+    }
+    if name.contains('*') {
+        return Err("is a wildcard; HTTP-01 cannot prove a wildcard".to_owned());
+    }
+    let ascii = idna::domain_to_ascii(name).map_err(|_| {
+        "is not a valid hostname (letters, digits and '-' in dot-separated labels; \
+         internationalised names are accepted and converted to punycode)"
+            .to_owned()
+    })?;
+    if ascii.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "is {} characters long; a hostname has at most {MAX_NAME_LEN}",
+            ascii.len()
+        ));
+    }
+    for label in ascii.split('.') {
+        if label.is_empty() {
+            return Err(
+                "has an empty label (two dots in a row, or a leading dot); expected a hostname \
+                 such as api.example.com"
+                    .to_owned(),
+            );
+        }
+        if label.len() > MAX_LABEL_LEN {
+            return Err(format!(
+                "has a label of {} characters; a label has at most {MAX_LABEL_LEN}",
+                label.len()
+            ));
+        }
+        let valid = label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !valid {
+            return Err(format!(
+                "has the label {label:?}; a label is letters, digits and '-' (not at its start \
+                 or end)"
+            ));
+        }
+    }
+    Ok(ascii)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn normalises() {
+        assert_eq!(normalize("API.Example.COM").unwrap(), "api.example.com");
+        assert_eq!(normalize(" api.example.com. ").unwrap(), "api.example.com");
+        assert_eq!(
+            normalize("bücher.example").unwrap(),
+            "xn--bcher-kva.example"
+        );
+        assert_eq!(
+            normalize("xn--bcher-kva.example").unwrap(),
+            "xn--bcher-kva.example"
+        );
+        assert_eq!(normalize("localhost").unwrap(), "localhost");
+        assert_eq!(normalize("a-1.test").unwrap(), "a-1.test");
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_hostname() {
+        for (bad, says) in [
+            ("", "empty"),
+            ("api.example.com:8443", "has a port (8443)"),
+            ("a..b", "empty label"),
+            (".a.b", "empty label"),
+            ("10.0.0.1", "IP address"),
+            ("[::1]:80", "IP address"),
+            ("::1", "IP address"),
+            ("-a.b", "label"),
+            ("a_b.c", "label"),
+            ("a b.c", "label"),
+            ("*.example.com", "wildcard"),
+        ] {
+            let e = normalize(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let long_label = format!("{}.com", "a".repeat(64));
+        assert!(normalize(&long_label).unwrap_err().contains("at most 63"));
+        let long_name = vec!["a".repeat(60); 5].join(".");
+        assert!(normalize(&long_name).unwrap_err().contains("at most 253"));
+    }
+}
