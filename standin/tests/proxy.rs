@@ -77,7 +77,7 @@ fn top_level_unknown_keys_only_warn_and_extensions_is_free() {
     );
     let cfg = ConfigDir::new(&text);
     let p = Proxy::start(&cfg.path(), admin, &[]);
-    assert!(p.stderr().contains("whatever"), "{}", p.stderr());
+    p.wait_stderr("whatever");
 }
 
 /// Every key SPEC section 10 lists for `proxy.admin`, `proxy.cluster` and
@@ -184,7 +184,7 @@ origins:
     let health: serde_json::Value = serde_json::from_str(&health).unwrap();
     assert_eq!(health["status"], "ok");
     assert!(health["checks"].is_object());
-    assert!(p.stderr().contains("ACME"), "{}", p.stderr());
+    p.wait_stderr("ACME");
     // The same file reloads.
     let (status, body) = p.reload(DEFAULT_AUTH);
     assert_eq!(status, 200, "{body}");
@@ -439,15 +439,11 @@ fn the_proxys_own_watcher_applies_a_configmap_swap() {
         assert!(Instant::now() < until, "not applied:\n{}", p.stderr());
         std::thread::sleep(Duration::from_millis(25));
     }
-    assert!(p.stderr().contains("watcher: applied"), "{}", p.stderr());
+    p.wait_stderr("watcher: applied");
 
     // A refused file is not applied by the watcher either.
     mount.publish(&config(admin, http, "    passwrd: x\n", ""));
-    let until = Instant::now() + DEADLINE;
-    while !p.stderr().contains("watcher: failed to parse config") {
-        assert!(Instant::now() < until, "no refusal logged:\n{}", p.stderr());
-        std::thread::sleep(Duration::from_millis(25));
-    }
+    p.wait_stderr("watcher: failed to parse config");
     assert_eq!(p.revision(DEFAULT_AUTH), want);
 }
 
@@ -460,11 +456,7 @@ fn sigterm_drains_and_exits_0_and_sighup_is_ignored() {
     assert_eq!(comm.trim(), "sbproxy");
 
     p.signal("HUP");
-    let until = Instant::now() + DEADLINE;
-    while !p.stderr().contains("SIGHUP ignored") {
-        assert!(Instant::now() < until, "{}", p.stderr());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    p.wait_stderr("SIGHUP ignored");
     assert_eq!(request(http, "GET", "/health", None).0, 200);
 
     p.signal("TERM");
@@ -484,7 +476,7 @@ fn start_delay_postpones_binding() {
         &[("SBPROXY_STANDIN_START_DELAY_MS", "300")],
     );
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert!(p.stderr().contains("start-up delay"), "{}", p.stderr());
+    p.wait_stderr("start-up delay");
 }
 
 #[test]
@@ -501,11 +493,7 @@ fn sigterm_stops_accepting_and_lets_a_running_request_finish() {
     );
     let slow =
         std::thread::spawn(move || request(admin, "POST", "/admin/reload", Some(DEFAULT_AUTH)));
-    let until = Instant::now() + DEADLINE;
-    while !p.stderr().contains("re-reading the config file") {
-        assert!(Instant::now() < until, "{}", p.stderr());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    p.wait_stderr("re-reading the config file");
     p.signal("TERM");
     // New connections are refused while the running request drains.
     let until = Instant::now() + DEADLINE;
@@ -534,11 +522,7 @@ fn sigterm_exits_0_when_the_grace_period_is_over() {
     );
     let slow =
         std::thread::spawn(move || try_request(admin, "POST", "/admin/reload", Some(DEFAULT_AUTH)));
-    let until = Instant::now() + DEADLINE;
-    while !p.stderr().contains("re-reading the config file") {
-        assert!(Instant::now() < until, "{}", p.stderr());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    p.wait_stderr("re-reading the config file");
     p.signal("TERM");
     let (status, stderr) = p.wait_exit();
     assert_eq!(status.code(), Some(0), "{stderr}");

@@ -105,6 +105,20 @@ impl Proxy {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Waits until the stand-in's stderr holds `needle` (the pipe is read
+    /// by a thread, so a line may trail what it reports).
+    pub fn wait_stderr(&self, needle: &str) {
+        let until = Instant::now() + DEADLINE;
+        while !self.stderr().contains(needle) {
+            assert!(
+                Instant::now() < until,
+                "{needle:?} not logged:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+    }
+
     pub fn wait_ready(&mut self) {
         let until = Instant::now() + DEADLINE;
         loop {
