@@ -792,13 +792,12 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
     let env = known_env(proxy, ns);
     let is_known = |var: &str| env.contains_key(var);
     let lookup = |var: &str| env.get(var).cloned();
-    let interpolated = sbmesh::config::interpolate(text, &lookup)
-        .map_err(|problem| invalid(vec![problem.to_string()]))?;
+    let interpolated = sbmesh::config::interpolate_report(text, &lookup);
     // The text as written, to tell which values depend on unknown variables.
     // It may fail to parse where the interpolated text does not; then
     // nothing is excused.
     let raw: Option<Yaml> = serde_norway::from_str(text).ok();
-    let tree: Option<Yaml> = serde_norway::from_str::<Yaml>(&interpolated)
+    let tree: Option<Yaml> = serde_norway::from_str::<Yaml>(&interpolated.text)
         .ok()
         .and_then(|mut v| v.apply_merge().ok().map(|()| v));
 
@@ -852,7 +851,7 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
     // The conflicts of a parsed file, apart: a conflict is about the value at
     // its path (a port left to its default clashes whatever else the block
     // holds), so only that value can excuse it.
-    let (mut problems, conflicts) = match sbmesh::config::parse_bytes(text.as_bytes(), &lookup) {
+    let (mut problems, conflicts) = match sbmesh::config::parse_interpolated(&interpolated) {
         Ok(config) => {
             let sbmesh = config.sbmesh();
             let conflicts = sbmesh::config::conflicts(

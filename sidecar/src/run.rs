@@ -337,19 +337,14 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
                 &settings.proxy_health_url,
             )
         };
-        match RestartCoordinator::spawn(cfg, store.clone(), parts.metrics.clone()) {
+        match RestartCoordinator::spawn_into(
+            cfg,
+            store.clone(),
+            parts.metrics.clone(),
+            parts.proxy_status.clone(),
+        ) {
             Ok(coordinator) => {
                 parts.apply.set(coordinator.requester());
-                let mut status = coordinator.status();
-                let relay = parts.proxy_status.clone();
-                tokio::spawn(async move {
-                    loop {
-                        let now = status.borrow_and_update().clone();
-                        if relay.send(now).is_err() || status.changed().await.is_err() {
-                            return;
-                        }
-                    }
-                });
                 Some(coordinator)
             }
             Err(e) => {
@@ -487,8 +482,7 @@ async fn keep_store_probed(
     opened: watch::Sender<Option<Arc<dyn Store>>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let acme = settings.config.sbmesh().acme;
-    let acme = acme.as_ref();
+    let acme = settings.config.sbmesh().acme.as_ref();
     let backend = acme
         .and_then(|a| a.storage_backend)
         .unwrap_or(StorageBackend::Redb);

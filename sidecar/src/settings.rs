@@ -439,8 +439,8 @@ pub fn resolve(
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|| DEFAULT_CLUSTER_DOMAIN.to_string());
 
-    let node_id = resolve_node_id(&mut r, args, &cluster, pod_name.as_deref(), hostname);
-    let cluster_id = resolve_cluster_id(&mut r, args, &cluster, pod_name.as_deref());
+    let node_id = resolve_node_id(&mut r, args, cluster, pod_name.as_deref(), hostname);
+    let cluster_id = resolve_cluster_id(&mut r, args, cluster, pod_name.as_deref());
 
     let gossip_port = r
         .parsed(&GOSSIP_PORT, args.gossip_port.as_deref(), parse_port)
@@ -463,16 +463,16 @@ pub fn resolve(
         );
     }
 
-    let seeds = resolve_seeds(&mut r, args, &cluster, gossip_port);
+    let seeds = resolve_seeds(&mut r, args, cluster, gossip_port);
 
     let bind = r
         .parsed(&BIND, args.bind.as_deref(), parse_ip)
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    let advertise = resolve_advertise(&mut r, args, &cluster, pod_ip, bind, gossip_port);
+    let advertise = resolve_advertise(&mut r, args, cluster, pod_ip, bind, gossip_port);
 
     let cluster_key_file = r.path(&CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
     let problems_before_key = r.problems.len();
-    let cluster_key = resolve_cluster_key(&mut r, args, &cluster, cluster_key_file.as_deref());
+    let cluster_key = resolve_cluster_key(&mut r, args, cluster, cluster_key_file.as_deref());
     let key_was_refused = r.problems.len() > problems_before_key;
     if cluster_key.is_none() && !key_was_refused && (!seeds.is_empty() || mesh_service.is_some()) {
         r.problems.push(Problem::error(
@@ -676,20 +676,36 @@ pub fn resolve(
              --proxy-health-url / SBMESH_PROXY_HEALTH_URL (e.g. the data port's /health)",
         ));
     }
-    if config.certificate_mode() == config::CertificateMode::San
-        && let Some(file) = &config.proxy.tls_cert_file
-        && *file != cert_dir.join(sbmesh::acme::deliver::CHAIN_FILE)
-    {
-        r.problems.push(Problem::warning(
-            "proxy.tls_cert_file",
-            format!(
-                "is {}, but with certificates: san the sidecar writes the certificate to {}; \
-                 the proxy will not serve it (point proxy.tls_cert_file and tls_key_file there, \
-                 or set --cert-dir / SBMESH_CERT_DIR)",
-                file.display(),
-                cert_dir.join(sbmesh::acme::deliver::CHAIN_FILE).display()
+    if config.certificate_mode() == config::CertificateMode::San {
+        // sbproxy serves the pair it names; the sidecar writes its own.
+        let proxy = &config.proxy;
+        for (key, named, ours) in [
+            (
+                "tls_cert_file",
+                &proxy.tls_cert_file,
+                sbmesh::acme::deliver::CHAIN_FILE,
             ),
-        ));
+            (
+                "tls_key_file",
+                &proxy.tls_key_file,
+                sbmesh::acme::deliver::KEY_FILE,
+            ),
+        ] {
+            let ours = cert_dir.join(ours);
+            if let Some(file) = named.as_ref().filter(|f| **f != ours) {
+                r.problems.push(Problem::warning(
+                    format!("proxy.{key}"),
+                    format!(
+                        "is {}, but with certificates: san the sidecar writes {}; the proxy \
+                         will not serve its certificate (point proxy.tls_cert_file and \
+                         tls_key_file into the sidecar's --cert-dir, or set --cert-dir / \
+                         SBMESH_CERT_DIR)",
+                        file.display(),
+                        ours.display()
+                    ),
+                ));
+            }
+        }
     }
     r.problems.extend(config::conflicts(
         &config,
@@ -1193,6 +1209,25 @@ origins: { api.example.com: {} }
         assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9090/admin/reload");
         // disabled: nothing to authenticate against
         assert_eq!(Case::new("origins: {}\n").ok().proxy_authorization, None);
+    }
+
+    #[test]
+    fn san_warns_when_the_proxy_reads_another_pair() {
+        let yml = |crt: &str, key: &str| {
+            format!(
+                "proxy:\n  tls_cert_file: {crt}\n  tls_key_file: {key}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, storage_backend: memory, certificates: san }}\n"
+            )
+        };
+        let ours = Case::new(&yml("/certs/tls.crt", "/certs/tls.key"))
+            .env("SBMESH_CERT_DIR", "/certs")
+            .ok();
+        assert!(ours.warnings.is_empty(), "{:?}", ours.warnings);
+        let other = Case::new(&yml("/etc/tls/tls.crt", "/certs/tls.key"))
+            .env("SBMESH_CERT_DIR", "/certs")
+            .ok();
+        let paths: Vec<&str> = other.warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["proxy.tls_cert_file"]);
+        assert!(other.warnings[0].message.contains("/certs/tls.crt"));
     }
 
     #[test]

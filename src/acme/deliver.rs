@@ -2,7 +2,7 @@
 //! `<cert-dir>/<host>/tls.crt` (chain, leaf first, PEM, mode 0644) and
 //! `<cert-dir>/<host>/tls.key` (PKCS#8 PEM, mode 0600) per host, or the
 //! same pair directly in `<cert-dir>` for the one certificate of
-//! `certificates: san` ([`write_san_files`]). Both go through
+//! `certificates: san` ([`write_pair`] of `<cert-dir>`). Both go through
 //! [`write_pair`], so they share everything below.
 //!
 //! Each file is replaced atomically: written to a temporary file in the same
@@ -195,17 +195,6 @@ pub fn read_cert_files(cert_dir: &Path, host: &str) -> Option<(String, String)> 
     read_pair(&host_dir(cert_dir, host).ok()?)
 }
 
-/// Writes the SAN certificate, `<cert_dir>/tls.key` then
-/// `<cert_dir>/tls.crt` ([`write_pair`]).
-pub fn write_san_files(cert_dir: &Path, chain_pem: &str, key_pem: &str) -> io::Result<bool> {
-    write_pair(cert_dir, chain_pem, key_pem)
-}
-
-/// What is on disk for the SAN certificate ([`read_pair`] of `cert_dir`).
-pub fn read_san_files(cert_dir: &Path) -> Option<(String, String)> {
-    read_pair(cert_dir)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,21 +343,18 @@ mod tests {
     fn the_san_pair_lives_in_cert_dir_beside_host_dirs() {
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
-        assert_eq!(read_san_files(&certs), None);
+        assert_eq!(read_pair(&certs), None);
         // Creates cert_dir itself when missing.
-        assert!(write_san_files(&certs, CHAIN, KEY).unwrap());
+        assert!(write_pair(&certs, CHAIN, KEY).unwrap());
         assert_eq!(fs::read_to_string(certs.join("tls.crt")).unwrap(), CHAIN);
         assert_eq!(mode(&certs.join("tls.key")), 0o600);
         assert_eq!(mode(&certs.join("tls.crt")), 0o644);
-        assert!(!write_san_files(&certs, CHAIN, KEY).unwrap());
+        assert!(!write_pair(&certs, CHAIN, KEY).unwrap());
         // Host directories next to it are left alone.
         write_cert_files(&certs, "a.example.com", CHAIN, KEY).unwrap();
         let key2 = KEY.replace("BBBB", "EEEE");
-        assert!(write_san_files(&certs, CHAIN, &key2).unwrap());
-        assert_eq!(
-            read_san_files(&certs),
-            Some((CHAIN.to_owned(), key2.clone()))
-        );
+        assert!(write_pair(&certs, CHAIN, &key2).unwrap());
+        assert_eq!(read_pair(&certs), Some((CHAIN.to_owned(), key2.clone())));
         assert_eq!(
             read_cert_files(&certs, "a.example.com"),
             Some((CHAIN.to_owned(), KEY.to_owned()))

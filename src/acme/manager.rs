@@ -269,14 +269,6 @@ fn jitter(host: &str, serial: &str) -> f64 {
     n as f64 / (1u64 << 52) as f64
 }
 
-/// The hosts `config` asks for: eligible origins in their certificate
-/// form ([`crate::config::hostname::normalize`]), deduplicated; and the
-/// wildcards that are not eligible.
-pub fn wanted_hosts(config: &SbConfig) -> (BTreeSet<String>, Vec<String>) {
-    let (hosts, wildcards) = config.acme_hostnames();
-    (hosts.into_iter().collect(), wildcards)
-}
-
 /// Where a unit's files go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UnitFiles {
@@ -394,7 +386,9 @@ impl CertUnit {
 /// (`san`; none when there is no eligible origin). The config layer
 /// refuses more than [`crate::config::MAX_SAN_NAMES`] names for `san`.
 pub fn wanted_units(config: &SbConfig) -> (Vec<CertUnit>, Vec<String>) {
-    let (hosts, wildcards) = wanted_hosts(config);
+    let (mut hosts, wildcards) = config.acme_hostnames();
+    // In name order, whatever the file's order, as every replica sees them.
+    hosts.sort();
     let units = match config.certificate_mode() {
         CertificateMode::PerHost => hosts.iter().map(|h| CertUnit::per_host(h)).collect(),
         CertificateMode::San => CertUnit::san(hosts).into_iter().collect(),
@@ -590,6 +584,8 @@ struct Runner {
     started: Instant,
     refusal: Option<String>,
     reload_pending: bool,
+    /// What `publish_status` shows changed: published once per pass.
+    status_dirty: bool,
     last_full_check: Instant,
     /// The alive members at the last step, and since when they are so.
     last_alive: Vec<String>,
@@ -622,6 +618,7 @@ impl Runner {
             started: Instant::now(),
             refusal: None,
             reload_pending: false,
+            status_dirty: false,
             last_full_check: Instant::now(),
             last_alive: Vec::new(),
             view_changed: Instant::now(),
@@ -651,9 +648,12 @@ impl Runner {
             if self.reload_pending {
                 self.reload_pending = false;
                 (self.certificates_changed)();
-                self.publish_status();
             }
             self.step().await;
+            if self.status_dirty {
+                self.status_dirty = false;
+                self.publish_status();
+            }
         }
     }
 
@@ -867,7 +867,7 @@ impl Runner {
                 warn!(unit = %id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write certificate files");
             }
         }
-        self.publish_status();
+        self.status_dirty = true;
     }
 
     /// Writes a self-signed placeholder for every unit that has nothing
@@ -898,7 +898,7 @@ impl Runner {
             }
         }
         if wrote {
-            self.publish_status();
+            self.status_dirty = true;
         }
     }
 
@@ -956,7 +956,6 @@ impl Runner {
         if self.units.is_empty() {
             return;
         }
-        self.write_placeholders();
         let Some(status) = self.mesh.status().await else {
             return;
         };
@@ -988,6 +987,9 @@ impl Runner {
         let full = now_instant.duration_since(self.last_full_check) >= self.cfg.full_check_every;
         if full {
             self.last_full_check = now_instant;
+            // New units got theirs in apply_config; this renews the ones
+            // close to expiry while the CA's certificate is still missing.
+            self.write_placeholders();
         }
         let missing_every = self.cfg.missing_check_every;
         let mut reads = Vec::new();
@@ -1607,14 +1609,14 @@ mod tests {
             "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, email: a@b.c }\norigins:\n  \"API.example.com.\": {}\n  \"*.example.com\": {}\n  \"b.example.com\": {}\n",
         )
         .unwrap();
-        let (hosts, wildcards) = wanted_hosts(&config);
+        let (hosts, wildcards) = config.acme_hostnames();
         assert_eq!(
             hosts.into_iter().collect::<Vec<_>>(),
             vec!["api.example.com".to_owned(), "b.example.com".to_owned()]
         );
         assert_eq!(wildcards, vec!["*.example.com".to_owned()]);
         let disabled = crate::config::parse("origins:\n  a.example.com: {}\n").unwrap();
-        assert!(wanted_hosts(&disabled).0.is_empty());
+        assert!(disabled.acme_hostnames().0.is_empty());
     }
 
     fn config(mode: &str, origins: &[&str]) -> SbConfig {

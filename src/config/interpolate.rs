@@ -41,8 +41,8 @@ impl Unresolved {
 
 /// Replaces environment references in `text`, as [`interpolate_report`]
 /// does, and returns the text only.
-pub fn interpolate(text: &str, env: &EnvLookup<'_>) -> Result<String, Problem> {
-    interpolate_report(text, env).map(|i| i.text)
+pub fn interpolate(text: &str, env: &EnvLookup<'_>) -> String {
+    interpolate_report(text, env).text
 }
 
 /// Replaces environment references in `text`, as the proxy does:
@@ -57,9 +57,9 @@ pub fn interpolate(text: &str, env: &EnvLookup<'_>) -> Result<String, Problem> {
 /// - anything else (`$NAME`, `${A-b}`, an unclosed `${`) is kept as it is.
 ///
 /// `NAME` is `[A-Za-z_][A-Za-z0-9_]*`. Substitution happens everywhere in
-/// the text, comments included. Never fails today; the `Result` leaves room
-/// for a limit without changing callers.
-pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Result<Interpolated, Problem> {
+/// the text, comments included. Never fails: whatever is not a reference
+/// is text.
+pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Interpolated {
     let mut out = String::with_capacity(text.len());
     let mut unresolved = Vec::new();
     let mut pos = 0;
@@ -97,10 +97,10 @@ pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Result<Interpolate
         }
     }
     out.push_str(&text[pos..]);
-    Ok(Interpolated {
+    Interpolated {
         text: out,
         unresolved,
-    })
+    }
 }
 
 /// `${NAME}` or `${NAME:-default}` at the start of `text`: its length, the
@@ -149,7 +149,7 @@ mod tests {
     }
 
     fn run(text: &str, pairs: &[(&str, &str)]) -> String {
-        interpolate(text, &env_of(pairs)).unwrap()
+        interpolate(text, &env_of(pairs))
     }
 
     #[test]
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn unset_variables_are_kept_and_reported() {
-        let r = interpolate_report("x: 1\nnode_id: é${POD}\n", &env_of(&[])).unwrap();
+        let r = interpolate_report("x: 1\nnode_id: é${POD}\n", &env_of(&[]));
         assert_eq!(r.text, "x: 1\nnode_id: é${POD}\n");
         assert_eq!(
             r.unresolved,

@@ -24,7 +24,7 @@
 //!
 //! let env = |name: &str| (name == "POD").then(|| "demo-proxy-0".to_string());
 //! let text = "proxy:\n  extensions:\n    sbmesh:\n      node_id: ${POD}\n";
-//! let text = config::interpolate(text, &env).unwrap();
+//! let text = config::interpolate(text, &env);
 //! let cfg = config::parse(&text).unwrap();
 //! assert_eq!(cfg.sbmesh().node_id.as_deref(), Some("demo-proxy-0"));
 //! ```
@@ -173,8 +173,18 @@ impl SbConfig {
     }
 
     /// The sidecar's block, or an empty one.
-    pub fn sbmesh(&self) -> SbmeshSection {
-        self.proxy.sbmesh.clone().unwrap_or_default()
+    pub fn sbmesh(&self) -> &SbmeshSection {
+        static EMPTY: SbmeshSection = SbmeshSection {
+            cluster_id: None,
+            node_id: None,
+            seeds: Vec::new(),
+            gossip_port: None,
+            transport_port: None,
+            advertise_addr: None,
+            shared_key: None,
+            acme: None,
+        };
+        self.proxy.sbmesh.as_ref().unwrap_or(&EMPTY)
     }
 
     /// How certificates are ordered and written (`per_host` when ACME is
@@ -261,11 +271,10 @@ pub struct ProxySection {
     /// `proxy.acme`, when present: the proxy's **own** ACME client, read
     /// only to detect a conflict with the sidecar's.
     pub acme: Option<ProxyAcme>,
-    /// `proxy.https_bind_port`: the proxy's TLS listener, when it has one.
-    pub https_bind_port: Option<u16>,
-    /// `proxy.tls_cert_file`: the one certificate the proxy serves.
+    /// `proxy.tls_cert_file`: the one certificate the proxy serves, read
+    /// to tell whether it is the one `certificates: san` writes.
     pub tls_cert_file: Option<PathBuf>,
-    /// `proxy.tls_key_file`.
+    /// `proxy.tls_key_file`, read for the same reason.
     pub tls_key_file: Option<PathBuf>,
     /// `proxy.extensions.sbmesh`: the sidecar's own settings.
     pub sbmesh: Option<SbmeshSection>,
@@ -669,6 +678,13 @@ pub fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
     parse::parse(text, &[])
 }
 
+/// Parses the result of [`interpolate_report`], as [`parse`] does: its
+/// unresolved references are warnings, and errors where the sidecar's own
+/// block uses them.
+pub fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
+    parse::parse(&interpolated.text, &interpolated.unresolved)
+}
+
 /// A configuration file as read from disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loaded {
@@ -704,13 +720,21 @@ pub fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
     file.take(MAX_CONFIG_BYTES + 1)
         .read_to_end(&mut raw)
         .map_err(|e| format!("cannot read: {e}"))?;
-    if raw.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(format!(
+    match oversized(raw.len()) {
+        Some(message) => Err(message),
+        None => Ok(raw),
+    }
+}
+
+/// What is wrong with a file of `len` bytes (read up to one byte past
+/// [`MAX_CONFIG_BYTES`]), when it is too large.
+pub fn oversized(len: usize) -> Option<String> {
+    (len as u64 > MAX_CONFIG_BYTES).then(|| {
+        format!(
             "larger than {} MiB; the sidecar reads at most that much (a ConfigMap holds at most 1 MiB)",
             MAX_CONFIG_BYTES >> 20
-        ));
-    }
-    Ok(raw)
+        )
+    })
 }
 
 /// Interpolates and parses raw file bytes, as [`load`] does after reading.
@@ -724,8 +748,7 @@ pub fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, Vec<Prob
             ),
         )]
     })?;
-    let interpolated = interpolate_report(text, env).map_err(|p| vec![p])?;
-    parse::parse_interpolated(&interpolated)
+    parse_interpolated(&interpolate_report(text, env))
 }
 
 /// Lowercase hex sha256 of `bytes`.

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use base64::Engine as _;
 use serde_norway::{Mapping, Value};
 
-use super::interpolate::Interpolated;
+use super::interpolate::Unresolved;
 use super::key::KeySource;
 use super::{
     AcmeSection, AdminSection, CertApply, CertificateMode, DEFAULT_GOSSIP_PORT,
@@ -58,8 +58,9 @@ const KNOWN_LIFETIMES: &[(&str, u32)] = &[
 const CHECK_PORT: u16 = DEFAULT_GOSSIP_PORT;
 
 /// Parses interpolated text in which the references `unresolved` were left
-/// as written (their names).
-pub(super) fn parse(text: &str, unresolved: &[String]) -> Result<SbConfig, Vec<Problem>> {
+/// as written: each is a warning, and an error where the sidecar's own
+/// block uses it.
+pub(super) fn parse(text: &str, unresolved: &[Unresolved]) -> Result<SbConfig, Vec<Problem>> {
     let mut value: Value = serde_norway::from_str(text).map_err(|e| vec![syntax_problem(&e)])?;
     value.apply_merge().map_err(|e| {
         vec![Problem::error(
@@ -86,7 +87,7 @@ pub(super) fn parse(text: &str, unresolved: &[String]) -> Result<SbConfig, Vec<P
         }
     };
 
-    let mut problems = Vec::new();
+    let mut problems: Vec<Problem> = unresolved.iter().map(Unresolved::warning).collect();
     for unknown in sbproxy::unknown_keys(&value) {
         let mut message = format!(
             "sbproxy 1.13 refuses this key, and with it the whole file; its block accepts: {}",
@@ -128,7 +129,6 @@ pub(super) fn parse(text: &str, unresolved: &[String]) -> Result<SbConfig, Vec<P
     let cluster = read_proxy_cluster(section("cluster"), &mut ctx);
     let acme = read_proxy_acme(section("acme"), &mut ctx);
     let mut top = Fields::lenient(proxy, "proxy", &mut ctx);
-    let https_bind_port = top.as_mut().and_then(|f| f.port("https_bind_port"));
     let tls_cert_file = top
         .as_mut()
         .and_then(|f| f.string("tls_cert_file"))
@@ -150,7 +150,6 @@ pub(super) fn parse(text: &str, unresolved: &[String]) -> Result<SbConfig, Vec<P
             admin,
             cluster,
             acme,
-            https_bind_port,
             tls_cert_file,
             tls_key_file,
             sbmesh,
@@ -170,31 +169,6 @@ pub(super) fn parse(text: &str, unresolved: &[String]) -> Result<SbConfig, Vec<P
     }
 }
 
-/// Parses the result of [`super::interpolate_report`]: its unresolved
-/// references are warnings, and errors where the sidecar uses the value.
-pub(super) fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
-    let names: Vec<String> = interpolated
-        .unresolved
-        .iter()
-        .map(|u| u.name.clone())
-        .collect();
-    let warnings: Vec<Problem> = interpolated
-        .unresolved
-        .iter()
-        .map(|u| u.warning())
-        .collect();
-    match parse(&interpolated.text, &names) {
-        Ok(mut config) => {
-            config.notes.splice(0..0, warnings);
-            Ok(config)
-        }
-        Err(mut problems) => {
-            problems.splice(0..0, warnings);
-            Err(problems)
-        }
-    }
-}
-
 fn syntax_problem(e: &serde_norway::Error) -> Problem {
     let mut message = e.to_string();
     if let Some(at) = e.location()
@@ -205,11 +179,11 @@ fn syntax_problem(e: &serde_norway::Error) -> Problem {
     Problem::error("(yaml)", message)
 }
 
-/// What every reader shares: the problems found so far and the names of
-/// the environment references left unresolved.
+/// What every reader shares: the problems found so far and the
+/// environment references left unresolved.
 struct Ctx<'u> {
     problems: Vec<Problem>,
-    unresolved: &'u [String],
+    unresolved: &'u [Unresolved],
 }
 
 fn read_admin(value: Option<&Value>, ctx: &mut Ctx<'_>) -> AdminSection {
@@ -580,6 +554,9 @@ struct Fields<'a, 'c, 'u> {
     map: &'a Mapping,
     path: String,
     ctx: &'c mut Ctx<'u>,
+    /// The sidecar's own block (unknown keys and unresolved `${NAME}`s are
+    /// problems), not one of the proxy's.
+    strict: bool,
 }
 
 impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
@@ -621,15 +598,18 @@ impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
             map,
             path: path.to_string(),
             ctx,
+            strict: true,
         })
     }
 
-    /// A mapping of the proxy's, whose other keys are the proxy's business.
+    /// A mapping of the proxy's, whose other keys are the proxy's business,
+    /// and whose values the proxy reads as written, `${NAME}`s included.
     fn lenient(map: Option<&'a Mapping>, path: &str, ctx: &'c mut Ctx<'u>) -> Option<Self> {
         Some(Fields {
             map: map?,
             path: path.to_string(),
             ctx,
+            strict: false,
         })
     }
 
@@ -649,8 +629,10 @@ impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
 
     /// A scalar as text. Numbers and booleans are taken as written (as YAML
     /// would deserialize them into a string). Empty or blank counts as absent,
-    /// so `${VAR:-}` leaves the setting to its default. A value that still
-    /// holds an unresolved `${NAME}` is an error: the sidecar would use it.
+    /// so `${VAR:-}` leaves the setting to its default. In the sidecar's
+    /// block, a value that still holds an unresolved `${NAME}` is an error:
+    /// the sidecar would use it. In the proxy's blocks it is kept as the
+    /// proxy keeps it (the proxy checks the same literal credentials).
     fn string(&mut self, key: &str) -> Option<String> {
         let text = match self.get(key)? {
             Value::String(s) => s.clone(),
@@ -666,7 +648,8 @@ impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
             .ctx
             .unresolved
             .iter()
-            .find(|name| text.contains(&format!("${{{name}}}")))
+            .map(|u| u.name.as_str())
+            .find(|name| self.strict && text.contains(&format!("${{{name}}}")))
         {
             let message = format!(
                 "uses ${{{name}}}, but the environment variable {name} is not set; set it, or \

@@ -151,12 +151,29 @@ impl RestartCoordinator {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, RestartError> {
+        Self::spawn_into(
+            cfg,
+            store,
+            metrics,
+            watch::channel(ProxyStatus::default()).0,
+        )
+    }
+
+    /// As [`RestartCoordinator::spawn`], publishing the status into `tx`
+    /// (a channel its caller already hands out, e.g. to node metadata and
+    /// `/readyz`).
+    pub fn spawn_into(
+        cfg: RestartConfig,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        tx: watch::Sender<ProxyStatus>,
+    ) -> Result<Self, RestartError> {
         let health = HealthProbe::new(&cfg.health_url, cfg.probe_timeout)?;
         let requests = Arc::new(Requests {
             pending: AtomicBool::new(false),
             notify: Notify::new(),
         });
-        let (tx, status) = watch::channel(ProxyStatus::default());
+        let status = tx.subscribe();
         let lock = restart_lease(store).with_metrics(Arc::clone(&metrics));
         let shell = Shell {
             core: RestartCore::new(cfg.min_interval, cfg.give_up_after, &cfg.health_url),

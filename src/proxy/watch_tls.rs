@@ -27,12 +27,13 @@ use crate::config::sha256_hex;
 use crate::http::ReadinessCheck;
 use crate::metrics::Metrics;
 
-/// The certificate file of a `kubernetes.io/tls` Secret.
-pub const CERT_FILE: &str = "tls.crt";
-/// The key file of a `kubernetes.io/tls` Secret.
-pub const KEY_FILE: &str = "tls.key";
-/// Largest file read; a larger one is rejected.
-pub const MAX_TLS_FILE_BYTES: u64 = 1 << 20;
+/// A `kubernetes.io/tls` Secret's keys are the names the sidecar writes its
+/// own pairs under.
+use crate::acme::deliver::{CHAIN_FILE as CERT_FILE, KEY_FILE};
+
+/// Largest file read (the bound of every PEM the sidecar reads); a larger
+/// one is rejected.
+const MAX_TLS_FILE_BYTES: u64 = certs::MAX_PEM_BYTES as u64;
 
 /// One read of a directory's pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,7 +47,7 @@ pub enum PairRead {
     },
     /// A file is missing, unreadable or empty.
     Incomplete(String),
-    /// A file is over [`MAX_TLS_FILE_BYTES`].
+    /// A file is over the PEM bound ([`certs::MAX_PEM_BYTES`]).
     TooLarge(String),
     /// The files changed while being read (a swap in progress).
     Changing,

@@ -47,13 +47,10 @@ pub async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
         Err(e) => return Observation::Unreadable(format!("{}: {e}", path.display())),
     };
     let sha256 = config::sha256_hex(&raw);
-    if raw.len() as u64 > MAX_CONFIG_BYTES {
+    if let Some(message) = config::oversized(raw.len()) {
         return Observation::Content {
             sha256,
-            problems: vec![Problem::error(
-                path.display().to_string(),
-                format!("larger than {MAX_CONFIG_BYTES} bytes"),
-            )],
+            problems: vec![Problem::error(path.display().to_string(), message)],
             config: None,
         };
     }

@@ -127,8 +127,7 @@ pub fn revision(raw: &[u8]) -> String {
 pub fn parse(raw: &[u8], env: &EnvLookup<'_>) -> Result<Settings, ConfigError> {
     let text = std::str::from_utf8(raw)
         .map_err(|e| ConfigError::Parse(format!("the file is not UTF-8: {e}")))?;
-    let interpolated = interpolate_report(text, env)
-        .map_err(|p| ConfigError::Parse(format!("{}: {}", p.path, p.message)))?;
+    let interpolated = interpolate_report(text, env);
     let mut warnings: Vec<String> = interpolated
         .unresolved
         .iter()
