@@ -136,7 +136,8 @@ fn delivery_delays(cluster: &Cluster, hosts: &[String]) -> String {
             let Some(t) = seconds_of_day(line) else {
                 continue;
             };
-            let Some(host) = field(line, "host=") else {
+            // The manager logs a certificate by its unit: per host, the host.
+            let Some(host) = field(line, "unit=") else {
                 continue;
             };
             if line.contains("certificate issued") {
