@@ -12,7 +12,8 @@
 //! fresh bucket or container; `scripts/test` prints how it starts them):
 //! `get` and `put` operations per second, sequential and
 //! from 8 concurrent tasks, and the latency of an uncontended lease
-//! `try_acquire` + `release` (p50/p99 over up to 1000 rounds). Each
+//! `try_acquire` + `release` (p50/p99 over up to 1000 rounds), and fenced
+//! writes (`put_fenced` under one held lease) per second from 1 task. Each
 //! measurement stops at its operation count or its time budget, whichever
 //! comes first, so a backend takes a few seconds. Prints a markdown table.
 
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use sbmesh::store::Store;
 use sbmesh::store::file::FileStore;
-use sbmesh::store::lock::LeaseLock;
+use sbmesh::store::lock::{LeaseLock, put_fenced};
 use sbmesh::store::memory::MemoryStore;
 use sbmesh::store::redb::RedbStore;
 
@@ -51,9 +52,12 @@ struct Row {
     get_par: f64,
     put_seq: f64,
     put_par: f64,
+    fenced_seq: f64,
     lock_p50: Duration,
     lock_p99: Duration,
     lock_rounds: usize,
+    /// Acquire + release rounds per second.
+    lock_rate: f64,
     errors: usize,
 }
 
@@ -126,19 +130,21 @@ fn main() {
     });
 
     println!(
-        "| backend | get/s (1 task) | get/s ({CONCURRENCY} tasks) | put/s (1 task) | put/s ({CONCURRENCY} tasks) | lock acquire+release p50 | p99 | rounds | errors |"
+        "| backend | get/s (1 task) | get/s ({CONCURRENCY} tasks) | put/s (1 task) | put/s ({CONCURRENCY} tasks) | fenced put/s (1 task) | lock acquire+release p50 | p99 | acquire+release/s | rounds | errors |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {:.0} | {} | {} |",
             r.backend,
             r.get_seq,
             r.get_par,
             r.put_seq,
             r.put_par,
+            r.fenced_seq,
             fmt_latency(r.lock_p50),
             fmt_latency(r.lock_p99),
+            r.lock_rate,
             r.lock_rounds,
             r.errors
         );
@@ -159,7 +165,8 @@ async fn measure(backend: String, store: Arc<dyn Store>) -> Row {
     let put_par = throughput(&store, CONCURRENCY, Op::Put).await;
     let get_seq = throughput(&store, 1, Op::Get).await;
     let get_par = throughput(&store, CONCURRENCY, Op::Get).await;
-    let (lock_p50, lock_p99, lock_rounds) = lock_latency(&store).await;
+    let fenced_seq = fenced_throughput(&store).await;
+    let (lock_p50, lock_p99, lock_rounds, lock_rate) = lock_latency(&store).await;
     for k in 0..KEYS {
         let _ = store.delete(&key(k)).await;
     }
@@ -169,9 +176,11 @@ async fn measure(backend: String, store: Arc<dyn Store>) -> Row {
         get_par,
         put_seq,
         put_par,
+        fenced_seq,
         lock_p50,
         lock_p99,
         lock_rounds,
+        lock_rate,
         errors: ERRORS.load(Ordering::Relaxed),
     }
 }
@@ -223,8 +232,44 @@ async fn throughput(store: &Arc<dyn Store>, tasks: usize, op: Op) -> f64 {
     total as f64 / started.elapsed().as_secs_f64()
 }
 
-/// p50, p99 and count of uncontended `try_acquire` + `release` rounds.
-async fn lock_latency(store: &Arc<dyn Store>) -> (Duration, Duration, usize) {
+/// Fenced writes per second from one task, all under one held lease,
+/// cycling over the keys (so each replaces a value of the same fence).
+async fn fenced_throughput(store: &Arc<dyn Store>) -> f64 {
+    let lock = LeaseLock::new(Arc::clone(store), "bench-fenced");
+    let lease = match lock.try_acquire("bench", Duration::from_secs(300)).await {
+        Ok(Some(lease)) => lease,
+        other => {
+            eprintln!("{} fenced: no lease: {other:?}", store.backend());
+            ERRORS.fetch_add(1, Ordering::Relaxed);
+            return 0.0;
+        }
+    };
+    let value = vec![0xa5; VALUE_BYTES];
+    let started = Instant::now();
+    let mut done = 0usize;
+    let mut attempts = 0usize;
+    while attempts < MAX_OPS && started.elapsed() < THROUGHPUT_BUDGET {
+        let k = format!("bench/fenced/host-{}.example.com", attempts % KEYS);
+        attempts += 1;
+        match put_fenced(store.as_ref(), &k, &value, &lease).await {
+            Ok(_) => done += 1,
+            Err(e) => {
+                if ERRORS.fetch_add(1, Ordering::Relaxed) < 5 {
+                    eprintln!("{} fenced {k}: {e}", store.backend());
+                }
+            }
+        }
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    let _ = lock.release(&lease).await;
+    for k in 0..KEYS {
+        let _ = store.delete(&format!("bench/fenced/host-{k}.example.com")).await;
+    }
+    rate
+}
+
+/// p50, p99, count and rate of uncontended `try_acquire` + `release` rounds.
+async fn lock_latency(store: &Arc<dyn Store>) -> (Duration, Duration, usize, f64) {
     let mut generation = 0;
     let mut lock = LeaseLock::new(Arc::clone(store), "bench-lock-0");
     let ttl = Duration::from_secs(30);
@@ -249,15 +294,16 @@ async fn lock_latency(store: &Arc<dyn Store>) -> (Duration, Duration, usize) {
             }
         }
     }
+    let rate = samples.len() as f64 / started.elapsed().as_secs_f64();
     if samples.is_empty() {
-        return (Duration::ZERO, Duration::ZERO, 0);
+        return (Duration::ZERO, Duration::ZERO, 0, 0.0);
     }
     samples.sort();
     let pick = |q: f64| {
         let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
         samples[i]
     };
-    (pick(0.50), pick(0.99), samples.len())
+    (pick(0.50), pick(0.99), samples.len(), rate)
 }
 
 fn fmt_latency(d: Duration) -> String {
