@@ -44,9 +44,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 
+use super::clock::{ClockSync, Reading};
 use super::{
-    Entry, MAX_VALUE_BYTES, Store, StoreError, Version, expiry_from, now_unix_ms, validate_key,
-    validate_prefix, validate_value,
+    Entry, MAX_VALUE_BYTES, Store, StoreError, Version, expiry_from, lock, now_unix_ms,
+    validate_key, validate_prefix, validate_value,
 };
 
 const BACKEND: &str = "file";
@@ -70,6 +71,7 @@ const STALE_TEMP_AGE: Duration = Duration::from_secs(600);
 #[derive(Debug, Clone)]
 pub struct FileStore {
     root: Arc<PathBuf>,
+    clock: Arc<ClockSync>,
 }
 
 impl FileStore {
@@ -93,6 +95,7 @@ impl FileStore {
         .map_err(join_err)??;
         Ok(Self {
             root: Arc::new(root),
+            clock: Arc::new(ClockSync::new()),
         })
     }
 
@@ -552,6 +555,41 @@ fn remove_record(record: &Path, dir: &Path) -> Result<bool, StoreError> {
     }
 }
 
+/// Writes a probe file in the root and reads back the modification time
+/// the filesystem gave it. `~` keeps its name out of the key space.
+fn probe_mtime(root: &Path) -> Result<Reading, StoreError> {
+    let path = root.join(format!("~clock.{:016x}", rand::random::<u64>()));
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io_err(&path, "creating", e))?;
+        file.write_all(b"clock probe")
+            .map_err(|e| io_err(&path, "writing", e))?;
+        let modified = file
+            .metadata()
+            .and_then(|m| m.modified())
+            .map_err(|e| io_err(&path, "reading the modification time of", e))?;
+        let ms = modified
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_err(|_| StoreError::Backend {
+                backend: BACKEND,
+                message: format!("{} has a modification time before 1970", path.display()),
+            })?
+            .as_millis();
+        Ok(Reading {
+            server_ms: u64::try_from(ms).unwrap_or(u64::MAX),
+            // Coarse timestamps (a jiffy, or whole seconds on some file
+            // servers) are not distinguishable from fine ones here;
+            // narrowing over readings absorbs most of it.
+            resolution_ms: 1,
+        })
+    })();
+    let _ = fs::remove_file(&path);
+    result
+}
+
 /// Whether a directory entry's name is a key segment (so not the store's
 /// own files, nor strangers such as `lost+found`).
 fn is_segment(name: &str) -> bool {
@@ -791,6 +829,93 @@ impl Store for FileStore {
             Ok(keys)
         })
         .await
+    }
+
+    /// Under the locks of both keys (taken in key order, so two fenced
+    /// writers never wait for each other in a cycle): the lock record's
+    /// fence, the value's, and the write. A takeover replaces the lock
+    /// record under its key lock, so it happens before or after, never in
+    /// between.
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        validate_key(key)?;
+        validate_key(lock_key)?;
+        validate_value(key, value)?;
+        let (key, value, lock_key) = (key.to_owned(), value.to_vec(), lock_key.to_owned());
+        self.run(move |root| {
+            let paths = KeyPaths::new(root, &key)?;
+            let lock_paths = KeyPaths::new(root, &lock_key)?;
+            ensure_dir(root, &paths.parents)?;
+            ensure_dir(root, &lock_paths.parents)?;
+            let (first, second) = if lock_key < key {
+                (&lock_paths, &paths)
+            } else {
+                (&paths, &lock_paths)
+            };
+            let _first = KeyLock::acquire(first, root, "put_fenced")?;
+            let _second = if lock_key == key {
+                None
+            } else {
+                Some(KeyLock::acquire(second, root, "put_fenced")?)
+            };
+            let now = now_unix_ms();
+            let mut newest = 0;
+            if let Some((header, record)) = read_record(&lock_paths.record(), &lock_key)?
+                && header.live(now)
+            {
+                newest = lock::record_fence(&lock_key, &record)?;
+            }
+            let current = read_record(&paths.record(), &key)?;
+            if let Some((header, existing)) = &current
+                && header.live(now)
+            {
+                newest = newest.max(lock::value_fence(existing));
+            }
+            if newest > fence {
+                return Err(StoreError::Fenced {
+                    key: key.clone(),
+                    fence,
+                    newest,
+                });
+            }
+            let header = Header::fresh(None);
+            let placement = if current.is_some() {
+                Placement::Replace
+            } else {
+                Placement::Create
+            };
+            if install(&paths, &header, &value, placement)? {
+                Ok(header.version())
+            } else {
+                Err(StoreError::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "{} appeared while its lock was held: another writer ignores the lock file",
+                        paths.record().display()
+                    ),
+                })
+            }
+        })
+        .await
+    }
+
+    /// The filesystem's clock: the modification time it gives a probe file
+    /// just written (set by the file server on NFS, by the kernel on a local
+    /// disk), so every pod sharing the volume reads one clock.
+    async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
+        let root = Arc::clone(&self.root);
+        self.clock
+            .offset(BACKEND, || async move {
+                tokio::task::spawn_blocking(move || probe_mtime(&root))
+                    .await
+                    .map_err(join_err)?
+            })
+            .await
     }
 
     async fn sweep_expired(&self) -> Result<usize, StoreError> {

@@ -2,7 +2,7 @@
 //! `store_operations_total{backend,op,result}` (SPEC section 8).
 //!
 //! `result` is `ok`, `error`, `conflict` (a create-only write found the key,
-//! or a compare-and-swap lost) or `miss` (a `get` found nothing, a `delete`
+//! a compare-and-swap lost, or a fenced write was refused) or `miss` (a `get` found nothing, a `delete`
 //! removed nothing). Lock acquisitions are counted by the lock itself
 //! ([`super::lock::LeaseLock::with_metrics`]).
 
@@ -15,8 +15,10 @@ use async_trait::async_trait;
 use super::{Entry, Store, StoreError, Version};
 use crate::metrics::Metrics;
 
-/// Operation labels, as the metric shows them.
-pub const OPS: [&str; 7] = [
+/// Operation labels, as the metric shows them. Readings of the store's
+/// clock are not counted: the backend caches them, and asks the server
+/// about twice a minute.
+pub const OPS: [&str; 8] = [
     "get",
     "put",
     "put_if_absent",
@@ -24,6 +26,7 @@ pub const OPS: [&str; 7] = [
     "delete",
     "list",
     "sweep_expired",
+    "put_fenced",
 ];
 
 /// Counts the operations of the store it wraps.
@@ -69,6 +72,7 @@ impl<S: Store + ?Sized> Instrumented<S> {
     ) {
         let label = match result {
             Ok(value) => outcome(value),
+            Err(StoreError::Fenced { .. }) => "conflict",
             Err(_) => "error",
         };
         self.metrics
@@ -167,6 +171,22 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
         let result = self.inner.sweep_expired().await;
         self.count("sweep_expired", &result, ok);
         result
+    }
+
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        let result = self.inner.put_fenced(key, value, lock_key, fence).await;
+        self.count("put_fenced", &result, ok);
+        result
+    }
+
+    async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
+        self.inner.clock_offset_ms().await
     }
 }
 

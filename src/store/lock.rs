@@ -46,6 +46,7 @@
 //! running.
 
 use std::fmt;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -64,8 +65,15 @@ pub const MAX_HOLDER_LEN: usize = 256;
 /// Format version written in lock records.
 const RECORD_FORMAT: u8 = 1;
 /// Magic prefix of a fenced value ([`put_fenced`]).
-const FENCED_MAGIC: &[u8; 4] = b"sbf1";
-const FENCED_HEADER_LEN: usize = FENCED_MAGIC.len() + 8;
+pub const FENCED_MAGIC: &[u8; 4] = b"sbf1";
+/// Magic prefix of a claim marker: a guarded key that had no value when a
+/// new lease claimed it ([`put_fenced_by_claims`]); reads as absent.
+pub const CLAIM_MAGIC: &[u8; 4] = b"sbfc";
+/// Bytes before the value in a fenced value: the magic and the fence (u64
+/// big-endian).
+pub const FENCED_HEADER_LEN: usize = FENCED_MAGIC.len() + 8;
+/// Most keys one lock guards under [`put_fenced_by_claims`].
+pub const MAX_GUARDED_KEYS: usize = 64;
 /// Compare-and-swap attempts of one fenced write or release before giving
 /// up (each lost attempt means another writer made progress).
 const MAX_CAS_ATTEMPTS: usize = 32;
@@ -86,6 +94,17 @@ pub struct LockRecord {
     pub expires_at_unix_ms: u64,
     /// Released by its holder.
     pub released: bool,
+}
+
+/// The record as stored: the public fields, plus the keys written under
+/// [`put_fenced_by_claims`] (absent when there are none, so the format
+/// stays the one older versions read and write).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredRecord {
+    #[serde(flatten)]
+    record: LockRecord,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    guards: Vec<String>,
 }
 
 /// What a lock record means at a given time.
@@ -245,6 +264,9 @@ pub struct LeaseLock {
     name: String,
     key: String,
     clock: Clock,
+    /// The store's clock minus this process's, as last learned (shared by
+    /// clones, so a keeper uses what its lock's acquisition learned).
+    offset: Arc<AtomicI64>,
     metrics: Option<Arc<Metrics>>,
     poll_min: Duration,
     poll_max: Duration,
@@ -276,6 +298,7 @@ impl LeaseLock {
             name: name.to_owned(),
             key: format!("{LOCK_PREFIX}{name}"),
             clock: Arc::new(now_unix_ms),
+            offset: Arc::new(AtomicI64::new(0)),
             metrics: None,
             poll_min: Duration::from_millis(50),
             poll_max: Duration::from_millis(250),
@@ -288,7 +311,10 @@ impl LeaseLock {
         self
     }
 
-    /// Uses another wall clock (unix milliseconds), for tests.
+    /// Uses another local wall clock (unix milliseconds), for tests: the
+    /// store's clock is then this clock plus the store's offset
+    /// ([`Store::clock_offset_ms`], measured against the real clock), so a
+    /// test clock that jumps makes the store's time jump with it.
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         self
@@ -318,20 +344,32 @@ impl LeaseLock {
         &self.store
     }
 
+    /// The store's time as of the last offset learned (no store request).
     fn now(&self) -> u64 {
-        (self.clock)()
+        let local = i64::try_from((self.clock)()).unwrap_or(i64::MAX);
+        let now = local.saturating_add(self.offset.load(Ordering::Relaxed));
+        u64::try_from(now).unwrap_or(0)
+    }
+
+    /// The store's time, unix ms: the clock lease expiries are written and
+    /// judged on (see "Clocks" in the module docs). Asks the store for its
+    /// offset, which the store caches.
+    pub async fn store_now(&self) -> Result<u64, StoreError> {
+        let offset = self.store.clock_offset_ms().await?;
+        self.offset.store(offset, Ordering::Relaxed);
+        Ok(self.now())
     }
 
     /// The lock record as stored now, if any.
     pub async fn current(&self) -> Result<Option<LockRecord>, StoreError> {
-        Ok(self.read().await?.map(|(record, _)| record))
+        Ok(self.read().await?.map(|(stored, _)| stored.record))
     }
 
-    async fn read(&self) -> Result<Option<(LockRecord, Version)>, StoreError> {
+    async fn read(&self) -> Result<Option<(StoredRecord, Version)>, StoreError> {
         match self.store.get(&self.key).await? {
             None => Ok(None),
             Some(entry) => Ok(Some((
-                decode_record(&self.key, &entry.value)?,
+                decode_stored(&self.key, &entry.value)?,
                 entry.version,
             ))),
         }
@@ -360,8 +398,8 @@ impl LeaseLock {
     async fn attempt(&self, holder: &str, ttl: Duration) -> Result<Attempt, StoreError> {
         check_request(holder, ttl)?;
         let current = self.read().await?;
-        let now = self.now();
-        let fence = match lease_state(current.as_ref().map(|(r, _)| r), now) {
+        let now = self.store_now().await?;
+        let fence = match lease_state(current.as_ref().map(|(r, _)| &r.record), now) {
             LeaseState::Held {
                 expires_at_unix_ms, ..
             } => return Ok(Attempt::Busy(Some(expires_at_unix_ms))),
@@ -375,7 +413,12 @@ impl LeaseLock {
             expires_at_unix_ms: now.saturating_add(duration_ms(ttl)),
             released: false,
         };
-        let bytes = encode_record(&record);
+        let guards = current
+            .as_ref()
+            .map(|(r, _)| r.guards.clone())
+            .unwrap_or_default();
+        let stored = StoredRecord { record, guards };
+        let bytes = encode_stored(&stored);
         // No store TTL: the record (and its fence) must outlive the lease.
         let written = match &current {
             None => self.store.put_if_absent(&self.key, &bytes, None).await?,
@@ -388,6 +431,24 @@ impl LeaseLock {
         let Some(version) = written else {
             return Ok(Attempt::Busy(None));
         };
+        let StoredRecord { record, guards } = stored;
+        // Writers under older fences are shut out of the guarded keys
+        // before this lease is handed out (see "Fences").
+        for key in &guards {
+            if let Err(e) = claim(self.store.as_ref(), key, fence).await {
+                let lease = Lease {
+                    name: self.name.clone(),
+                    holder: record.holder.clone(),
+                    fence,
+                    expires_at_unix_ms: record.expires_at_unix_ms,
+                    version: version.clone(),
+                    ttl,
+                };
+                // Not handed out: free it for the next attempt at once.
+                let _ = self.release(&lease).await;
+                return Err(e);
+            }
+        }
         if let Some(metrics) = &self.metrics {
             metrics.store.lock_acquired(self.store.backend());
         }
@@ -443,19 +504,22 @@ impl LeaseLock {
     /// holder must not trust work done while it might not have held it.
     pub async fn renew(&self, lease: &Lease) -> Result<Lease, LockError> {
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let (record, version) = self.read_held(lease).await?;
-            let now = self.now();
-            let renewed = LockRecord {
-                expires_at_unix_ms: now.saturating_add(duration_ms(lease.ttl)),
-                ..record
+            let (stored, version) = self.read_held(lease).await?;
+            let now = self.store_now().await?;
+            let renewed = StoredRecord {
+                record: LockRecord {
+                    expires_at_unix_ms: now.saturating_add(duration_ms(lease.ttl)),
+                    ..stored.record
+                },
+                guards: stored.guards,
             };
             if let Some(version) = self
                 .store
-                .compare_and_swap(&self.key, &version, &encode_record(&renewed), None)
+                .compare_and_swap(&self.key, &version, &encode_stored(&renewed), None)
                 .await?
             {
                 return Ok(Lease {
-                    expires_at_unix_ms: renewed.expires_at_unix_ms,
+                    expires_at_unix_ms: renewed.record.expires_at_unix_ms,
                     version,
                     ..lease.clone()
                 });
@@ -467,10 +531,10 @@ impl LeaseLock {
     }
 
     /// Reads the record and checks the lease is still held.
-    async fn read_held(&self, lease: &Lease) -> Result<(LockRecord, Version), LockError> {
+    async fn read_held(&self, lease: &Lease) -> Result<(StoredRecord, Version), LockError> {
         let current = self.read().await?;
-        let now = self.now();
-        check_held(current.as_ref().map(|(r, _)| r), lease, now)
+        let now = self.store_now().await?;
+        check_held(current.as_ref().map(|(r, _)| &r.record), lease, now)
             .map_err(|reason| self.lost(lease, reason))?;
         current.ok_or_else(|| self.lost(lease, LostReason::Missing))
     }
@@ -490,21 +554,24 @@ impl LeaseLock {
     pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
         for _ in 0..MAX_CAS_ATTEMPTS {
             let current = self.read().await?;
-            let now = self.now();
-            let Some((record, version)) = current else {
+            let now = self.store_now().await?;
+            let Some((StoredRecord { record, guards }, version)) = current else {
                 return Ok(false);
             };
             if record.holder != lease.holder || record.fence != lease.fence || record.released {
                 return Ok(false);
             }
-            let released = LockRecord {
-                released: true,
-                expires_at_unix_ms: record.expires_at_unix_ms.min(now),
-                ..record
+            let released = StoredRecord {
+                record: LockRecord {
+                    released: true,
+                    expires_at_unix_ms: record.expires_at_unix_ms.min(now),
+                    ..record
+                },
+                guards,
             };
             if self
                 .store
-                .compare_and_swap(&self.key, &version, &encode_record(&released), None)
+                .compare_and_swap(&self.key, &version, &encode_stored(&released), None)
                 .await?
                 .is_some()
             {
@@ -554,16 +621,39 @@ fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+#[cfg(test)]
 fn encode_record(record: &LockRecord) -> Vec<u8> {
-    // Serializing a struct of strings, integers and bools cannot fail.
-    serde_json::to_vec(record).unwrap_or_default()
+    encode_stored(&StoredRecord {
+        record: record.clone(),
+        guards: Vec::new(),
+    })
 }
 
+#[cfg(test)]
 fn decode_record(key: &str, bytes: &[u8]) -> Result<LockRecord, StoreError> {
-    let record: LockRecord = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+    decode_stored(key, bytes).map(|s| s.record)
+}
+
+fn encode_stored(stored: &StoredRecord) -> Vec<u8> {
+    // Serializing a struct of strings, integers and bools cannot fail.
+    serde_json::to_vec(stored).unwrap_or_default()
+}
+
+/// The fence of the lock record `bytes` stored at `key`: what a backend's
+/// atomic [`Store::put_fenced`] compares with the writer's.
+///
+/// # Errors
+/// [`StoreError::Corrupt`] when `bytes` is not a lock record.
+pub fn record_fence(key: &str, bytes: &[u8]) -> Result<u64, StoreError> {
+    decode_stored(key, bytes).map(|s| s.record.fence)
+}
+
+fn decode_stored(key: &str, bytes: &[u8]) -> Result<StoredRecord, StoreError> {
+    let stored: StoredRecord = serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
         key: key.to_owned(),
         message: format!("not a lock record: {e}"),
     })?;
+    let record = &stored.record;
     if record.v != RECORD_FORMAT {
         return Err(StoreError::Corrupt {
             key: key.to_owned(),
@@ -573,7 +663,7 @@ fn decode_record(key: &str, bytes: &[u8]) -> Result<LockRecord, StoreError> {
             ),
         });
     }
-    Ok(record)
+    Ok(stored)
 }
 
 fn contention(key: &str) -> StoreError {
@@ -601,10 +691,11 @@ pub struct FencedEntry {
 
 /// Writes `value` at `key` under `lease`'s fence, unless a newer fence
 /// exists: either on the lock record `locks/<lease.name>` or in the value
-/// already at `key`. The value is stored with an 12-byte header carrying
-/// the fence (read it back with [`get_fenced`]), and replaced by
-/// compare-and-swap, so a value written under a newer fence is never
-/// overwritten by an older one.
+/// already at `key`. The value is stored with a 12-byte header carrying
+/// the fence (read it back with [`get_fenced`]). The check and the write
+/// are one atomic step ([`Store::put_fenced`]), so once a newer lease has
+/// been handed out no write under this one lands, and a value written
+/// under a newer fence is never overwritten by an older one.
 ///
 /// Guard each key with one lock name only: fences of different locks are
 /// not comparable. A value at `key` that was not written by `put_fenced`
@@ -619,26 +710,99 @@ pub async fn put_fenced(
     lease: &Lease,
 ) -> Result<Version, StoreError> {
     let lock_key = format!("{LOCK_PREFIX}{}", lease.name);
-    if let Some(entry) = store.get(&lock_key).await? {
-        let record = decode_record(&lock_key, &entry.value)?;
-        if record.fence > lease.fence {
-            return Err(fenced(key, lease.fence, record.fence));
-        }
-    }
+    let bytes = fenced_bytes(FENCED_MAGIC, lease.fence, value);
+    store.put_fenced(key, &bytes, &lock_key, lease.fence).await
+}
+
+fn fenced_bytes(magic: &[u8; 4], fence: u64, value: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(FENCED_HEADER_LEN + value.len());
-    bytes.extend_from_slice(FENCED_MAGIC);
-    bytes.extend_from_slice(&lease.fence.to_be_bytes());
+    bytes.extend_from_slice(magic);
+    bytes.extend_from_slice(&fence.to_be_bytes());
     bytes.extend_from_slice(value);
+    bytes
+}
+
+/// The fence a stored value was written (or claimed) under: 0 for a value
+/// not written by [`put_fenced`].
+pub fn value_fence(bytes: &[u8]) -> u64 {
+    match bytes.first_chunk::<4>() {
+        Some(magic) if magic == FENCED_MAGIC || magic == CLAIM_MAGIC => {
+            split_fenced_any(bytes).map_or(0, |(fence, _)| fence)
+        }
+        _ => 0,
+    }
+}
+
+/// [`Store::put_fenced`] on single-key operations alone, for stores that
+/// cannot check two keys in one step (object stores), and the default.
+///
+/// `bytes` is the fenced value, `fence` its fence. First the lock record
+/// at `lock_key` must show no newer fence and list `key` among the keys it
+/// guards (added by compare-and-swap on the lock record); then the value
+/// is replaced by compare-and-swap unless it carries a newer fence. Every
+/// takeover changes the lock record by compare-and-swap too, and before
+/// handing out its lease raises the fence of every guarded key (rewriting
+/// each value under the new fence, or writing a claim marker where there
+/// is none). So a stale writer's value write either lands before that
+/// claim (and the new holder's claim reads it: it was, in effect, written
+/// before the takeover) or fails its compare-and-swap against the claimed
+/// value, whose fence then refuses it; and a key it registers after the
+/// takeover fails the lock record's compare-and-swap.
+///
+/// # Errors
+/// [`StoreError::Fenced`]; [`StoreError::Config`] past
+/// [`MAX_GUARDED_KEYS`] keys for one lock; the store's errors.
+pub async fn put_fenced_by_claims<S: Store + ?Sized>(
+    store: &S,
+    key: &str,
+    bytes: &[u8],
+    lock_key: &str,
+    fence: u64,
+) -> Result<Version, StoreError> {
+    let mut registered = false;
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        // A lock record deleted by hand keeps no fence to check against.
+        let Some(entry) = store.get(lock_key).await? else {
+            registered = true;
+            break;
+        };
+        let mut stored = decode_stored(lock_key, &entry.value)?;
+        if stored.record.fence > fence {
+            return Err(fenced(key, fence, stored.record.fence));
+        }
+        if stored.guards.iter().any(|g| g == key) {
+            registered = true;
+            break;
+        }
+        if stored.guards.len() >= MAX_GUARDED_KEYS {
+            return Err(StoreError::Config(format!(
+                "lock {lock_key:?} already guards {MAX_GUARDED_KEYS} keys; guard {key:?} with another lock"
+            )));
+        }
+        stored.guards.push(key.to_owned());
+        if store
+            .compare_and_swap(lock_key, &entry.version, &encode_stored(&stored), None)
+            .await?
+            .is_some()
+        {
+            registered = true;
+            break;
+        }
+        // The record changed (a renewal, or a takeover): look again.
+    }
+    if !registered {
+        return Err(contention(lock_key));
+    }
     for _ in 0..MAX_CAS_ATTEMPTS {
         let written = match store.get(key).await? {
-            None => store.put_if_absent(key, &bytes, None).await?,
+            None => store.put_if_absent(key, bytes, None).await?,
             Some(existing) => {
-                let existing_fence = split_fenced(&existing.value).map_or(0, |(fence, _)| fence);
-                if existing_fence > lease.fence {
-                    return Err(fenced(key, lease.fence, existing_fence));
+                let existing_fence = value_fence(&existing.value);
+                if existing_fence > fence {
+                    return Err(fenced(key, fence, existing_fence));
                 }
                 store
-                    .compare_and_swap(key, &existing.version, &bytes, None)
+                    .compare_and_swap(key, &existing.version, bytes, None)
                     .await?
             }
         };
@@ -649,7 +813,43 @@ pub async fn put_fenced(
     Err(contention(key))
 }
 
-/// Reads a value written by [`put_fenced`].
+/// Raises the fence of the guarded `key` to `fence` (see
+/// [`put_fenced_by_claims`]): the same value under the new fence, or a
+/// claim marker where there is no value.
+async fn claim(store: &dyn Store, key: &str, fence: u64) -> Result<(), StoreError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let written = match store.get(key).await? {
+            None => {
+                store
+                    .put_if_absent(key, &fenced_bytes(CLAIM_MAGIC, fence, &[]), None)
+                    .await?
+            }
+            Some(existing) => {
+                if value_fence(&existing.value) >= fence {
+                    return Ok(());
+                }
+                let claimed = match existing.value.first_chunk::<4>() {
+                    Some(m) if m == FENCED_MAGIC || m == CLAIM_MAGIC => {
+                        let (_, value) = split_fenced_any(&existing.value).unwrap_or((0, &[]));
+                        fenced_bytes(m, fence, value)
+                    }
+                    // Written without put_fenced: kept as the value.
+                    _ => fenced_bytes(FENCED_MAGIC, fence, &existing.value),
+                };
+                store
+                    .compare_and_swap(key, &existing.version, &claimed, None)
+                    .await?
+            }
+        };
+        if written.is_some() {
+            return Ok(());
+        }
+    }
+    Err(contention(key))
+}
+
+/// Reads a value written by [`put_fenced`]; a claim marker (a guarded key
+/// with no value yet) reads as absent.
 ///
 /// # Errors
 /// [`StoreError::Corrupt`] when the value at `key` was not written by
@@ -658,6 +858,9 @@ pub async fn get_fenced(store: &dyn Store, key: &str) -> Result<Option<FencedEnt
     let Some(entry) = store.get(key).await? else {
         return Ok(None);
     };
+    if entry.value.starts_with(CLAIM_MAGIC) {
+        return Ok(None);
+    }
     let (fence, value) = split_fenced(&entry.value).ok_or_else(|| StoreError::Corrupt {
         key: key.to_owned(),
         message: "not a fenced value (written without put_fenced)".to_owned(),
@@ -670,7 +873,13 @@ pub async fn get_fenced(store: &dyn Store, key: &str) -> Result<Option<FencedEnt
 }
 
 fn split_fenced(bytes: &[u8]) -> Option<(u64, &[u8])> {
-    let rest = bytes.strip_prefix(FENCED_MAGIC)?;
+    bytes.strip_prefix(FENCED_MAGIC)?;
+    split_fenced_any(bytes)
+}
+
+/// The fence and value after either magic (not checked).
+fn split_fenced_any(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = bytes.get(FENCED_MAGIC.len()..)?;
     let (fence, value) = rest.split_first_chunk::<8>()?;
     Some((u64::from_be_bytes(*fence), value))
 }

@@ -1,7 +1,7 @@
 //! `memory`: a process-local store for tests and single-pod setups.
 //!
-//! One `Mutex<BTreeMap>` holds every record, so each operation is trivially
-//! atomic; versions come from a counter that never repeats within the
+//! One `Mutex<BTreeMap>` holds every record, so each operation (a fenced
+//! write's check of two keys included) is trivially atomic; versions come from a counter that never repeats within the
 //! process, so a deleted-and-recreated key never reuses a version.
 
 use std::collections::BTreeMap;
@@ -11,8 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Entry, Store, StoreError, Version, expiry_from, now_unix_ms, validate_key, validate_prefix,
-    validate_value,
+    Entry, Store, StoreError, Version, expiry_from, lock, now_unix_ms, validate_key,
+    validate_prefix, validate_value,
 };
 
 const BACKEND: &str = "memory";
@@ -169,6 +169,38 @@ impl Store for MemoryStore {
         let before = inner.records.len();
         inner.records.retain(|_, r| r.live(now));
         Ok(before - inner.records.len())
+    }
+
+    /// The check of both fences and the write, under the one mutex.
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        validate_key(key)?;
+        validate_key(lock_key)?;
+        validate_value(key, value)?;
+        let now = now_unix_ms();
+        let mut inner = self.lock();
+        let newest = match inner.live(lock_key, now) {
+            Some(r) => lock::record_fence(lock_key, &r.value)?,
+            None => 0,
+        };
+        let newest = newest.max(
+            inner
+                .live(key, now)
+                .map_or(0, |r| lock::value_fence(&r.value)),
+        );
+        if newest > fence {
+            return Err(StoreError::Fenced {
+                key: key.to_owned(),
+                fence,
+                newest,
+            });
+        }
+        Ok(inner.write(key, value, None))
     }
 }
 

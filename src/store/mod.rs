@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub mod clock;
 pub mod file;
 pub mod instrumented;
 pub mod lock;
@@ -174,6 +175,40 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Physically removes expired records; returns how many. Backends with
     /// native expiry return 0.
     async fn sweep_expired(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+
+    /// Writes `value` (a fenced value, see [`lock::put_fenced`]) at `key`
+    /// as one atomic step with its check: refused with
+    /// [`StoreError::Fenced`] when the lock record at `lock_key` carries a
+    /// fence newer than `fence`, or the value at `key` was written under a
+    /// newer one. No write under an older fence can land after a newer
+    /// lease was taken.
+    ///
+    /// The default is [`lock::put_fenced_by_claims`], correct on any store
+    /// whose single-key operations are atomic (it registers `key` in the
+    /// lock record, and each takeover raises the fence of every registered
+    /// key before the new lease is handed out); backends that can check two
+    /// keys in one step (memory, redb, file, redis) do that instead, in one
+    /// round trip. A wrapper should forward this to the store it wraps.
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        lock::put_fenced_by_claims(self, key, value, lock_key, fence).await
+    }
+
+    /// Milliseconds to add to this process's clock ([`now_unix_ms`]) to get
+    /// the store's clock, which every replica reads alike: lease expiries
+    /// are written and judged on it, so a replica whose own clock is off
+    /// neither takes live leases nor keeps expired ones. `0` (the default)
+    /// for stores local to one process (memory, redb); the server's clock
+    /// for redis (`TIME`) and object stores (`Last-Modified`); the
+    /// filesystem's timestamps for file. Backends cache it ([`clock`]).
+    async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
         Ok(0)
     }
 }

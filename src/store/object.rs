@@ -56,6 +56,7 @@ use object_store::{
     PutOptions, PutPayload, RetryConfig, UpdateVersion,
 };
 
+use super::clock::{ClockSync, Reading};
 use super::{
     Entry, Store, StoreError, Version, expiry_from, now_unix_ms, validate_key, validate_prefix,
     validate_value,
@@ -215,6 +216,7 @@ pub struct ObjectBackend {
     location: ObjectLocation,
     store: Arc<dyn ObjectStore>,
     timeout: Duration,
+    clock: ClockSync,
 }
 
 impl fmt::Debug for ObjectBackend {
@@ -284,6 +286,7 @@ impl ObjectBackend {
             location,
             store,
             timeout: Self::DEFAULT_TIMEOUT,
+            clock: ClockSync::new(),
         })
     }
 
@@ -932,6 +935,41 @@ impl Store for ObjectBackend {
                 .collect())
         })
         .await
+    }
+
+    // `put_fenced` is the trait's default, `lock::put_fenced_by_claims`:
+    // conditional writes here cover one object only (see the module docs).
+
+    /// The service's clock: the `Last-Modified` it gives a probe object
+    /// just written (whole seconds, so each reading bounds the offset to
+    /// about a second, narrowed by later readings; see [`super::clock`]).
+    async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
+        self.clock
+            .offset(self.location.backend, || {
+                self.timed("clock", async {
+                    // `~` is outside the key alphabet: never a key, never listed.
+                    let name = format!("~clock-{:016x}", rand::random::<u64>());
+                    let path = if self.location.prefix.is_empty() {
+                        Path::from(name)
+                    } else {
+                        Path::from(format!("{}/{name}", self.location.prefix))
+                    };
+                    self.store
+                        .put(&path, PutPayload::from_static(b"clock probe"))
+                        .await
+                        .map_err(|e| self.backend_error(e))?;
+                    let head = self.store.head(&path).await;
+                    // Best effort: a leftover probe is a few bytes, never read.
+                    let _ = self.store.delete(&path).await;
+                    let meta = head.map_err(|e| self.backend_error(e))?;
+                    Ok(Reading {
+                        server_ms: u64::try_from(meta.last_modified.timestamp_millis())
+                            .unwrap_or(0),
+                        resolution_ms: 1_000,
+                    })
+                })
+            })
+            .await
     }
 
     async fn sweep_expired(&self) -> Result<usize, StoreError> {

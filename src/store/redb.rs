@@ -2,7 +2,8 @@
 //! `<dir>/certstore.redb`.
 //!
 //! Every operation is one redb transaction, so a compare-and-swap reads and
-//! writes atomically; write transactions commit durably (fsync) before the
+//! writes atomically, and a fenced write reads the lock record and the value
+//! and writes in one; write transactions commit durably (fsync) before the
 //! call returns. redb is blocking, so each call runs on
 //! [`tokio::task::spawn_blocking`].
 //!
@@ -22,8 +23,8 @@ use ::redb::{Database, ReadableTable, Table, TableDefinition};
 use async_trait::async_trait;
 
 use super::{
-    Entry, Store, StoreError, Version, expiry_from, now_unix_ms, validate_key, validate_prefix,
-    validate_value,
+    Entry, Store, StoreError, Version, expiry_from, lock, now_unix_ms, validate_key,
+    validate_prefix, validate_value,
 };
 
 const BACKEND: &str = "redb";
@@ -376,6 +377,45 @@ impl Store for RedbStore {
                 }
             }
             Ok(keys)
+        })
+        .await
+    }
+
+    /// The lock record, the value and the write in one write transaction.
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        validate_key(key)?;
+        validate_key(lock_key)?;
+        validate_value(key, value)?;
+        let (key, value, lock_key) = (key.to_owned(), value.to_vec(), lock_key.to_owned());
+        self.write(move |records, meta| {
+            let now = now_unix_ms();
+            let mut newest = 0;
+            if let Some(guard) = records.get(lock_key.as_str())? {
+                let record = decode(&lock_key, guard.value())?;
+                if record.live(now) {
+                    newest = lock::record_fence(&lock_key, record.value).map_err(Failure::Store)?;
+                }
+            }
+            if let Some(guard) = records.get(key.as_str())? {
+                let record = decode(&key, guard.value())?;
+                if record.live(now) {
+                    newest = newest.max(lock::value_fence(record.value));
+                }
+            }
+            if newest > fence {
+                return Err(Failure::Store(StoreError::Fenced {
+                    key: key.clone(),
+                    fence,
+                    newest,
+                }));
+            }
+            Ok((insert(records, meta, &key, &value, None)?, true))
         })
         .await
     }

@@ -55,6 +55,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, ErrorKind, RedisError, Script};
 use async_trait::async_trait;
 
+use super::clock::{ClockSync, Reading};
 use super::{
     Entry, Store, StoreError, Version, now_unix_ms, validate_key, validate_prefix, validate_value,
 };
@@ -96,6 +97,45 @@ end
 return 1
 ";
 
+/// A fenced write ([`Store::put_fenced`]): checks the lock record's fence
+/// and the current value's, then writes, all in one script.
+/// KEYS[1]: the value's Redis key; KEYS[2]: the lock record's. ARGV[1]: the
+/// writer's fence (decimal); ARGV[2]: the new record. Returns `{1, ''}`
+/// when written, `{0, newest}` when a newer fence exists, `{-1, why}` for
+/// a lock record that is not one. The offsets match the header layout
+/// (`HEADER_LEN` bytes, then the fenced value's magic and u64 fence).
+const FENCED_LUA: &str = r"
+local fence = tonumber(ARGV[1])
+local lock = redis.call('GET', KEYS[2])
+if lock then
+  if string.sub(lock, 1, 4) ~= 'sbm1' then
+    return {-1, 'lock record without the sbm1 header'}
+  end
+  local ok, rec = pcall(cjson.decode, string.sub(lock, 53))
+  if not ok or type(rec) ~= 'table' or type(rec['fence']) ~= 'number' then
+    return {-1, 'not a lock record'}
+  end
+  if rec['fence'] > fence then
+    return {0, string.format('%.0f', rec['fence'])}
+  end
+end
+local cur = redis.call('GET', KEYS[1])
+if cur and string.len(cur) >= 64 then
+  local magic = string.sub(cur, 53, 56)
+  if magic == 'sbf1' or magic == 'sbfc' then
+    local f = 0
+    for i = 57, 64 do
+      f = f * 256 + string.byte(cur, i)
+    end
+    if f > fence then
+      return {0, string.format('%.0f', f)}
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return {1, ''}
+";
+
 /// A store on a Redis server, shared by every replica that points at the
 /// same server, database and namespace (`storage_backend: redis`).
 pub struct RedisStore {
@@ -108,6 +148,8 @@ pub struct RedisStore {
     target: String,
     op_timeout: Duration,
     cas: Script,
+    fenced: Script,
+    clock: ClockSync,
 }
 
 impl fmt::Debug for RedisStore {
@@ -157,6 +199,8 @@ impl RedisStore {
             target,
             op_timeout,
             cas: Script::new(CAS_LUA),
+            fenced: Script::new(FENCED_LUA),
+            clock: ClockSync::new(),
         })
     }
 
@@ -589,6 +633,62 @@ impl Store for RedisStore {
         keys.dedup();
         Ok(keys)
     }
+
+    /// One script ([`FENCED_LUA`]) checks both fences and writes. Both keys
+    /// must live on one server (no Redis Cluster across slots), which this
+    /// backend assumes throughout.
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        validate_key(key)?;
+        validate_key(lock_key)?;
+        validate_value(key, value)?;
+        let version = new_version();
+        let mut invocation = self.fenced.key(self.redis_key(key));
+        invocation
+            .key(self.redis_key(lock_key))
+            .arg(fence.to_string())
+            .arg(encode(&version, None, value));
+        let (status, detail): (i64, String) = self
+            .run("put_fenced", |mut conn| async move {
+                invocation.invoke_async(&mut conn).await
+            })
+            .await?;
+        match status {
+            1 => Ok(Version(version)),
+            0 => Err(StoreError::Fenced {
+                key: key.to_owned(),
+                fence,
+                // Lua numbers are doubles: exact for any fence below 2^53.
+                newest: detail.parse().unwrap_or(u64::MAX),
+            }),
+            _ => Err(StoreError::Corrupt {
+                key: lock_key.to_owned(),
+                message: detail,
+            }),
+        }
+    }
+
+    /// The server's clock (`TIME`, microseconds).
+    async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
+        self.clock
+            .offset(BACKEND, || async {
+                let (secs, micros): (u64, u64) = self
+                    .run("time", |mut conn| async move {
+                        ::redis::cmd("TIME").query_async(&mut conn).await
+                    })
+                    .await?;
+                Ok(Reading {
+                    server_ms: secs.saturating_mul(1000).saturating_add(micros / 1000),
+                    resolution_ms: 1,
+                })
+            })
+            .await
+    }
 }
 
 #[cfg(test)]
@@ -634,6 +734,30 @@ mod tests {
             "string.sub(cur, {}, {}) ~= ARGV[1]",
             MAGIC.len() + 1,
             MAGIC.len() + VERSION_LEN
+        )));
+    }
+
+    #[test]
+    fn fenced_lua_offsets_match_the_headers() {
+        use crate::store::lock::{CLAIM_MAGIC, FENCED_HEADER_LEN, FENCED_MAGIC};
+        let body = HEADER_LEN + 1;
+        assert!(FENCED_LUA.contains(&format!("string.sub(lock, {body}))")));
+        assert!(FENCED_LUA.contains(&format!(
+            "string.len(cur) >= {}",
+            HEADER_LEN + FENCED_HEADER_LEN
+        )));
+        assert!(FENCED_LUA.contains(&format!(
+            "string.sub(cur, {body}, {})",
+            HEADER_LEN + FENCED_MAGIC.len()
+        )));
+        for magic in [FENCED_MAGIC, CLAIM_MAGIC] {
+            let magic = std::str::from_utf8(magic).unwrap();
+            assert!(FENCED_LUA.contains(&format!("'{magic}'")));
+        }
+        assert!(FENCED_LUA.contains(&format!(
+            "for i = {}, {} do",
+            HEADER_LEN + FENCED_MAGIC.len() + 1,
+            HEADER_LEN + FENCED_HEADER_LEN
         )));
     }
 

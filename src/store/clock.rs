@@ -1,0 +1,201 @@
+//! The store's clock, as seen from this process: an offset to add to the
+//! local wall clock, learned from the store's server (see
+//! [`super::Store::clock_offset_ms`]) and cached.
+//!
+//! One reading of the server's time `s` (with resolution `r`: the true time
+//! was in `s..s + r`) taken between local instants `a` and `b` bounds the
+//! offset to `s - b ..= s + r - a`. [`ClockSync`] keeps the intersection of
+//! the bounds of successive readings (so a coarse clock, such as an object
+//! store's whole-second `Last-Modified`, is narrowed down by readings that
+//! fall at other sub-second phases) and uses its midpoint. When a reading
+//! does not overlap the bounds kept so far (a clock was stepped), it starts
+//! over from that reading.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::{StoreError, now_unix_ms};
+
+/// How long one offset is used before the server is asked again.
+pub const REFRESH: Duration = Duration::from_secs(30);
+/// Past this age an offset is not used even when a refresh fails, and
+/// bounds are not narrowed with readings this far apart (clocks drift).
+pub const STALE: Duration = Duration::from_secs(300);
+
+/// Bounds on the offset (server minus local, ms), and when last confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bounds {
+    lo: i64,
+    hi: i64,
+    at: Instant,
+}
+
+/// A cached offset from the local clock to a server's (see the module docs).
+#[derive(Debug, Default)]
+pub struct ClockSync {
+    state: Mutex<Option<Bounds>>,
+}
+
+/// One reading: the server said `server_ms`, meaning a time in
+/// `server_ms..server_ms + resolution_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// The time the server reported, unix ms (rounded down).
+    pub server_ms: u64,
+    /// How coarse that time is, ms (1 for a millisecond clock).
+    pub resolution_ms: u64,
+}
+
+impl ClockSync {
+    /// No offset known yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The offset, from the cache while it is younger than [`REFRESH`],
+    /// else from a new reading by `read`. When the reading fails, an offset
+    /// younger than [`STALE`] is still used (with a warning); otherwise
+    /// the reading's error is returned.
+    pub async fn offset<F, Fut>(&self, backend: &'static str, read: F) -> Result<i64, StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Reading, StoreError>>,
+    {
+        let mut state = self.state.lock().await;
+        if let Some(b) = *state
+            && b.at.elapsed() < REFRESH
+        {
+            return Ok(midpoint(b));
+        }
+        let before = now_unix_ms();
+        let reading = read().await;
+        let after = now_unix_ms();
+        match reading {
+            Ok(reading) => {
+                let bounds = narrow(*state, reading, before, after, Instant::now());
+                *state = Some(bounds);
+                Ok(midpoint(bounds))
+            }
+            Err(e) => match *state {
+                Some(b) if b.at.elapsed() < STALE => {
+                    tracing::warn!(backend, error = %e, "reading the store's clock failed; using the last offset");
+                    Ok(midpoint(b))
+                }
+                _ => Err(e),
+            },
+        }
+    }
+}
+
+/// The bounds after `reading`, taken between local `before` and `after`.
+fn narrow(
+    previous: Option<Bounds>,
+    reading: Reading,
+    before: u64,
+    after: u64,
+    now: Instant,
+) -> Bounds {
+    let server = i64::try_from(reading.server_ms).unwrap_or(i64::MAX);
+    let local = |t: u64| i64::try_from(t).unwrap_or(i64::MAX);
+    let resolution = i64::try_from(reading.resolution_ms.max(1)).unwrap_or(i64::MAX);
+    let lo = server.saturating_sub(local(after.max(before)));
+    let hi = server
+        .saturating_add(resolution)
+        .saturating_sub(local(before));
+    let fresh = Bounds { lo, hi, at: now };
+    match previous {
+        Some(p) if now.duration_since(p.at) < STALE && p.lo <= hi && lo <= p.hi => Bounds {
+            lo: p.lo.max(lo),
+            hi: p.hi.min(hi),
+            at: now,
+        },
+        _ => fresh,
+    }
+}
+
+fn midpoint(b: Bounds) -> i64 {
+    b.lo + (b.hi - b.lo) / 2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readings_bound_the_offset_and_narrow_it() {
+        let now = Instant::now();
+        // A whole-second clock read while the local clock went 10_000..10_040.
+        let first = narrow(
+            None,
+            Reading {
+                server_ms: 70_000,
+                resolution_ms: 1_000,
+            },
+            10_000,
+            10_040,
+            now,
+        );
+        assert_eq!((first.lo, first.hi), (59_960, 61_000));
+        // Later, another phase: the bounds are intersected.
+        let second = narrow(
+            Some(first),
+            Reading {
+                server_ms: 71_000,
+                resolution_ms: 1_000,
+            },
+            10_700,
+            10_740,
+            now,
+        );
+        assert_eq!((second.lo, second.hi), (60_260, 61_000));
+        assert_eq!(midpoint(second), 60_630);
+        // A clock step: no overlap, start over.
+        let stepped = narrow(
+            Some(second),
+            Reading {
+                server_ms: 10_000,
+                resolution_ms: 1,
+            },
+            10_000,
+            10_002,
+            now,
+        );
+        assert_eq!((stepped.lo, stepped.hi), (-2, 1));
+    }
+
+    #[tokio::test]
+    async fn cached_until_refresh_and_errors_fall_back() {
+        let sync = ClockSync::new();
+        let offset = sync
+            .offset("test", || async {
+                Ok(Reading {
+                    server_ms: now_unix_ms() + 60_000,
+                    resolution_ms: 1,
+                })
+            })
+            .await
+            .unwrap();
+        assert!((59_900..=60_100).contains(&offset), "{offset}");
+        // Fresh: the reader is not called again.
+        let cached = sync
+            .offset("test", || async { panic!("read while fresh") })
+            .await
+            .unwrap();
+        assert_eq!(cached, offset);
+        let failing = ClockSync::new();
+        assert!(
+            failing
+                .offset("test", || async {
+                    Err(StoreError::Backend {
+                        backend: "test",
+                        message: "down".into(),
+                    })
+                })
+                .await
+                .is_err()
+        );
+    }
+}
