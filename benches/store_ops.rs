@@ -263,7 +263,9 @@ async fn fenced_throughput(store: &Arc<dyn Store>) -> f64 {
     let rate = done as f64 / started.elapsed().as_secs_f64();
     let _ = lock.release(&lease).await;
     for k in 0..KEYS {
-        let _ = store.delete(&format!("bench/fenced/host-{k}.example.com")).await;
+        let _ = store
+            .delete(&format!("bench/fenced/host-{k}.example.com"))
+            .await;
     }
     rate
 }

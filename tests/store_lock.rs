@@ -11,6 +11,10 @@
 //!   at once, and a fenced counter ends at exactly 100;
 //! - expiry takeover in real time: the holder that stopped renewing loses
 //!   the lease after its TTL and its late fenced write is refused;
+//! - the fenced write's race: a stale holder whose write passed the lock
+//!   check and stalled (a [`Pausing`] store holds it there) while another
+//!   holder took over is refused when it resumes, over an existing value
+//!   and over none;
 //! - release only by the holder;
 //! - `LeaseKeeper`: keeps a lease over many TTLs, and reports the loss
 //!   before the expiry when the store stops answering (errors or hangs) or
@@ -127,6 +131,8 @@ macro_rules! backend_suite {
                 one_winner_per_round_with_increasing_fences,
                 acquire_excludes_and_a_fenced_counter_is_exact,
                 expired_holder_is_taken_over_and_fenced_out,
+                stale_write_after_takeover_is_refused,
+                stale_first_write_after_takeover_is_refused,
                 release_only_by_holder,
                 keeper_holds_across_many_ttls,
                 keeper_reports_takeover,
@@ -261,6 +267,123 @@ impl Store for Flaky {
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         self.gate().await?;
         self.inner.list(prefix).await
+    }
+}
+
+/// Wraps a store and, once armed with a lock key, stalls the next fenced
+/// write right after it read that lock record: the moment a two-step
+/// fenced write has passed its check and not yet written.
+///
+/// For stores that check both keys in one step (`atomic`), the wrapper
+/// reads the lock record itself (as a two-step write would), stalls, then
+/// forwards the write to the store's own `put_fenced`. For the others
+/// (object stores) it does not forward: the trait's default protocol then
+/// runs through this wrapper, and the stall lands inside it, between its
+/// lock check and its value write.
+#[derive(Debug)]
+struct Pausing {
+    inner: Arc<dyn Store>,
+    atomic: bool,
+    armed: std::sync::Mutex<Option<String>>,
+    paused: tokio::sync::Notify,
+    resume: tokio::sync::Notify,
+}
+
+impl Pausing {
+    fn new(inner: Arc<dyn Store>) -> Arc<Self> {
+        let atomic = !matches!(inner.backend(), "s3" | "gcs" | "azure");
+        Arc::new(Self {
+            inner,
+            atomic,
+            armed: std::sync::Mutex::new(None),
+            paused: tokio::sync::Notify::new(),
+            resume: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn arm(&self, lock_key: &str) {
+        *self.armed.lock().unwrap() = Some(lock_key.to_owned());
+    }
+
+    /// Stalls here if armed for `key` (once).
+    async fn stall_after(&self, key: &str) {
+        let hit = {
+            let mut armed = self.armed.lock().unwrap();
+            if armed.as_deref() == Some(key) {
+                *armed = None;
+                true
+            } else {
+                false
+            }
+        };
+        if hit {
+            self.paused.notify_one();
+            self.resume.notified().await;
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Pausing {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn is_shared(&self) -> bool {
+        self.inner.is_shared()
+    }
+    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        let got = self.inner.get(key).await;
+        self.stall_after(key).await;
+        got
+    }
+    async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<Version, StoreError> {
+        self.inner.put(key, value, ttl).await
+    }
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<Option<Version>, StoreError> {
+        self.inner.put_if_absent(key, value, ttl).await
+    }
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &Version,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<Option<Version>, StoreError> {
+        self.inner.compare_and_swap(key, expected, value, ttl).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        if !self.atomic {
+            return sbmesh::store::lock::put_fenced_by_claims(self, key, value, lock_key, fence)
+                .await;
+        }
+        // The check a two-step write would make, then the stall.
+        let _ = self.get(lock_key).await?;
+        self.inner.put_fenced(key, value, lock_key, fence).await
+    }
+    async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
+        self.inner.clock_offset_ms().await
     }
 }
 
@@ -482,6 +605,82 @@ mod checks {
                 .unwrap()
                 .value,
             b"new"
+        );
+    }
+
+    /// A stale holder's fenced write passes the lock check and stalls; the
+    /// lease expires and another holder takes it over; the stalled write
+    /// then resumes and is refused, and the value is the one written
+    /// before the takeover.
+    pub async fn stale_write_after_takeover_is_refused(store: Arc<dyn Store>, _slow: u32) {
+        stale_write_race(store, true).await;
+    }
+
+    /// The same race on a key the stale holder writes for the first time.
+    pub async fn stale_first_write_after_takeover_is_refused(store: Arc<dyn Store>, _slow: u32) {
+        stale_write_race(store, false).await;
+    }
+
+    async fn stale_write_race(store: Arc<dyn Store>, existing: bool) {
+        const KEY: &str = "race/value";
+        let clock = ManualClock::new();
+        let ttl = Duration::from_secs(30);
+        let lock = LeaseLock::new(Arc::clone(&store), "race").with_clock(clock.clock());
+        let stale = lock.try_acquire("stale", ttl).await.unwrap().unwrap();
+        if existing {
+            put_fenced(store.as_ref(), KEY, b"before", &stale)
+                .await
+                .expect("write while held");
+        }
+
+        let pausing = Pausing::new(Arc::clone(&store));
+        pausing.arm(lock.key());
+        let writer = {
+            let pausing = Arc::clone(&pausing);
+            let stale = stale.clone();
+            tokio::spawn(async move { put_fenced(pausing.as_ref(), KEY, b"late", &stale).await })
+        };
+        tokio::time::timeout(Duration::from_secs(30), pausing.paused.notified())
+            .await
+            .expect("the stale write did not reach its lock check");
+
+        // The stale holder's lease expires; another holder takes over.
+        clock.advance(ttl);
+        let new = lock
+            .try_acquire("new", ttl)
+            .await
+            .unwrap()
+            .expect("taken over after the TTL");
+        assert_eq!(new.fence, stale.fence + 1);
+
+        pausing.resume.notify_one();
+        let late = tokio::time::timeout(Duration::from_secs(30), writer)
+            .await
+            .expect("the stale write did not finish")
+            .expect("writer panicked");
+        match late {
+            Err(StoreError::Fenced { fence, newest, .. }) => {
+                assert_eq!((fence, newest), (stale.fence, new.fence));
+            }
+            other => panic!("stale write after the takeover not refused: {other:?}"),
+        }
+        let value = get_fenced(store.as_ref(), KEY).await.unwrap();
+        if existing {
+            assert_eq!(value.expect("value kept").value, b"before");
+        } else {
+            assert_eq!(value, None, "the stale write landed");
+        }
+
+        // The new holder writes; the stale one still cannot.
+        put_fenced(store.as_ref(), KEY, b"new", &new).await.unwrap();
+        assert!(matches!(
+            put_fenced(store.as_ref(), KEY, b"later", &stale).await,
+            Err(StoreError::Fenced { .. })
+        ));
+        let value = get_fenced(store.as_ref(), KEY).await.unwrap().unwrap();
+        assert_eq!(
+            (value.value.as_slice(), value.fence),
+            (&b"new"[..], new.fence)
         );
     }
 
