@@ -11,6 +11,12 @@
 //!   independently of the store.
 //! - A holder killed with SIGKILL: another process takes the lease over
 //!   once its TTL has passed (not before), with the next fence.
+//! - Clock skew (file, redis, s3 on moto): a contender run under
+//!   libfaketime 60 s ahead does not take over a lease that a holder with
+//!   the right clock keeps, and takes over one whose holder stopped once
+//!   its TTL has passed (on the store's clock), not earlier.
+
+mod object_servers;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,7 +25,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sbmesh::store::file::FileStore;
-use sbmesh::store::lock::{LeaseLock, get_fenced, put_fenced};
+use sbmesh::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
+use sbmesh::store::object::ObjectBackend;
 use sbmesh::store::{Store, now_unix_ms};
 
 /// What a child does: `sections`, `hold` or `take`.
@@ -41,6 +48,10 @@ const LOCK: &str = "processes";
 const COUNTER: &str = "processes/counter";
 const DEADLINE: Duration = Duration::from_secs(180);
 const HOLD_TTL: Duration = Duration::from_millis(1_500);
+/// The skewed contender's clock, ahead of the real one.
+const SKEW: &str = "+60s";
+/// Lease TTL of the skew test.
+const SKEW_TTL: Duration = Duration::from_secs(3);
 
 // ---------------------------------------------------------------------------
 // Child side
@@ -87,6 +98,31 @@ fn child_process_entry() {
                 let acquired_at = lease.expires_at_unix_ms - 30_000;
                 let line = format!("{} {acquired_at}\n", lease.fence);
                 write_atomic(&sync.join("taken"), line.as_bytes());
+                assert!(lock.release(&lease).await.expect("release"));
+            }
+            "skewed" => {
+                // Phase 1: try for two TTLs while the parent keeps its lease.
+                let got = lock
+                    .acquire(&holder, SKEW_TTL, SKEW_TTL * 2)
+                    .await
+                    .expect("acquire");
+                let line = match &got {
+                    Some(lease) => format!("took {}\n", lease.fence),
+                    None => "busy\n".to_owned(),
+                };
+                write_atomic(&sync.join("phase1"), line.as_bytes());
+                if let Some(lease) = got {
+                    let _ = lock.release(&lease).await;
+                    return;
+                }
+                // Phase 2: the parent stopped renewing; wait it out.
+                wait_for_file(&sync.join("stopped")).await;
+                let lease = lock
+                    .acquire(&holder, SKEW_TTL, Duration::from_secs(60))
+                    .await
+                    .expect("acquire")
+                    .expect("taken over within 60 s");
+                write_atomic(&sync.join("taken"), format!("{}\n", lease.fence).as_bytes());
                 assert!(lock.release(&lease).await.expect("release"));
             }
             other => panic!("unknown role {other}"),
@@ -140,6 +176,13 @@ async fn open(backend: &str, target: &str, namespace: &str) -> Arc<dyn Store> {
                 .expect("redis store")
                 .with_namespace(namespace)
                 .expect("namespace"),
+        ),
+        "s3" => Arc::new(
+            ObjectBackend::open_with_options(
+                &format!("s3://{namespace}/sbmesh"),
+                object_servers::s3_options(target),
+            )
+            .expect("open s3 store"),
         ),
         other => panic!("unknown backend {other}"),
     }
@@ -201,17 +244,54 @@ fn redis_target() -> Option<Target> {
     }
 }
 
+/// S3 on moto at `SBMESH_TEST_S3_ENDPOINT`, in a new bucket.
+fn s3_target() -> Option<Target> {
+    let endpoint = object_servers::server_env("SBMESH_TEST_S3_ENDPOINT")?;
+    let bucket = object_servers::unique_name("skew");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(object_servers::create_s3_bucket(&endpoint, &bucket));
+    Some(Target {
+        backend: "s3",
+        target: endpoint,
+        namespace: bucket,
+        _dir: None,
+    })
+}
+
 /// Child processes, killed (by PID) if still running when dropped.
 struct Children(Vec<(u32, Child)>);
 
 impl Children {
     fn spawn(target: &Target, sync: &Path, roles: &[&str]) -> Self {
+        Self::spawn_with_clock(target, sync, roles, None)
+    }
+
+    /// Like [`Children::spawn`], the children's wall clock shifted by
+    /// `skew` (libfaketime's `-f` syntax, e.g. `+60s`) when given.
+    fn spawn_with_clock(target: &Target, sync: &Path, roles: &[&str], skew: Option<&str>) -> Self {
         let exe = std::env::current_exe().expect("test binary");
         let children = roles
             .iter()
             .enumerate()
             .map(|(id, role)| {
-                let child = Command::new(&exe)
+                let mut command = match skew {
+                    None => Command::new(&exe),
+                    Some(skew) => {
+                        let mut c = Command::new("faketime");
+                        c.args(["-f", skew]).arg(&exe);
+                        // Only the wall clock is wrong on a skewed node:
+                        // timers run true, and the filesystem stamps files
+                        // with its own clock (libfaketime would shift what
+                        // stat() reports too).
+                        c.env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                            .env("NO_FAKE_STAT", "1");
+                        c
+                    }
+                };
+                let child = command
                     .args([
                         "--exact",
                         "child_process_entry",
@@ -370,6 +450,89 @@ fn killed_holder_is_taken_over(target: Target) {
         expires_at.saturating_sub(killed_at),
         acquired_at - expires_at
     );
+}
+
+/// The parent holds the lease with a keeper (right clock); a child 60 s
+/// ahead tries for two TTLs and must not get it. Then the parent stops
+/// renewing (as a dead holder does): the child takes the lease over once
+/// its TTL has passed on the store's clock, with the next fence.
+fn skewed_contender(target: Target, tolerance: Duration) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let sync = tempfile::tempdir().expect("sync dir");
+    let store = runtime.block_on(open(target.backend, &target.target, &target.namespace));
+    let lock = LeaseLock::new(Arc::clone(&store), LOCK);
+    let keeper = runtime.block_on(async {
+        let lease = lock
+            .acquire("right-clock", SKEW_TTL, Duration::from_secs(30))
+            .await
+            .expect("acquire")
+            .expect("acquired");
+        LeaseKeeper::spawn(lock.clone(), lease)
+    });
+
+    let mut child = Children::spawn_with_clock(&target, sync.path(), &["skewed"], Some(SKEW));
+    wait_ready(sync.path(), 0..1);
+    std::fs::write(sync.path().join("go"), b"").expect("go file");
+    let phase1 = wait_file(&sync.path().join("phase1"));
+    assert_eq!(
+        phase1.trim(),
+        "busy",
+        "{}: a contender 60 s ahead took a kept lease",
+        target.backend
+    );
+    assert!(keeper.is_held(), "the keeper lost its lease");
+
+    // The holder stops renewing.
+    let last = keeper.lease();
+    drop(keeper);
+    let expires_at = runtime
+        .block_on(lock.current())
+        .expect("read")
+        .expect("record");
+    assert_eq!(expires_at.fence, last.fence);
+    std::fs::write(sync.path().join("stopped"), b"").expect("stopped file");
+    let taken = wait_file(&sync.path().join("taken"));
+    let seen_at = runtime.block_on(lock.store_now()).expect("store time");
+    child.wait_all();
+    let fence: u64 = taken.trim().parse().expect("fence");
+    assert_eq!(fence, last.fence + 1);
+    let tolerance = u64::try_from(tolerance.as_millis()).unwrap_or(u64::MAX);
+    assert!(
+        seen_at + tolerance >= expires_at.expires_at_unix_ms,
+        "{}: taken over at {seen_at} (store clock), before the expiry {}",
+        target.backend,
+        expires_at.expires_at_unix_ms
+    );
+    eprintln!(
+        "{}: a contender 60 s ahead took the lease {} ms after its expiry",
+        target.backend,
+        seen_at.saturating_sub(expires_at.expires_at_unix_ms)
+    );
+}
+
+#[test]
+fn file_skewed_contender_waits_for_the_expiry() {
+    skewed_contender(file_target(), Duration::from_millis(100));
+}
+
+#[test]
+fn redis_skewed_contender_waits_for_the_expiry() {
+    if let Some(target) = redis_target() {
+        skewed_contender(target, Duration::from_millis(100));
+    }
+}
+
+/// On S3 each process knows the server's clock to about a second
+/// (`Last-Modified` has whole seconds), hence the wider tolerance.
+#[test]
+fn s3_skewed_contender_waits_for_the_expiry() {
+    if let Some(target) = s3_target() {
+        skewed_contender(target, Duration::from_millis(1_500));
+    }
 }
 
 #[test]
