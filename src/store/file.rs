@@ -28,6 +28,15 @@
 //! for a replace) and fsyncs the directory. Readers take no lock: `rename`
 //! makes them see the old or the new record, never a mix.
 //!
+//! A fenced write (`put_fenced`) holds the locks of both its key and the
+//! lock record's, taken in key order, while it checks both fences and
+//! writes.
+//!
+//! The store's clock ([`Store::clock_offset_ms`], for lease expiry) is the
+//! modification time the filesystem gives a probe file `<root>/~clock.<hex>`
+//! written and removed at once: on NFS the file server sets it, so every
+//! pod on the volume reads one clock whatever its own says.
+//!
 //! Sharing therefore needs a volume whose `flock` is coherent between its
 //! clients: local filesystems, NFSv4 and CephFS are; an NFS mount with
 //! `local_lock=flock` or `local_lock=all` is not.

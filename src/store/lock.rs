@@ -15,27 +15,54 @@
 //! waiters see a released or expired lease, exactly one of them replaces it
 //! and the others see a conflict. The record is written without a store
 //! TTL: expiry is the `expires_at_unix_ms` inside it, judged by the reader
-//! ([`lease_state`], a pure function of the record and the time).
+//! ([`lease_state`], a pure function of the record and the time). A record
+//! may also list `guards`, the keys written through
+//! [`put_fenced_by_claims`] (absent otherwise; readers of the plain format
+//! ignore it).
 //!
 //! # Fences
 //!
 //! Each acquisition takes `fence = previous + 1` (1 for a new lock). A
 //! holder that paused past its expiry (GC, a stalled node) may still
 //! believe it holds the lease; [`put_fenced`] makes its late writes
-//! harmless: it refuses when the lock record already carries a newer fence,
-//! and it embeds the writer's fence in the value and replaces a value only
-//! if that value's fence is not newer, so a value written under fence 8 is
-//! never overwritten under fence 7.
+//! harmless: the value carries the writer's fence, and the write is
+//! refused when the lock record or the value already carries a newer one.
+//! The check and the write are one atomic step ([`Store::put_fenced`]), so
+//! a writer that was checked before a takeover and writes after it is
+//! refused too:
+//!
+//! - memory: both keys under its one mutex; redb: one write transaction;
+//!   file: under the `flock` of both keys (taken in key order), which a
+//!   takeover's compare-and-swap of the lock record also takes; redis: one
+//!   Lua script reading the lock record (`cjson`) and the value's header.
+//! - object stores (S3, GCS, Azure) have conditional writes on one object
+//!   only, so the fence lives in the value's own compare-and-swap
+//!   ([`put_fenced_by_claims`]): a key is first registered in the lock
+//!   record (compare-and-swap on it, under a fence not older than the
+//!   record's), and each takeover, before it hands out its lease, claims
+//!   every registered key by rewriting it under the new fence (or writing
+//!   a claim marker, which reads as absent). A stale write that lands
+//!   before the claim is read by it (as if written before the takeover);
+//!   one that comes later loses its compare-and-swap to the claim, and the
+//!   newer fence then refuses it.
 //!
 //! # Clocks
 //!
-//! Expiry compares wall-clock unix milliseconds ([`now_unix_ms`]) of
-//! different replicas, so their clocks must agree to well within the TTL
-//! (NTP keeps them within milliseconds). A replica whose clock runs ahead by
-//! `d` takes an expired lease up to `d` early; [`LeaseKeeper`]'s safety
-//! margin absorbs skew smaller than the margin, and fences protect the data
-//! in any case. The clock is injectable ([`LeaseLock::with_clock`]) for
-//! tests.
+//! Expiries are written and judged on the store's clock, never another
+//! replica's: [`LeaseLock::store_now`] is this process's clock plus the
+//! offset the store reports ([`Store::clock_offset_ms`]: Redis `TIME`, the
+//! object store's `Last-Modified` of a probe it writes, the file volume's
+//! modification time of a probe file; 0 for memory and redb, which live in
+//! one process). The offset is learned every 30 s and cached
+//! ([`super::clock`]), so a replica whose own clock is minutes off takes
+//! an expired lease when the store's clock says so, and a live one never.
+//! What remains is the offset's error: below a millisecond plus a round
+//! trip on Redis and local disks, up to about a second on object stores
+//! (whole-second timestamps, narrowed by successive readings);
+//! [`LeaseKeeper`]'s safety margin (a sixth of the TTL) must exceed it
+//! twice, so keep TTLs on object stores at 10 s or more. Fences protect
+//! the data in any case. The local clock is injectable
+//! ([`LeaseLock::with_clock`]) for tests: the store's time moves with it.
 //!
 //! # Holders
 //!

@@ -27,6 +27,17 @@
 //! the expiry in the version is exact, and compare-and-swap against an
 //! expired record fails without a request.
 //!
+//! Conditional writes cover one object, so a fenced write cannot check the
+//! lock record in the same step: this backend uses the trait's default,
+//! [`super::lock::put_fenced_by_claims`] (the fence lives in the value's own
+//! compare-and-swap; see "Fences" in [`super::lock`]).
+//!
+//! The store's clock ([`Store::clock_offset_ms`], for lease expiry) is the
+//! `Last-Modified` the service gives a probe object `<prefix>/~clock-<hex>`,
+//! written, read with `HEAD` and deleted (three requests, every 30 s):
+//! whole seconds, so each reading bounds the offset to about a second, and
+//! successive readings narrow it ([`super::clock`]).
+//!
 //! What object stores cannot do: `object_store` has no conditional delete,
 //! so [`Store::delete`] and [`Store::sweep_expired`] delete unconditionally.
 //! The sweeper re-reads a record's ETag right before deleting it, which

@@ -17,8 +17,9 @@
 //! # Atomicity
 //!
 //! `get`, `put`, `put_if_absent` (`SET NX PX`) and `delete` are single
-//! commands; `compare_and_swap` is a Lua script (`EVALSHA`, loaded on
-//! first use), so every operation is atomic on the server. Keys and values
+//! commands; `compare_and_swap` and `put_fenced` (the lock record's fence
+//! and the value's checked, then the write) are Lua scripts (`EVALSHA`,
+//! loaded on first use), so every operation is atomic on the server. Keys and values
 //! always travel as command arguments, never spliced into command text.
 //!
 //! # Failures
@@ -45,6 +46,11 @@
 //! expiry and never drops it before, whatever the clocks say: a lease
 //! holder that trusts `expires_at_unix_ms` stops before anyone else can
 //! take over.
+//!
+//! Lease locks use no Redis TTL (their record must outlive the lease):
+//! they judge expiry on the server's clock, which
+//! [`Store::clock_offset_ms`] reads with `TIME` (cached, see
+//! [`super::clock`]), so replicas whose clocks disagree still agree on it.
 
 use std::fmt;
 use std::future::Future;
@@ -634,7 +640,7 @@ impl Store for RedisStore {
         Ok(keys)
     }
 
-    /// One script ([`FENCED_LUA`]) checks both fences and writes. Both keys
+    /// One script (`FENCED_LUA`) checks both fences and writes. Both keys
     /// must live on one server (no Redis Cluster across slots), which this
     /// backend assumes throughout.
     async fn put_fenced(
