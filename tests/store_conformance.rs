@@ -115,6 +115,9 @@ macro_rules! backend_suite {
                 oversized_values_are_rejected,
                 cas_counter_eight_workers,
                 create_race_has_one_winner,
+                fenced_write_checks_both_fences,
+                fenced_writers_race_to_the_highest_fence,
+                clock_offset_is_the_servers,
             );
         }
     };
@@ -711,6 +714,115 @@ mod checks {
             TOTAL.to_string(),
             "lost updates ({conflicts} conflicts retried)"
         );
+    }
+
+    /// `put_fenced` (through the lock module): written under the current
+    /// lease, refused under an older one (the lock record's fence) and
+    /// under an older value's fence; a lock record that is not one is a
+    /// `Corrupt` error naming it.
+    pub async fn fenced_write_checks_both_fences(store: Arc<dyn Store>) {
+        use sbmesh::store::lock::{Lease, LeaseLock, get_fenced, put_fenced};
+        let ns = ns();
+        let key = format!("{ns}/value");
+        let lock = LeaseLock::new(Arc::clone(&store), &format!("{ns}/lock"));
+        let ttl = Duration::from_secs(30);
+        let first = lock.try_acquire("a", ttl).await.unwrap().unwrap();
+        put_fenced(store.as_ref(), &key, b"one", &first)
+            .await
+            .unwrap();
+        assert!(lock.release(&first).await.unwrap());
+        let second = lock.try_acquire("b", ttl).await.unwrap().unwrap();
+        match put_fenced(store.as_ref(), &key, b"stale", &first).await {
+            Err(StoreError::Fenced { fence, newest, .. }) => {
+                assert_eq!((fence, newest), (first.fence, second.fence));
+            }
+            other => panic!("stale fenced write: {other:?}"),
+        }
+        put_fenced(store.as_ref(), &key, b"two", &second)
+            .await
+            .unwrap();
+        let read = get_fenced(store.as_ref(), &key).await.unwrap().unwrap();
+        assert_eq!(
+            (read.value.as_slice(), read.fence),
+            (&b"two"[..], second.fence)
+        );
+
+        // A lease of another lock with an old fence: the value's fence refuses.
+        let unrelated = Lease {
+            name: format!("{ns}/other"),
+            fence: first.fence,
+            ..first.clone()
+        };
+        assert!(matches!(
+            put_fenced(store.as_ref(), &key, b"x", &unrelated).await,
+            Err(StoreError::Fenced { .. })
+        ));
+        store
+            .put(&format!("locks/{ns}/garbage"), b"not a lock record", None)
+            .await
+            .unwrap();
+        let garbage = Lease {
+            name: format!("{ns}/garbage"),
+            ..second.clone()
+        };
+        match put_fenced(store.as_ref(), &format!("{ns}/g"), b"x", &garbage).await {
+            Err(StoreError::Corrupt { key, .. }) => assert_eq!(key, format!("locks/{ns}/garbage")),
+            other => panic!("write under a garbage lock record: {other:?}"),
+        }
+    }
+
+    /// 8 writers with fences 1..=8 write one key at once: the value ends
+    /// under fence 8, and every refusal names a newer fence.
+    pub async fn fenced_writers_race_to_the_highest_fence(store: Arc<dyn Store>) {
+        use sbmesh::store::lock::{Lease, get_fenced, put_fenced};
+        let ns = ns();
+        let key = format!("{ns}/value");
+        let barrier = Arc::new(tokio::sync::Barrier::new(8));
+        let writers: Vec<_> = (1..=8u64)
+            .map(|fence| {
+                let (store, key, barrier) = (Arc::clone(&store), key.clone(), Arc::clone(&barrier));
+                let lease = Lease {
+                    name: format!("{ns}/lock"),
+                    holder: format!("w{fence}"),
+                    fence,
+                    expires_at_unix_ms: u64::MAX,
+                    version: Version(String::new()),
+                    ttl: Duration::from_secs(30),
+                };
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (
+                        fence,
+                        put_fenced(store.as_ref(), &key, &fence.to_be_bytes(), &lease).await,
+                    )
+                })
+            })
+            .collect();
+        for w in writers {
+            match w.await.unwrap() {
+                (_, Ok(_)) => {}
+                (fence, Err(StoreError::Fenced { newest, .. })) => assert!(newest > fence),
+                (fence, Err(e)) => panic!("writer {fence}: {e}"),
+            }
+        }
+        let read = get_fenced(store.as_ref(), &key).await.unwrap().unwrap();
+        assert_eq!(
+            (read.fence, read.value.as_slice()),
+            (8, &8u64.to_be_bytes()[..])
+        );
+    }
+
+    /// The test servers run on this machine, so the store's clock is this
+    /// one's: the offset is within the backend's resolution (a second for
+    /// object stores' `Last-Modified`).
+    pub async fn clock_offset_is_the_servers(store: Arc<dyn Store>) {
+        let offset = store.clock_offset_ms().await.unwrap();
+        assert!(
+            offset.abs() <= 1_500,
+            "offset {offset} ms from a local server"
+        );
+        // Cached: asking again at once gives the same answer.
+        assert_eq!(store.clock_offset_ms().await.unwrap(), offset);
     }
 
     /// 16 concurrent creates of one key: exactly one wins, and its value is

@@ -33,10 +33,22 @@ struct Bounds {
     at: Instant,
 }
 
+/// After a failed reading, how long the last offset is used before the
+/// server is asked again (a store that is down is not asked at every lock
+/// operation).
+pub const RETRY: Duration = Duration::from_secs(5);
+
 /// A cached offset from the local clock to a server's (see the module docs).
 #[derive(Debug, Default)]
 pub struct ClockSync {
-    state: Mutex<Option<Bounds>>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    bounds: Option<Bounds>,
+    /// When the last reading failed, while readings keep failing.
+    failed_at: Option<Instant>,
 }
 
 /// One reading: the server said `server_ms`, meaning a time in
@@ -57,35 +69,47 @@ impl ClockSync {
 
     /// The offset, from the cache while it is younger than [`REFRESH`],
     /// else from a new reading by `read`. When the reading fails, an offset
-    /// younger than [`STALE`] is still used (with a warning); otherwise
-    /// the reading's error is returned.
+    /// younger than [`STALE`] is still used (with one warning per run of
+    /// failures, and no new reading for [`RETRY`]); otherwise the
+    /// reading's error is returned.
     pub async fn offset<F, Fut>(&self, backend: &'static str, read: F) -> Result<i64, StoreError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Reading, StoreError>>,
     {
         let mut state = self.state.lock().await;
-        if let Some(b) = *state
-            && b.at.elapsed() < REFRESH
-        {
-            return Ok(midpoint(b));
+        if let Some(b) = state.bounds {
+            let usable = b.at.elapsed() < STALE;
+            let resting = state.failed_at.is_some_and(|at| at.elapsed() < RETRY);
+            if b.at.elapsed() < REFRESH || (usable && resting) {
+                return Ok(midpoint(b));
+            }
         }
         let before = now_unix_ms();
         let reading = read().await;
         let after = now_unix_ms();
         match reading {
             Ok(reading) => {
-                let bounds = narrow(*state, reading, before, after, Instant::now());
-                *state = Some(bounds);
+                let bounds = narrow(state.bounds, reading, before, after, Instant::now());
+                *state = State {
+                    bounds: Some(bounds),
+                    failed_at: None,
+                };
                 Ok(midpoint(bounds))
             }
-            Err(e) => match *state {
-                Some(b) if b.at.elapsed() < STALE => {
-                    tracing::warn!(backend, error = %e, "reading the store's clock failed; using the last offset");
-                    Ok(midpoint(b))
+            Err(e) => {
+                let first = state.failed_at.is_none();
+                state.failed_at = Some(Instant::now());
+                match state.bounds {
+                    Some(b) if b.at.elapsed() < STALE => {
+                        if first {
+                            tracing::warn!(backend, error = %e, "reading the store's clock failed; using the last offset");
+                        }
+                        Ok(midpoint(b))
+                    }
+                    _ => Err(e),
                 }
-                _ => Err(e),
-            },
+            }
         }
     }
 }
