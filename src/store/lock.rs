@@ -710,7 +710,9 @@ fn contention(key: &str) -> StoreError {
 pub struct FencedEntry {
     /// The bytes, without the fence header.
     pub value: Vec<u8>,
-    /// The fence it was written under.
+    /// The fence it was written under, or a later one that claimed it
+    /// ([`put_fenced_by_claims`]: on object stores a takeover raises the
+    /// fence of the keys its lock guards, keeping their values).
     pub fence: u64,
     /// Its version in the store.
     pub version: Version,
