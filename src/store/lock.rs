@@ -1215,6 +1215,89 @@ mod tests {
     }
 
     #[test]
+    fn stored_records_keep_the_plain_format_without_guards() {
+        let plain = br#"{"v":1,"holder":"a","fence":4,"expires_at_unix_ms":9,"released":false}"#;
+        let stored = decode_stored("k", plain).unwrap();
+        assert!(stored.guards.is_empty());
+        assert_eq!(encode_stored(&stored), plain.to_vec());
+        assert_eq!(record_fence("k", plain).unwrap(), 4);
+        let guarded = StoredRecord {
+            guards: vec!["certs/a".into()],
+            ..stored
+        };
+        let bytes = encode_stored(&guarded);
+        assert_eq!(decode_stored("k", &bytes).unwrap(), guarded);
+        // What an older reader decodes: the plain record.
+        let older: LockRecord = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(older, guarded.record);
+        assert!(record_fence("k", b"[]").is_err());
+    }
+
+    #[test]
+    fn value_fences_of_each_form() {
+        assert_eq!(value_fence(&fenced_bytes(FENCED_MAGIC, 7, b"abc")), 7);
+        assert_eq!(value_fence(&fenced_bytes(CLAIM_MAGIC, 9, b"")), 9);
+        assert_eq!(value_fence(b"plain value"), 0);
+        assert_eq!(value_fence(b"sbf1\0"), 0);
+        assert_eq!(value_fence(b""), 0);
+    }
+
+    #[tokio::test]
+    async fn claims_register_keys_and_takeovers_raise_them() {
+        use crate::store::memory::MemoryStore;
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let lock = LeaseLock::new(Arc::clone(&store), "n");
+        let ttl = Duration::from_secs(30);
+        let first = lock.try_acquire("a", ttl).await.unwrap().unwrap();
+        let bytes = fenced_bytes(FENCED_MAGIC, first.fence, b"v");
+        put_fenced_by_claims(store.as_ref(), "k/v", &bytes, lock.key(), first.fence)
+            .await
+            .unwrap();
+        let (stored, _) = lock.read().await.unwrap().unwrap();
+        assert_eq!(stored.guards, vec!["k/v".to_owned()]);
+        // A guarded key that lost its value gets a claim marker.
+        let bytes = fenced_bytes(FENCED_MAGIC, first.fence, b"w");
+        put_fenced_by_claims(store.as_ref(), "k/w", &bytes, lock.key(), first.fence)
+            .await
+            .unwrap();
+        store.delete("k/w").await.unwrap();
+        assert!(lock.release(&first).await.unwrap());
+
+        let second = lock.try_acquire("b", ttl).await.unwrap().unwrap();
+        let v = get_fenced(store.as_ref(), "k/v").await.unwrap().unwrap();
+        assert_eq!((v.value.as_slice(), v.fence), (&b"v"[..], second.fence));
+        assert_eq!(get_fenced(store.as_ref(), "k/w").await.unwrap(), None);
+        let marker = store.get("k/w").await.unwrap().unwrap();
+        assert_eq!(value_fence(&marker.value), second.fence);
+        // The guards survive renewals, releases and takeovers.
+        let renewed = lock.renew(&second).await.unwrap();
+        assert!(lock.release(&renewed).await.unwrap());
+        let (stored, _) = lock.read().await.unwrap().unwrap();
+        assert_eq!(stored.guards.len(), 2);
+
+        // Past the limit: a clear error naming the lock.
+        let third = lock.try_acquire("c", ttl).await.unwrap().unwrap();
+        for i in 2..MAX_GUARDED_KEYS {
+            let bytes = fenced_bytes(FENCED_MAGIC, third.fence, b"x");
+            put_fenced_by_claims(
+                store.as_ref(),
+                &format!("k/{i}"),
+                &bytes,
+                lock.key(),
+                third.fence,
+            )
+            .await
+            .unwrap();
+        }
+        let bytes = fenced_bytes(FENCED_MAGIC, third.fence, b"x");
+        match put_fenced_by_claims(store.as_ref(), "k/over", &bytes, lock.key(), third.fence).await
+        {
+            Err(StoreError::Config(message)) => assert!(message.contains("locks/n"), "{message}"),
+            other => panic!("over the guard limit: {other:?}"),
+        }
+    }
+
+    #[test]
     fn requests_are_checked() {
         assert!(check_request("", Duration::from_secs(1)).is_err());
         assert!(check_request(&"h".repeat(257), Duration::from_secs(1)).is_err());
