@@ -754,8 +754,10 @@ mod checks {
         assert_eq!(next.expect("free after release").fence, lease.fence + 1);
     }
 
-    /// A replica whose clock runs a TTL ahead takes the lease over; the
-    /// keeper's next renewal sees it and reports the loss.
+    /// A contender whose view of the store's time is a TTL ahead (a test
+    /// clock: real skew no longer does this, see `store_lock_processes`)
+    /// takes the lease over; the keeper's next renewal sees it and reports
+    /// the loss.
     pub async fn keeper_reports_takeover(store: Arc<dyn Store>, slow: u32) {
         let ttl = Duration::from_millis(600) * slow;
         let lock = LeaseLock::new(Arc::clone(&store), "takeover");
