@@ -14,7 +14,9 @@
 //! - the fenced write's race: a stale holder whose write passed the lock
 //!   check and stalled (a [`Pausing`] store holds it there) while another
 //!   holder took over is refused when it resumes, over an existing value
-//!   and over none;
+//!   and over none; on object stores, a stale write that lands while the
+//!   takeover is still claiming the key is read by that claim (the new
+//!   lease starts from it) and later ones are refused;
 //! - release only by the holder;
 //! - `LeaseKeeper`: keeps a lease over many TTLs, and reports the loss
 //!   before the expiry when the store stops answering (errors or hangs) or
@@ -133,6 +135,7 @@ macro_rules! backend_suite {
                 expired_holder_is_taken_over_and_fenced_out,
                 stale_write_after_takeover_is_refused,
                 stale_first_write_after_takeover_is_refused,
+                stale_write_during_a_claim_is_absorbed,
                 release_only_by_holder,
                 keeper_holds_across_many_ttls,
                 keeper_reports_takeover,
@@ -684,6 +687,76 @@ mod checks {
             (value.value.as_slice(), value.fence),
             (&b"new"[..], new.fence)
         );
+    }
+
+    /// Object stores only (the claims protocol): the stale write lands
+    /// after the takeover's lock record write but before its claim of the
+    /// key. The claim reads it and raises it to the new fence, so the new
+    /// lease starts from that value, and the stale holder cannot write
+    /// again. (Where the check and write are one step there is no such
+    /// window: the atomic backends skip this.)
+    pub async fn stale_write_during_a_claim_is_absorbed(store: Arc<dyn Store>, _slow: u32) {
+        const KEY: &str = "race/value";
+        let clock = ManualClock::new();
+        let ttl = Duration::from_secs(30);
+        let stale_side = Pausing::new(Arc::clone(&store));
+        if stale_side.atomic {
+            return;
+        }
+        let lock = LeaseLock::new(Arc::clone(&store), "race").with_clock(clock.clock());
+        let stale = lock.try_acquire("stale", ttl).await.unwrap().unwrap();
+        put_fenced(store.as_ref(), KEY, b"before", &stale)
+            .await
+            .unwrap();
+
+        stale_side.arm(lock.key());
+        let writer = {
+            let stale_side = Arc::clone(&stale_side);
+            let stale = stale.clone();
+            tokio::spawn(async move { put_fenced(stale_side.as_ref(), KEY, b"late", &stale).await })
+        };
+        tokio::time::timeout(Duration::from_secs(30), stale_side.paused.notified())
+            .await
+            .expect("the stale write did not reach its lock check");
+
+        // The takeover writes the lock record, reads the key to claim it,
+        // and stalls there.
+        clock.advance(ttl);
+        let new_side = Pausing::new(Arc::clone(&store));
+        new_side.arm(KEY);
+        let taker = {
+            let lock = LeaseLock::new(Arc::clone(&new_side) as Arc<dyn Store>, "race")
+                .with_clock(clock.clock());
+            tokio::spawn(async move { lock.try_acquire("new", ttl).await })
+        };
+        tokio::time::timeout(Duration::from_secs(30), new_side.paused.notified())
+            .await
+            .expect("the takeover did not reach its claim");
+
+        // The stale write lands first ...
+        stale_side.resume.notify_one();
+        tokio::time::timeout(Duration::from_secs(30), writer)
+            .await
+            .expect("the stale write did not finish")
+            .expect("writer panicked")
+            .expect("a write before the claim lands");
+        // ... and the claim, retried, takes it over.
+        new_side.resume.notify_one();
+        let new = tokio::time::timeout(Duration::from_secs(30), taker)
+            .await
+            .expect("the takeover did not finish")
+            .expect("taker panicked")
+            .unwrap()
+            .expect("taken over");
+        let value = get_fenced(store.as_ref(), KEY).await.unwrap().unwrap();
+        assert_eq!(
+            (value.value.as_slice(), value.fence),
+            (&b"late"[..], new.fence)
+        );
+        assert!(matches!(
+            put_fenced(store.as_ref(), KEY, b"again", &stale).await,
+            Err(StoreError::Fenced { .. })
+        ));
     }
 
     /// Only the holder of the current lease releases it; after a release
