@@ -9,6 +9,10 @@
 //! node's `clock_skew` of `/admin/cluster/status`; and node-3, which hears
 //! nothing but skewed packets, must not pass for a node alone: its `/readyz`
 //! is 503 naming clock skew, while the two healthy nodes stay ready.
+//!
+//! Two cases: node-3 skewed from its start (127.0.63.*), and node-3's clock
+//! jumping 60 s ahead after the mesh formed, then back (127.0.64.*): it
+//! drops out, is not ready although it once joined, and rejoins.
 
 mod common;
 
@@ -17,7 +21,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Node, in_ci, metric_sum, now_unix_ms, sidecar_bin, total_nodes};
+use common::{
+    Cluster, Node, in_ci, metric_sum, now_unix_ms, sidecar_bin, state_of, total_nodes, write_atomic,
+};
 use serde_json::Value;
 
 const SKEW_SECS: i64 = 60;
@@ -38,17 +44,32 @@ fn libfaketime() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A script that runs the sidecar with its wall clock `SKEW_SECS` ahead.
-/// `exec` keeps the PID (and the parent-death signal), so the harness
-/// signals and reaps the sidecar itself.
-fn skewed_sidecar(dir: &Path, lib: &Path) -> PathBuf {
+/// How node-3's wall clock is set.
+enum Fake<'a> {
+    /// `SKEW_SECS` ahead from the start.
+    Ahead,
+    /// Whatever offset this file holds (`+0s`, `+60s`), re-read every second.
+    File(&'a Path),
+}
+
+/// A script that runs the sidecar under libfaketime, its monotonic clock
+/// untouched. `exec` keeps the PID (and the parent-death signal), so the
+/// harness signals and reaps the sidecar itself.
+fn skewed_sidecar(dir: &Path, lib: &Path, fake: Fake<'_>) -> PathBuf {
+    let how = match fake {
+        Fake::Ahead => format!("export FAKETIME='+{SKEW_SECS}s'\n"),
+        Fake::File(path) => format!(
+            "export FAKETIME_TIMESTAMP_FILE='{}'\nexport FAKETIME_CACHE_DURATION=1\n",
+            path.display()
+        ),
+    };
     let script = dir.join("sidecar-skewed");
     fs::write(
         &script,
         format!(
             "#!/bin/sh\n\
              export LD_PRELOAD='{}'\n\
-             export FAKETIME='+{SKEW_SECS}s'\n\
+             {how}\
              export FAKETIME_DONT_FAKE_MONOTONIC=1\n\
              exec '{}' \"$@\"\n",
             lib.display(),
@@ -102,6 +123,26 @@ fn near(offset_ms: i64, want_secs: i64) -> bool {
     (offset_ms - want_secs * 1000).abs() <= 5_000
 }
 
+/// Whether the node's status is stamped about `secs` away from our clock.
+fn clock_off_by(n: &Node, secs: i64) -> bool {
+    n.status().is_some_and(|v| {
+        v.get("generated_at_unix_ms")
+            .and_then(Value::as_u64)
+            .is_some_and(|t| near(t as i64 - now_unix_ms() as i64, secs))
+    })
+}
+
+fn need_libfaketime() -> Option<PathBuf> {
+    let lib = libfaketime();
+    if lib.is_none() {
+        if in_ci() {
+            panic!("libfaketime is needed: apt-get install -y faketime (scripts/test does)");
+        }
+        eprintln!("SKIP: libfaketime not found (apt-get install -y faketime)");
+    }
+    lib
+}
+
 /// The warn lines about clock skew in a node's log, as `(peer, offset_ms)`.
 fn skew_warnings(n: &Node) -> Vec<(String, i64)> {
     let log = fs::read_to_string(&n.log_path).unwrap_or_default();
@@ -120,11 +161,7 @@ fn skew_warnings(n: &Node) -> Vec<(String, i64)> {
 
 #[test]
 fn a_node_60s_ahead_is_named_by_every_node_and_is_not_ready() {
-    let Some(lib) = libfaketime() else {
-        if in_ci() {
-            panic!("libfaketime is needed: apt-get install -y faketime (scripts/test does)");
-        }
-        eprintln!("SKIP: libfaketime not found (apt-get install -y faketime)");
+    let Some(lib) = need_libfaketime() else {
         return;
     };
     let started = Instant::now();
@@ -133,7 +170,7 @@ fn a_node_60s_ahead_is_named_by_every_node_and_is_not_ready() {
         let o = c.default_opts(i, 3);
         c.spawn(o);
     }
-    let wrapper = skewed_sidecar(&c.dir, &lib);
+    let wrapper = skewed_sidecar(&c.dir, &lib, Fake::Ahead);
     let skewed = Node::spawn(&wrapper, &c.config, &c.dir, c.default_opts(3, 3));
     c.nodes.push(skewed);
     let (healthy, skewed) = ([0, 1], 2);
@@ -143,13 +180,7 @@ fn a_node_60s_ahead_is_named_by_every_node_and_is_not_ready() {
     // The premise: node-3's wall clock really is ahead (libfaketime works).
     c.wait_until(
         "node-3's status is stamped about 60 s ahead of ours",
-        || {
-            c.nodes[skewed].status().is_some_and(|v| {
-                v.get("generated_at_unix_ms")
-                    .and_then(Value::as_u64)
-                    .is_some_and(|t| near(t as i64 - now_unix_ms() as i64, SKEW_SECS))
-            })
-        },
+        || clock_off_by(&c.nodes[skewed], SKEW_SECS),
     );
     c.wait_converged(&healthy);
 
@@ -277,4 +308,83 @@ fn a_node_60s_ahead_is_named_by_every_node_and_is_not_ready() {
         started.elapsed().as_secs_f64(),
         rejected(&c.nodes[skewed], "clock_skew")
     );
+}
+
+#[test]
+fn a_clock_jumping_60s_ahead_after_joining_drops_out_is_not_ready_and_rejoins() {
+    let Some(lib) = need_libfaketime() else {
+        return;
+    };
+    let mut c = Cluster::new("127.0.64");
+    for i in 1..=2 {
+        let o = c.default_opts(i, 3);
+        c.spawn(o);
+    }
+    let offset_file = c.dir.join("node-3-faketime");
+    write_atomic(&offset_file, "+0s\n");
+    let wrapper = skewed_sidecar(&c.dir, &lib, Fake::File(&offset_file));
+    let node3 = Node::spawn(&wrapper, &c.config, &c.dir, c.default_opts(3, 3));
+    c.nodes.push(node3);
+    let (all, healthy, skewed) = (c.all(), [0, 1], 2);
+    let skewed_addr = c.gossip_addr(3).to_string();
+    let skewed_id = c.nodes[skewed].id().to_string();
+
+    c.wait_converged(&all);
+    c.wait_until("every node is ready", || {
+        all.iter()
+            .all(|&i| readyz(&c.nodes[i]).is_some_and(|(s, _)| s == 200))
+    });
+
+    // ---- node-3's clock jumps 60 s ahead ---------------------------------
+    write_atomic(&offset_file, &format!("+{SKEW_SECS}s\n"));
+    c.wait_until(
+        "node-3's status is stamped about 60 s ahead of ours",
+        || clock_off_by(&c.nodes[skewed], SKEW_SECS),
+    );
+    c.wait_until(
+        "node-1 and node-2 show node-3 down and list it in clock_skew at about +60 s",
+        || {
+            healthy.iter().all(|&i| {
+                c.nodes[i].status().is_some_and(|v| {
+                    total_nodes(&v) == Some(2)
+                        && state_of(&v, &skewed_id).as_deref() == Some("down")
+                        && skewed_peers(&v)
+                            .iter()
+                            .any(|(a, off, _)| *a == skewed_addr && near(*off, SKEW_SECS))
+                })
+            })
+        },
+    );
+    // node-3 joined once (so it "runs"), yet it is not ready now.
+    c.wait_until("node-3's /readyz is 503 naming clock skew", || {
+        readyz(&c.nodes[skewed])
+            .is_some_and(|(status, body)| status == 503 && body.contains("clock skew"))
+    });
+    for &i in &healthy {
+        let (status, body) = readyz(&c.nodes[i]).expect("/readyz answers");
+        assert_eq!(status, 200, "{} /readyz: {body}", c.nodes[i].id());
+    }
+    for i in 0..3 {
+        let n = &c.nodes[i];
+        assert!(
+            rejected(n, "clock_skew") >= 1.0,
+            "{}: no clock_skew counted",
+            n.id()
+        );
+        assert_eq!(rejected(n, "replay"), 0.0, "{}: replay rejections", n.id());
+    }
+    assert!(
+        skew_warnings(&c.nodes[0])
+            .iter()
+            .any(|(p, off)| *p == skewed_addr && near(*off, SKEW_SECS)),
+        "node-1 logged no warn line about node-3:\n{}",
+        c.nodes[0].log_tail(40)
+    );
+
+    // ---- and back: node-3 rejoins and is ready again ---------------------
+    write_atomic(&offset_file, "+0s\n");
+    c.wait_converged(&all);
+    c.wait_until("node-3 is ready again", || {
+        readyz(&c.nodes[skewed]).is_some_and(|(s, _)| s == 200)
+    });
 }
