@@ -257,7 +257,13 @@ fn a_node_60s_ahead_is_named_by_every_node_and_is_not_ready() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    if let Some((_, body)) = readyz(&c.nodes[skewed]) {
+        eprintln!("node-3 /readyz: {body}");
+    }
     let v = c.nodes[skewed].status().expect("node-3 status");
+    if let Some(local) = v.pointer("/nodes/0") {
+        eprintln!("node-3 local status entry: {local}");
+    }
     let local_health = v
         .pointer("/nodes/0/health")
         .and_then(Value::as_str)

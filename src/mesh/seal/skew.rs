@@ -27,11 +27,19 @@ pub const SKEW_REMEMBER: Duration = Duration::from_secs(60);
 /// addresses can make us keep; the least recently skewed peer makes room.
 const MAX_PEERS: usize = 1024;
 
+/// Most warn lines per [`SKEW_REMEMBER`] over all peers. Captured packets
+/// replayed after the window also land here, and UDP source addresses can
+/// be spoofed, so "one line per peer" alone would let a replayer write one
+/// line per packet; beyond this budget, lines wait (counted as suppressed).
+const MAX_WARNINGS: u32 = 16;
+
 /// The skewed peers seen recently, and when a packet was last accepted.
 #[derive(Debug, Default)]
 pub struct SkewWatch {
     peers: HashMap<SocketAddr, Entry>,
     last_accepted: Option<Instant>,
+    /// Start of the current warn-line budget period, and lines written in it.
+    budget: Option<(Instant, u32)>,
 }
 
 #[derive(Debug)]
@@ -39,7 +47,8 @@ struct Entry {
     offset_ms: i64,
     last: Instant,
     rejected: u64,
-    logged: Instant,
+    /// When its last warn line was written; `None` before the first.
+    logged: Option<Instant>,
     suppressed: u64,
 }
 
@@ -114,31 +123,47 @@ impl SkewWatch {
                 Entry {
                     offset_ms,
                     last: now,
-                    rejected: 1,
-                    logged: now,
+                    rejected: 0,
+                    logged: None,
                     suppressed: 0,
                 },
             );
-            return Some(SkewWarning {
-                peer,
-                offset_ms,
-                suppressed: 0,
-            });
         }
+        let due = {
+            let e = self.peers.get_mut(&peer)?;
+            e.offset_ms = offset_ms;
+            e.last = now;
+            e.rejected += 1;
+            e.logged
+                .is_none_or(|at| now.saturating_duration_since(at) >= SKEW_REMEMBER)
+        };
+        let logged = due && self.spend_warning(now);
         let e = self.peers.get_mut(&peer)?;
-        e.offset_ms = offset_ms;
-        e.last = now;
-        e.rejected += 1;
-        if now.saturating_duration_since(e.logged) < SKEW_REMEMBER {
+        if !logged {
             e.suppressed += 1;
             return None;
         }
-        e.logged = now;
+        e.logged = Some(now);
         Some(SkewWarning {
             peer,
             offset_ms,
             suppressed: std::mem::take(&mut e.suppressed),
         })
+    }
+
+    /// Takes one line from the budget of the current period, if any is left.
+    fn spend_warning(&mut self, now: Instant) -> bool {
+        let (start, used) = match self.budget {
+            Some((start, used)) if now.saturating_duration_since(start) < SKEW_REMEMBER => {
+                (start, used)
+            }
+            _ => (now, 0),
+        };
+        if used >= MAX_WARNINGS {
+            return false;
+        }
+        self.budget = Some((start, used + 1));
+        true
     }
 
     /// The peers rejected for clock skew within [`SKEW_REMEMBER`], by address.
@@ -209,7 +234,7 @@ impl fmt::Display for Isolation {
         if self.peers.len() > SHOWN {
             write!(f, ", and {} more peers", self.peers.len() - SHOWN)?;
         }
-        f.write_str("); this node's clock or its peers' is wrong: check NTP")
+        f.write_str("); this node's clock or its peers' clocks are wrong: check NTP")
     }
 }
 
@@ -356,6 +381,25 @@ mod tests {
         assert!(text.contains("check NTP"), "{text}");
         assert_eq!(seconds(60_012), "+60.0 s");
         assert_eq!(seconds(-1_260), "-1.3 s");
+    }
+
+    #[test]
+    fn warn_lines_over_all_peers_are_bounded_per_minute() {
+        // Replayed captures from spoofed source addresses: each a "new peer".
+        let t0 = Instant::now();
+        let mut w = SkewWatch::new();
+        let warned = (0..100u8)
+            .filter(|&i| {
+                w.rejected(addr(i), -90_000, t0 + Duration::from_millis(u64::from(i)))
+                    .is_some()
+            })
+            .count();
+        assert_eq!(warned, MAX_WARNINGS as usize);
+        // A minute on, a held-back peer gets its line, with its count.
+        let late = w.rejected(addr(99), -90_000, t0 + secs(60)).unwrap();
+        assert_eq!(late.suppressed, 1);
+        // Every packet is still tracked for status.
+        assert_eq!(w.peers(t0 + secs(60)).len(), 100);
     }
 
     #[test]
