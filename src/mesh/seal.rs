@@ -47,8 +47,9 @@
 //! is off: every one of its packets fails the same way, and the node is cut
 //! off from the mesh without a trace under `replay`. A packet captured and
 //! replayed more than 30 s later lands there too; its "offset" is then its
-//! age. [`SkewWatch`] tells the two apart over time: a skewed peer keeps
-//! failing, and a node that only ever sees skewed packets is isolated.
+//! age. [`SkewWatch`] therefore judges by the pattern over time, not by one
+//! packet: a skewed peer fails on every packet, and a node that hears
+//! nothing but skewed packets is isolated (and not ready).
 //!
 //! A nonce is recorded only after steps 1-5 pass, so forged packets cannot
 //! fill the replay cache; see the cache's bounds and trade-off on
