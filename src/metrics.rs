@@ -28,7 +28,7 @@ pub struct StateLabels {
     pub state: PeerState,
 }
 
-/// `{reason="decrypt|cluster|replay|decode|size"}`
+/// `{reason="decrypt|cluster|replay|clock_skew|decode|size"}`
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     /// Why the packet was dropped.
@@ -273,7 +273,14 @@ impl Metrics {
             let _ = mesh.peer_count.get_or_create(&StateLabels { state });
             let _ = mesh.state_changes.get_or_create(&StateLabels { state });
         }
-        for reason in ["decrypt", "cluster", "replay", "decode", "size"] {
+        for reason in [
+            "decrypt",
+            "cluster",
+            "replay",
+            "clock_skew",
+            "decode",
+            "size",
+        ] {
             let _ = mesh
                 .packets_rejected
                 .get_or_create(&ReasonLabels { reason });
@@ -444,6 +451,7 @@ mod tests {
             "mesh_peer_count{state=\"alive\"} 0",
             "mesh_member_state_changes_total{state=\"down\"} 0",
             "mesh_packets_rejected_total{reason=\"replay\"} 1",
+            "mesh_packets_rejected_total{reason=\"clock_skew\"} 0",
             "mesh_bytes_sent_total{transport=\"udp\"} 0",
             "mesh_bytes_received_total{transport=\"tcp\"} 0",
         ] {

@@ -25,6 +25,7 @@ static TX: LazyLock<Sealer> = LazyLock::new(sealer);
 static RX_JUNK: LazyLock<Sealer> = LazyLock::new(sealer);
 static RX_MUTATED: LazyLock<Sealer> = LazyLock::new(sealer);
 static RX_ONCE: LazyLock<Sealer> = LazyLock::new(sealer);
+static RX_SKEW: LazyLock<Sealer> = LazyLock::new(sealer);
 
 /// The first 13 bytes (version, cluster tag, key id) of a genuine packet, so
 /// random tails get past the cheap header checks to the AEAD.
@@ -260,5 +261,28 @@ proptest! {
         prop_assert_eq!(RX_ONCE.unseal(channel, &packet, now), Ok(payload.to_vec()));
         prop_assert_eq!(RX_ONCE.unseal(channel, &packet, now), Err(Reject::Replay));
         prop_assert_eq!(RX_ONCE.unseal(other, &packet, now).is_err(), true);
+    }
+
+    /// A genuine packet stamped outside the window is `ClockSkew` with
+    /// exactly its offset (sender minus receiver), never `Replay`, and does
+    /// not burn its nonce: at the sender's own time it opens.
+    #[test]
+    fn genuine_packet_outside_the_window_is_clock_skew_with_its_offset(
+        payload in prop::collection::vec(any::<u8>(), 0..300),
+        channel in channel(),
+        skew in prop_oneof![
+            -(1i64 << 40)..-(REPLAY_WINDOW_MS as i64),
+            (REPLAY_WINDOW_MS as i64 + 1)..(1i64 << 40),
+        ],
+        now in T0..T0 + 86_400_000,
+    ) {
+        let sent = now.checked_add_signed(skew).unwrap();
+        let mut packet = Vec::new();
+        TX.seal(channel, &payload, sent, &mut packet).unwrap();
+        prop_assert_eq!(
+            RX_SKEW.unseal(channel, &packet, now),
+            Err(Reject::ClockSkew { offset_ms: skew })
+        );
+        prop_assert_eq!(RX_SKEW.unseal(channel, &packet, sent), Ok(payload));
     }
 }

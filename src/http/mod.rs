@@ -42,9 +42,14 @@ impl AdminState {
     }
 }
 
-/// A readiness check that holds once the mesh runs.
+/// A readiness check that holds once the mesh runs, and fails while every
+/// packet this node hears is rejected for clock skew (cut off from the mesh,
+/// it would otherwise pass for a node alone).
 pub fn mesh_running(mesh: Mesh) -> ReadinessCheck {
     Arc::new(move || {
+        if let Some(isolation) = mesh.clock_skew_isolation() {
+            return Some(format!("mesh: {isolation}"));
+        }
         (!mesh.is_running())
             .then(|| "mesh: not joined yet (waiting up to 5 s for a peer)".to_owned())
     })

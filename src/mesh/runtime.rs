@@ -8,8 +8,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
@@ -22,8 +22,11 @@ use tracing::{debug, info, warn};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
-use crate::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, Reject, Sealer};
-use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
+use crate::mesh::seal::{
+    Channel, Isolation, KeyRing, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer, SkewWatch,
+    SkewedPeer,
+};
+use crate::mesh::view::{ClockSkewPeer, ClusterStatus, MemberInfo, MemberState, NodeStatus};
 use crate::mesh::wire::{self, FullState, TcpMsg, WireError, WireMember};
 use crate::metrics::{Metrics, PeerState, StateLabels, Transport};
 
@@ -181,6 +184,16 @@ enum Command {
 struct Shared {
     running: AtomicBool,
     has_peers: AtomicBool,
+    /// Written by the driver for every authenticated datagram; read by
+    /// `/readyz` without a round trip to the driver.
+    skew: Mutex<SkewWatch>,
+}
+
+impl Shared {
+    fn skew(&self) -> MutexGuard<'_, SkewWatch> {
+        // A poisoned watch is still a consistent set of entries.
+        self.skew.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A running mesh node. Cheap to clone; the node stops when [`Mesh::leave`]
@@ -319,9 +332,24 @@ impl Mesh {
         &self.local
     }
 
-    /// Joined a cluster, or alone for 5 s with no peer answering.
+    /// Joined a cluster, or alone for 5 s with no peer answering (a node
+    /// that hears only packets rejected for clock skew is not alone: see
+    /// [`Mesh::clock_skew_isolation`]).
     pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Relaxed)
+    }
+
+    /// `Some` while every authenticated packet of the last 30 s was
+    /// rejected for clock skew: this node, or every peer it hears, has a
+    /// clock more than 30 s off, and it is cut off from the mesh.
+    pub fn clock_skew_isolation(&self) -> Option<Isolation> {
+        self.shared.skew().isolation(Instant::now())
+    }
+
+    /// The peers whose packets were rejected for clock skew in the last
+    /// minute.
+    pub fn clock_skewed_peers(&self) -> Vec<SkewedPeer> {
+        self.shared.skew().peers(Instant::now())
     }
 
     /// Whether any peer is alive or suspect.
@@ -439,11 +467,17 @@ impl Driver {
         }
         let plain = match self.sealer.unseal_keyed(Channel::Udp, packet, now_ms()) {
             Ok((p, key_id)) => {
+                self.shared.skew().accepted(Instant::now());
                 if self.peer_keys.len() > 4096 {
                     self.peer_keys.clear();
                 }
                 self.peer_keys.insert(from, key_id);
                 p
+            }
+            Err(r @ Reject::ClockSkew { offset_ms }) => {
+                self.metrics.mesh.rejected(r.label());
+                self.clock_skewed(from, offset_ms);
+                return;
             }
             Err(r) => {
                 self.metrics.mesh.rejected(r.label());
@@ -498,6 +532,26 @@ impl Driver {
                 }
             }
             _ => self.metrics.mesh.rejected(Reject::Decode.label()),
+        }
+    }
+
+    /// A datagram from `from` authenticated but was stamped `offset_ms`
+    /// away from our clock, beyond the window: warn, at most once a minute
+    /// per peer, since every packet of a skewed peer fails alike.
+    fn clock_skewed(&self, from: SocketAddr, offset_ms: i64) {
+        let warning = self.shared.skew().rejected(from, offset_ms, Instant::now());
+        match warning {
+            Some(w) => warn!(
+                peer = %w.peer,
+                offset_ms = w.offset_ms,
+                suppressed = w.suppressed,
+                "mesh packet rejected for clock skew: it authenticated, but the peer's clock is \
+                 {:+.1} s from ours, beyond the {} s window; this node's clock or the peer's is \
+                 wrong (check NTP); logged once a minute per peer",
+                w.offset_ms as f64 / 1000.0,
+                REPLAY_WINDOW_MS / 1000,
+            ),
+            None => debug!(%from, offset_ms, "datagram rejected for clock skew"),
         }
     }
 
@@ -644,9 +698,10 @@ impl Driver {
     fn on_tick(&mut self) {
         let active = self.foca.num_members();
         self.shared.has_peers.store(active > 0, Ordering::Relaxed);
-        if !self.shared.running.load(Ordering::Relaxed)
-            && (active > 0 || self.started.elapsed() >= ALONE_READY_AFTER)
-        {
+        // Hearing only packets rejected for clock skew is not being alone.
+        let alone = self.started.elapsed() >= ALONE_READY_AFTER
+            && self.shared.skew().isolation(Instant::now()).is_none();
+        if !self.shared.running.load(Ordering::Relaxed) && (active > 0 || alone) {
             self.shared.running.store(true, Ordering::Relaxed);
         }
         // Re-size foca's retransmissions as the cluster grows or shrinks.
@@ -906,6 +961,13 @@ impl Driver {
                 "unhealthy"
             }
             .into(),
+            clock_skew: self
+                .shared
+                .skew()
+                .peers(now)
+                .iter()
+                .map(ClockSkewPeer::from)
+                .collect(),
             version: Some(local_meta.version),
             config_hash: local_meta.config_hash,
             last_reload: local_meta.last_reload,
@@ -938,6 +1000,7 @@ impl Driver {
                         "unhealthy"
                     }
                     .into(),
+                    clock_skew: Vec::new(),
                     version: (!meta.version.is_empty()).then_some(meta.version),
                     config_hash: meta.config_hash,
                     last_reload: meta.last_reload,

@@ -38,8 +38,18 @@
 //! 2. unknown version → [`Reject::Decode`];
 //! 3. cluster tag of another cluster → [`Reject::Cluster`];
 //! 4. key id not in the ring, or authentication fails → [`Reject::Decrypt`];
-//! 5. sender time more than [`REPLAY_WINDOW_MS`] away from ours → [`Reject::Replay`];
+//! 5. sender time more than [`REPLAY_WINDOW_MS`] away from ours →
+//!    [`Reject::ClockSkew`], with the measured offset;
 //! 6. nonce already accepted within the window → [`Reject::Replay`].
+//!
+//! Step 5 is its own reason because a packet that authenticates but is
+//! stamped outside the window is, in practice, a peer whose clock (or ours)
+//! is off: every one of its packets fails the same way, and the node is cut
+//! off from the mesh without a trace under `replay`. A packet captured and
+//! replayed more than 30 s later lands there too; its "offset" is then its
+//! age. [`SkewWatch`] therefore judges by the pattern over time, not by one
+//! packet: a skewed peer fails on every packet, and a node that hears
+//! nothing but skewed packets is isolated (and not ready).
 //!
 //! A nonce is recorded only after steps 1-5 pass, so forged packets cannot
 //! fill the replay cache; see the cache's bounds and trade-off on
@@ -59,6 +69,7 @@
 
 mod key_ring;
 mod replay;
+mod skew;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -69,6 +80,7 @@ use aws_lc_rs::{digest, rand};
 use key_ring::prefix;
 pub use key_ring::{KeyRing, MESH_AEAD_LABEL};
 use replay::ReplayCache;
+pub use skew::{Isolation, SKEW_REMEMBER, SKEW_WINDOW, SkewWarning, SkewWatch, SkewedPeer};
 
 /// Version byte of the wire format this module writes and reads.
 pub const FORMAT_VERSION: u8 = 1;
@@ -81,7 +93,7 @@ pub const MAX_DATAGRAM: usize = 1500;
 pub const MAX_FRAME: usize = 16 << 20;
 
 /// A packet whose sender time differs from ours by more than this is a
-/// [`Reject::Replay`]; nonces are remembered for as long.
+/// [`Reject::ClockSkew`]; nonces are remembered for as long.
 pub const REPLAY_WINDOW_MS: u64 = 30_000;
 
 /// Most nonces the replay cache holds (one per accepted packet still inside
@@ -170,10 +182,23 @@ pub enum Reject {
     /// The packet belongs to another cluster.
     #[error("packet belongs to another cluster")]
     Cluster,
-    /// The sender's time is outside the replay window, or the packet was
-    /// already accepted once.
-    #[error("packet is outside the replay window or was seen before")]
+    /// The packet was already accepted once (its nonce is in the replay
+    /// cache).
+    #[error("packet was seen before (replay)")]
     Replay,
+    /// The packet authenticated, but its sender time is more than
+    /// [`REPLAY_WINDOW_MS`] away from ours: the sender's clock or ours is off
+    /// (or the packet is a replay older than the window).
+    #[error(
+        "packet authenticated but its sender time is {offset_ms} ms off ours, beyond the \
+         {window_s} s window: the sender's clock or ours is wrong (check NTP)",
+        window_s = REPLAY_WINDOW_MS / 1000
+    )]
+    ClockSkew {
+        /// Sender time minus ours, in milliseconds: positive when the
+        /// sender's clock is ahead of ours.
+        offset_ms: i64,
+    },
     /// Unknown format version.
     #[error("packet has an unknown format version")]
     Decode,
@@ -183,11 +208,13 @@ pub enum Reject {
 }
 
 impl Reject {
-    /// Every reason, for registering metric series up front.
-    pub const ALL: [Reject; 5] = [
+    /// Every reason (the clock skew one with a zero offset), for
+    /// registering metric series up front.
+    pub const ALL: [Reject; 6] = [
         Reject::Decrypt,
         Reject::Cluster,
         Reject::Replay,
+        Reject::ClockSkew { offset_ms: 0 },
         Reject::Decode,
         Reject::Size,
     ];
@@ -198,6 +225,7 @@ impl Reject {
             Reject::Decrypt => "decrypt",
             Reject::Cluster => "cluster",
             Reject::Replay => "replay",
+            Reject::ClockSkew { .. } => "clock_skew",
             Reject::Decode => "decode",
             Reject::Size => "size",
         }
@@ -441,7 +469,9 @@ impl Sealer {
         };
         let sender_ms = u64::from_be_bytes(sender_ms);
         if now_unix_ms.abs_diff(sender_ms) > REPLAY_WINDOW_MS {
-            return Err(Reject::Replay);
+            return Err(Reject::ClockSkew {
+                offset_ms: offset_ms(sender_ms, now_unix_ms),
+            });
         }
         let fresh = self
             .replay
@@ -489,6 +519,13 @@ impl fmt::Debug for Sealer {
             .field("ring", &*self.current_ring())
             .finish_non_exhaustive()
     }
+}
+
+/// `sender - now` in milliseconds, saturated to the `i64` range (a garbage
+/// timestamp from a key holder must not overflow).
+fn offset_ms(sender_ms: u64, now_ms: u64) -> i64 {
+    let diff = i128::from(sender_ms) - i128::from(now_ms);
+    i64::try_from(diff).unwrap_or(if diff < 0 { i64::MIN } else { i64::MAX })
 }
 
 /// The clear header's fields.
@@ -719,10 +756,13 @@ mod tests {
             rx.unseal(Channel::Udp, &p, T0 + REPLAY_WINDOW_MS),
             Err(Reject::Replay)
         );
-        // Past the window the timestamp check catches it.
+        // Past the window the timestamp check catches it first; its
+        // "offset" is then the packet's age.
         assert_eq!(
             rx.unseal(Channel::Udp, &p, T0 + REPLAY_WINDOW_MS + 1),
-            Err(Reject::Replay)
+            Err(Reject::ClockSkew {
+                offset_ms: -(REPLAY_WINDOW_MS as i64) - 1
+            })
         );
     }
 
@@ -745,9 +785,81 @@ mod tests {
             if ok {
                 assert_eq!(got.unwrap(), b"t", "sent {sent} now {now}");
             } else {
-                assert_eq!(got, Err(Reject::Replay), "sent {sent} now {now}");
+                assert!(
+                    matches!(got, Err(Reject::ClockSkew { .. })),
+                    "sent {sent} now {now}: {got:?}"
+                );
             }
         }
+    }
+
+    #[test]
+    fn sender_time_outside_the_window_is_clock_skew_with_the_signed_offset() {
+        let tx = sealer(&[OLD]);
+        let rx = sealer(&[OLD]);
+        // The sender's clock is 60 s ahead of ours, then 60 s behind.
+        for (sent, want) in [(T0 + 60_000, 60_000), (T0 - 60_000, -60_000)] {
+            let p = seal(&tx, Channel::Udp, b"skewed", sent);
+            assert_eq!(
+                rx.unseal(Channel::Udp, &p, T0),
+                Err(Reject::ClockSkew { offset_ms: want })
+            );
+            let p = seal(&tx, Channel::Tcp, b"skewed", sent);
+            assert_eq!(
+                rx.unseal(Channel::Tcp, &p, T0),
+                Err(Reject::ClockSkew { offset_ms: want })
+            );
+        }
+        // Extreme timestamps saturate instead of overflowing.
+        let p = seal(&tx, Channel::Udp, b"far", u64::MAX);
+        assert_eq!(
+            rx.unseal(Channel::Udp, &p, 0),
+            Err(Reject::ClockSkew {
+                offset_ms: i64::MAX
+            })
+        );
+        let p = seal(&tx, Channel::Udp, b"far", 0);
+        assert_eq!(
+            rx.unseal(Channel::Udp, &p, u64::MAX),
+            Err(Reject::ClockSkew {
+                offset_ms: i64::MIN
+            })
+        );
+        assert_eq!(rx.replay_len(), 0);
+    }
+
+    #[test]
+    fn clock_skew_is_decided_only_after_authentication() {
+        let rx = sealer(&[OLD]);
+        // Skewed and forged, or skewed and from another cluster: the earlier
+        // check names it, so a stranger cannot pose as a skewed peer.
+        let mut forged = seal(&sealer(&[OLD]), Channel::Udp, b"x", T0 + 60_000);
+        let last = forged.len() - 1;
+        forged[last] ^= 1;
+        assert_eq!(rx.unseal(Channel::Udp, &forged, T0), Err(Reject::Decrypt));
+        let other = Sealer::new("prod-us", ring(&[OLD]));
+        let p = seal(&other, Channel::Udp, b"x", T0 + 60_000);
+        assert_eq!(rx.unseal(Channel::Udp, &p, T0), Err(Reject::Cluster));
+        let p = seal(&sealer(&[NEW]), Channel::Udp, b"x", T0 + 60_000);
+        assert_eq!(rx.unseal(Channel::Udp, &p, T0), Err(Reject::Decrypt));
+    }
+
+    #[test]
+    fn skewed_packet_is_not_remembered_and_opens_once_the_clocks_agree() {
+        let tx = sealer(&[OLD]);
+        let rx = sealer(&[OLD]);
+        let p = seal(&tx, Channel::Udp, b"early", T0 + 45_000);
+        assert_eq!(
+            rx.unseal(Channel::Udp, &p, T0),
+            Err(Reject::ClockSkew { offset_ms: 45_000 })
+        );
+        assert_eq!(rx.replay_len(), 0);
+        // Our clock caught up: the same packet opens, once; then it is a replay.
+        assert_eq!(rx.unseal(Channel::Udp, &p, T0 + 20_000).unwrap(), b"early");
+        assert_eq!(
+            rx.unseal(Channel::Udp, &p, T0 + 20_001),
+            Err(Reject::Replay)
+        );
     }
 
     #[test]
@@ -757,7 +869,7 @@ mod tests {
         let p = seal(&tx, Channel::Udp, b"late", T0);
         assert_eq!(
             rx.unseal(Channel::Udp, &p, T0 + 60_000),
-            Err(Reject::Replay)
+            Err(Reject::ClockSkew { offset_ms: -60_000 })
         );
         assert_eq!(rx.replay_len(), 0);
     }
@@ -911,9 +1023,28 @@ mod tests {
     #[test]
     fn reject_labels_match_the_metric_spec() {
         let labels: Vec<_> = Reject::ALL.iter().map(|r| r.label()).collect();
-        assert_eq!(labels, ["decrypt", "cluster", "replay", "decode", "size"]);
+        assert_eq!(
+            labels,
+            [
+                "decrypt",
+                "cluster",
+                "replay",
+                "clock_skew",
+                "decode",
+                "size"
+            ]
+        );
+        assert_eq!(Reject::ClockSkew { offset_ms: -5 }.label(), "clock_skew");
         assert_eq!(Channel::Udp.label(), "udp");
         assert_eq!(Channel::Tcp.to_string(), "tcp");
+    }
+
+    #[test]
+    fn clock_skew_error_names_the_offset_and_the_fix() {
+        let msg = Reject::ClockSkew { offset_ms: 60_123 }.to_string();
+        assert!(msg.contains("60123 ms"), "{msg}");
+        assert!(msg.contains("30 s window"), "{msg}");
+        assert!(msg.contains("NTP"), "{msg}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::mesh::meta::{AcmeInfo, CertificateInfo, LastReload, ProxyInfo};
+use crate::mesh::seal::SkewedPeer;
 
 /// A member's membership state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -79,6 +80,12 @@ pub struct NodeStatus {
     pub last_seen_ms_ago: u64,
     /// `healthy` when alive and its own readiness holds.
     pub health: String,
+    /// On the local node only: the peers whose packets it rejected for
+    /// clock skew in the last minute. Such a peer is not a member (its
+    /// packets never reach foca), so this is where it shows. Absent when
+    /// there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clock_skew: Vec<ClockSkewPeer>,
     /// Its sbmesh version, once its metadata arrived.
     pub version: Option<String>,
     /// The config its proxy runs.
@@ -95,6 +102,32 @@ pub struct NodeStatus {
     /// the other modes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyInfo>,
+}
+
+/// A peer whose mesh packets authenticated but were stamped outside the
+/// 30 s window (`nodes[].clock_skew`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSkewPeer {
+    /// The source address of its packets.
+    pub address: String,
+    /// Its clock minus ours, in milliseconds, from its latest rejected
+    /// packet: positive when its clock is ahead.
+    pub offset_ms: i64,
+    /// Its packets rejected for clock skew since it was first listed.
+    pub rejected_packets: u64,
+    /// Since its latest rejected packet.
+    pub last_rejected_ms_ago: u64,
+}
+
+impl From<&SkewedPeer> for ClockSkewPeer {
+    fn from(p: &SkewedPeer) -> Self {
+        Self {
+            address: p.address.to_string(),
+            offset_ms: p.offset_ms,
+            rejected_packets: p.rejected,
+            last_rejected_ms_ago: u64::try_from(p.last_ago.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
 }
 
 impl ClusterStatus {
