@@ -44,6 +44,8 @@
 //! holder id is not handed out again: a restarted process waits for its old
 //! lease to expire rather than share it with a predecessor that may still be
 //! running.
+//! A caller that knows its predecessor is dead (a pod name runs once)
+//! ends that lease with [`LeaseLock::release_predecessor`] instead.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
