@@ -261,7 +261,9 @@ fn s3_fleet_issues_each_host_once() {
 
 /// The owner of a host dies (kill -9) while Pebble is validating its
 /// order: another replica completes the host once the order lock's lease
-/// expires, and Pebble still issued exactly one certificate.
+/// expires, and Pebble still issued exactly one certificate. While the
+/// lease runs out, the live replicas make a few store operations a second
+/// (the busy lock is looked at every few seconds, not in a loop).
 #[test]
 fn kill_9_mid_order_another_replica_completes_it() {
     let Some(pebble) = Pebble::from_env() else {
@@ -299,6 +301,13 @@ fn kill_9_mid_order_another_replica_completes_it() {
     let next = (owner + 1) % 3;
     pebble.route(host, ips[next]);
     let live: Vec<usize> = (0..3).filter(|i| *i != owner).collect();
+    let store_ops = |i: usize| {
+        cluster.nodes[i]
+            .metrics()
+            .and_then(|m| metric_sum(&m, "store_operations_total", &[]))
+            .unwrap_or(0.0)
+    };
+    let ops_before: Vec<f64> = live.iter().map(|&i| store_ops(i)).collect();
     cluster.wait_until("the live replicas have the certificate", || {
         live.iter().all(|&i| {
             cluster.nodes[i]
@@ -306,10 +315,23 @@ fn kill_9_mid_order_another_replica_completes_it() {
                 .is_some_and(|s| own_certs(&s).contains_key(host))
         })
     });
-    eprintln!(
-        "completed {:.1}s after the kill",
-        killed_at.elapsed().as_secs_f64()
-    );
+    let waited = killed_at.elapsed().as_secs_f64();
+    eprintln!("completed {waited:.1}s after the kill");
+    // While the dead owner's lease ran out, the new owner looked at the
+    // lock every few seconds: a few store operations a second, not a spin.
+    for (k, &i) in live.iter().enumerate() {
+        let ops = store_ops(i) - ops_before[k];
+        let rate = ops / waited;
+        eprintln!(
+            "{}: {ops} store operations in {waited:.1}s ({rate:.1}/s)",
+            cluster.nodes[i].id()
+        );
+        assert!(
+            rate < 20.0,
+            "{} made {ops} store operations in {waited:.1}s ({rate:.0}/s) while the dead owner's lease ran out",
+            cluster.nodes[i].id()
+        );
+    }
     let mut cache = SerialCache::default();
     let counts = pebble.issued_counts(&hosts, &mut cache);
     assert_eq!(counts[host], 1, "one certificate for {host} at Pebble");
