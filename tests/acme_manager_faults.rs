@@ -483,3 +483,107 @@ async fn attempts_that_never_reach_the_ca_spend_no_budget() {
     );
     replica.stop().await;
 }
+
+/// A CA whose directory, nonces and accounts answer, but whose newOrder URL
+/// is a port where nothing listens: every order fails before it reaches
+/// the CA, after the budget was taken. Returns the directory URL.
+async fn ca_without_new_order(ip: Ipv4Addr) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::http::{StatusCode, header};
+    use axum::routing::{get, post};
+    let closed = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let nonce = || [(header::HeaderName::from_static("replay-nonce"), "bm9uY2U")];
+    let directory = serde_json::json!({
+        "newNonce": format!("{base}/nonce"),
+        "newAccount": format!("{base}/account"),
+        "newOrder": format!("http://{ip}:{closed_port}/order"),
+    });
+    let account = format!("{base}/acct/1");
+    let app = axum::Router::new()
+        .route(
+            "/dir",
+            get(move || {
+                let d = directory.clone();
+                async move { axum::Json(d) }
+            }),
+        )
+        .route(
+            "/nonce",
+            get(move || async move { (StatusCode::OK, nonce()) })
+                .head(move || async move { (StatusCode::OK, nonce()) }),
+        )
+        .route(
+            "/account",
+            post(move || {
+                let location = account.clone();
+                async move {
+                    (
+                        StatusCode::CREATED,
+                        [
+                            (
+                                header::HeaderName::from_static("replay-nonce"),
+                                "bm9uY2U".to_owned(),
+                            ),
+                            (header::LOCATION, location),
+                        ],
+                        axum::Json(serde_json::json!({"status": "valid"})),
+                    )
+                }
+            }),
+        );
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("{base}/dir"), task)
+}
+
+#[tokio::test]
+async fn a_new_order_that_never_reached_the_ca_gives_its_budget_back() {
+    let ip = Ipv4Addr::new(127, 0, 43, 7);
+    let (directory, _ca) = ca_without_new_order(ip).await;
+    let hosts: Vec<String> = (0..10).map(|i| format!("h{i}.neworder.test")).collect();
+    let mut text = format!(
+        "proxy:\n  extensions:\n    sbmesh:\n      acme:\n        enabled: true\n        \
+         directory_url: {directory}\n        storage_backend: memory\norigins:\n"
+    );
+    for h in &hosts {
+        text.push_str(&format!("  \"{h}\": {{}}\n"));
+    }
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let replica = Replica::start(
+        "faults-neworder",
+        Ipv4Addr::new(127, 0, 43, 8),
+        &store,
+        Arc::new(sbmesh::config::parse(&text).expect("a valid config")),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "every host's first attempt failed",
+        || {
+            let done = replica.orders("failed") >= hosts.len() as f64;
+            async move { done }
+        },
+    )
+    .await;
+    let key = keys::order_budget(&keys::directory_id(&directory));
+    let budget: OrderBudget = serde_json::from_slice(
+        &store
+            .get(&key)
+            .await
+            .unwrap()
+            .expect("the budget was taken (the account was ready)")
+            .value,
+    )
+    .expect("a budget record");
+    assert_eq!(
+        budget.used,
+        0,
+        "{} newOrder requests that never reached the CA spent the budget: {budget:?}",
+        hosts.len()
+    );
+    replica.stop().await;
+}

@@ -580,9 +580,10 @@ const FAILURE_SUMMARY_EVERY: Duration = Duration::from_secs(30);
 /// Units named in a summary line.
 const FAILURE_EXAMPLES: usize = 3;
 
-/// The failed orders not yet summarised.
-#[derive(Default)]
+/// The failed (or deferred) orders not yet summarised.
 struct FailedOrders {
+    /// What happened to them: "failed" or "deferred".
+    what: &'static str,
     count: usize,
     /// The first few: unit id, its failure count, its next attempt, the error.
     examples: Vec<(String, u32, u64, String)>,
@@ -590,6 +591,15 @@ struct FailedOrders {
 }
 
 impl FailedOrders {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            count: 0,
+            examples: Vec::new(),
+            last_summary: None,
+        }
+    }
+
     fn note(&mut self, id: &str, failures: &Failures, error: &str) {
         self.count += 1;
         if self.examples.len() < FAILURE_EXAMPLES {
@@ -618,14 +628,15 @@ impl FailedOrders {
         let Some((id, failures, next_attempt_unix, error)) = examples.first() else {
             return;
         };
+        let what = self.what;
         if count == 1 {
-            warn!(unit = %id, failures, next_attempt_unix, "order failed: {error}");
+            warn!(unit = %id, failures, next_attempt_unix, "order {what}: {error}");
         } else {
             let units: Vec<&str> = examples.iter().map(|e| e.0.as_str()).collect();
             warn!(
-                failed = count,
+                count,
                 examples = %units.join(", "),
-                "{count} orders failed (each retried with backoff; per unit at debug); {id}: {error}"
+                "{count} orders {what} (each tried again later; per unit at debug); {id}: {error}"
             );
         }
     }
@@ -699,6 +710,7 @@ struct Runner {
     last_alive: Vec<String>,
     view_changed: Instant,
     failed_orders: FailedOrders,
+    deferred_orders: FailedOrders,
 }
 
 impl Runner {
@@ -731,7 +743,8 @@ impl Runner {
             last_full_check: Instant::now(),
             last_alive: Vec::new(),
             view_changed: Instant::now(),
-            failed_orders: FailedOrders::default(),
+            failed_orders: FailedOrders::new("failed"),
+            deferred_orders: FailedOrders::new("deferred"),
             cfg,
         }
     }
@@ -756,6 +769,7 @@ impl Runner {
                 self.handle(event);
             }
             self.failed_orders.summarise(Instant::now());
+            self.deferred_orders.summarise(Instant::now());
             if self.reload_pending {
                 self.reload_pending = false;
                 (self.certificates_changed)();
@@ -913,7 +927,6 @@ impl Runner {
                     }
                     OrderOutcome::Deferred { until, why, shared } => {
                         self.metrics.acme.order("skipped");
-                        warn!(unit = %id, until, "order deferred: {why}");
                         match shared {
                             Some(f) => state.view.failures = f,
                             None => state
@@ -921,6 +934,8 @@ impl Runner {
                                 .failures
                                 .record(now, Some(until.saturating_sub(now))),
                         }
+                        debug!(unit = %id, until, "order deferred: {why}");
+                        self.deferred_orders.note(&id, &state.view.failures, &why);
                     }
                     OrderOutcome::Failed {
                         error,
