@@ -587,3 +587,233 @@ async fn a_new_order_that_never_reached_the_ca_gives_its_budget_back() {
     );
     replica.stop().await;
 }
+
+/// What the ARI-speaking fake CA saw.
+#[derive(Default)]
+struct AriCaLog {
+    /// newOrder requests: (identifiers, `replaces` field).
+    orders: Vec<(Vec<String>, Option<String>)>,
+    /// renewalInfo requests: the certificate ids asked about.
+    ari_asked: Vec<String>,
+}
+
+/// A CA that offers ARI: it serves its directory, nonces and accounts,
+/// answers renewalInfo with a window in the past ("renew now") and a
+/// `Retry-After` of an hour, and refuses every newOrder (503) after
+/// noting what it asked for.
+async fn ca_with_ari(
+    ip: Ipv4Addr,
+) -> (
+    String,
+    Arc<std::sync::Mutex<AriCaLog>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use axum::extract::Path as UrlPath;
+    use axum::http::{StatusCode, header};
+    use axum::routing::{get, post};
+    use base64::Engine as _;
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let log = Arc::new(std::sync::Mutex::new(AriCaLog::default()));
+    let nonce = header::HeaderName::from_static("replay-nonce");
+    let directory = serde_json::json!({
+        "newNonce": format!("{base}/nonce"),
+        "newAccount": format!("{base}/account"),
+        "newOrder": format!("{base}/order"),
+        "renewalInfo": format!("{base}/ari"),
+    });
+    let account = format!("{base}/acct/1");
+    let (n1, n2, n3, n4) = (nonce.clone(), nonce.clone(), nonce.clone(), nonce.clone());
+    let (orders_log, ari_log) = (log.clone(), log.clone());
+    let app = axum::Router::new()
+        .route(
+            "/dir",
+            get(move || {
+                let d = directory.clone();
+                async move { axum::Json(d) }
+            }),
+        )
+        .route(
+            "/nonce",
+            get(move || async move { (StatusCode::OK, [(n1, "bm9uY2U")]) })
+                .head(move || async move { (StatusCode::OK, [(n2, "bm9uY2U")]) }),
+        )
+        .route(
+            "/account",
+            post(move || {
+                let location = account.clone();
+                async move {
+                    (
+                        StatusCode::CREATED,
+                        [(n3, "bm9uY2U".to_owned()), (header::LOCATION, location)],
+                        axum::Json(serde_json::json!({"status": "valid"})),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/order",
+            post(move |body: axum::body::Bytes| async move {
+                let jws: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let payload = jws["payload"].as_str().unwrap_or_default();
+                let payload: serde_json::Value = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(payload)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or_default();
+                let ids = payload["identifiers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| i["value"].as_str().map(str::to_owned))
+                    .collect();
+                let replaces = payload["replaces"].as_str().map(str::to_owned);
+                orders_log.lock().unwrap().orders.push((ids, replaces));
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(n4, "bm9uY2U"), (header::CONTENT_TYPE, "application/problem+json")],
+                    r#"{"type":"urn:ietf:params:acme:error:serverInternal","detail":"not today","status":503}"#,
+                )
+            }),
+        )
+        .route(
+            "/ari/{id}",
+            get(move |UrlPath(id): UrlPath<String>| async move {
+                ari_log.lock().unwrap().ari_asked.push(id);
+                (
+                    StatusCode::OK,
+                    [(header::RETRY_AFTER, "3600")],
+                    axum::Json(serde_json::json!({
+                        "suggestedWindow": {
+                            "start": "2020-01-01T00:00:00Z",
+                            "end": "2020-01-02T00:00:00Z"
+                        }
+                    })),
+                )
+            }),
+        );
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("{base}/dir"), log, task)
+}
+
+/// A certificate for `host` from a throwaway CA, with the authority key
+/// identifier ARI names it by: (chain PEM, key PEM).
+fn ari_certificate(host: &str) -> (String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.clone().self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec![host.to_owned()]).unwrap();
+    params.use_authority_key_identifier_extension = true;
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(89);
+    let leaf = params.signed_by(&key, &issuer).unwrap();
+    (
+        format!("{}{}", leaf.pem(), ca_cert.pem()),
+        key.serialize_pem(),
+    )
+}
+
+#[tokio::test]
+async fn a_renewal_asked_for_by_ari_names_the_certificate_it_replaces() {
+    use sbmesh::acme::certs::CertRecord;
+    use sbmesh::acme::issuer::certificate_identifier;
+    use sbmesh::store::lock::put_fenced;
+    let (directory, ca, _task) = ca_with_ari(Ipv4Addr::new(127, 0, 43, 9)).await;
+    let renewed = "renew.ari.test".to_owned();
+    // A second origin without a certificate: its order builds the issuer.
+    let fresh = "fresh.ari.test".to_owned();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    // The stored certificate of `renewed`, valid for 89 more days.
+    let (chain, key_pem) = ari_certificate(&renewed);
+    let facts = parse_chain(&chain).unwrap();
+    let record = CertRecord {
+        host: renewed.clone(),
+        hosts: facts.dns_names.clone(),
+        chain_pem: chain.clone(),
+        key_pem,
+        not_before_unix: facts.not_before_unix,
+        not_after_unix: facts.not_after_unix,
+        serial: facts.serial.clone(),
+        issued_at_unix: facts.not_before_unix,
+        issued_by: "earlier".into(),
+    };
+    let unit = CertUnit::per_host(&renewed);
+    let lock = LeaseLock::new(store.clone(), &unit.lock_name());
+    let lease = lock
+        .try_acquire("earlier/0", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let value = record.encode(None, &unit.store_key()).unwrap();
+    put_fenced(store.as_ref(), &unit.store_key(), &value, &lease)
+        .await
+        .unwrap();
+    lock.release(&lease).await.unwrap();
+    let ari_id = certificate_identifier(&chain).unwrap().to_string();
+
+    let text = format!(
+        "proxy:\n  extensions:\n    sbmesh:\n      acme:\n        enabled: true\n        \
+         directory_url: {directory}\n        storage_backend: memory\norigins:\n  \
+         \"{renewed}\": {{}}\n  \"{fresh}\": {{}}\n"
+    );
+    let replica = Replica::start(
+        "faults-ari",
+        Ipv4Addr::new(127, 0, 43, 10),
+        &store,
+        Arc::new(sbmesh::config::parse(&text).expect("a valid config")),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "the renewal the CA asked for was ordered",
+        || {
+            let done = ca
+                .lock()
+                .unwrap()
+                .orders
+                .iter()
+                .any(|(ids, _)| ids.contains(&renewed));
+            async move { done }
+        },
+    )
+    .await;
+    let (asked, replaces) = {
+        let log = ca.lock().unwrap();
+        let replaces: Vec<Option<String>> = log
+            .orders
+            .iter()
+            .filter(|(ids, _)| ids.contains(&renewed))
+            .map(|(_, r)| r.clone())
+            .collect();
+        (log.ari_asked.clone(), replaces)
+    };
+    assert_eq!(
+        asked,
+        vec![ari_id.clone()],
+        "asked about the stored certificate once"
+    );
+    assert_eq!(
+        replaces[0].as_deref(),
+        Some(ari_id.as_str()),
+        "the renewal names the certificate it replaces"
+    );
+    // The CA's answer and its Retry-After are shared with every replica.
+    let state = shared_state(&store, &directory, &renewed)
+        .await
+        .expect("the shared state of the renewed certificate");
+    let ari = state.ari.expect("the CA's answer is shared");
+    assert_eq!(ari.serial, facts.serial);
+    let now = sbmesh::store::now_unix_ms() / 1000;
+    assert!(
+        ari.next_check_unix > now + 3500 && ari.next_check_unix <= now + 3600,
+        "not asked again before the CA's Retry-After of an hour: {ari:?}"
+    );
+    replica.stop().await;
+}
