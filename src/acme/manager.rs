@@ -40,13 +40,11 @@ use tokio::sync::{Mutex, Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::acme::account::one_line;
-use crate::acme::account::{AccountSettings, load_or_create};
+use crate::acme::account::{AccountSettings, load_or_create, one_line};
 use crate::acme::certs::{CertRecord, key_matches, parse_chain};
 use crate::acme::challenge::ChallengeBook;
 use crate::acme::deliver::{host_dir, read_pair, write_pair};
-use crate::acme::issuer::Issuer;
-use crate::acme::issuer::certificate_identifier;
+use crate::acme::issuer::{Issuer, certificate_identifier};
 use crate::acme::keys;
 use crate::acme::ownership::owner;
 use crate::acme::placeholder::{PLACEHOLDER_REFRESH_SECS, is_placeholder};
@@ -58,8 +56,7 @@ use crate::config::{AcmeSection, CertificateMode, SbConfig};
 use crate::mesh::seal::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
-use crate::store::lock::Lease;
-use crate::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
+use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
 use crate::store::{Store, StoreError, now_unix_ms};
 
 /// How the manager behaves; the defaults suit production.
@@ -113,9 +110,7 @@ impl AcmeManagerConfig {
             missing_check_every: Duration::from_secs(2),
         }
     }
-}
 
-impl AcmeManagerConfig {
     /// The holder id of this process's leases: `<node id>/<boot id>`.
     pub fn holder_id(&self) -> String {
         format!("{}/{}", self.node_id, self.boot_id)
