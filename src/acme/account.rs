@@ -752,6 +752,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn logged_errors_are_one_line() {
+        assert_eq!(one_line("plain"), "plain");
+        assert_eq!(
+            one_line("Fetching http://a.test/x:\n  Connection refused\r\n"),
+            "Fetching http://a.test/x: Connection refused"
+        );
+        let e = AcmeError::Refused {
+            op: "create the order",
+            problem_type: "malformed".into(),
+            detail: "x".into(),
+            status: None,
+            retry_after: None,
+        };
+        assert!(
+            e.to_string()
+                .starts_with("the ACME CA refused to create the order:"),
+            "{e}"
+        );
+        let e = AcmeError::Unreachable {
+            op: "create the order",
+            message: "connection refused".into(),
+            retry_after: None,
+        };
+        assert!(
+            e.to_string()
+                .starts_with("cannot reach the ACME CA to create the order:"),
+            "{e}"
+        );
+        assert!(e.never_reached_ca());
+        let e = AcmeError::Unreachable {
+            op: "finalize the order",
+            message: "connection reset".into(),
+            retry_after: None,
+        };
+        assert!(!e.never_reached_ca(), "the order exists at the CA");
+    }
+
+    #[test]
     fn permanent_problems_are_not_retryable() {
         let refused = |t: &str| AcmeError::Refused {
             op: "x",

@@ -496,6 +496,43 @@ impl Drop for Tokens {
 mod tests {
     use super::*;
 
+    /// A leaf with serial `0a0b` signed by a fresh CA, with the authority
+    /// key identifier ARI needs.
+    fn leaf_pem() -> String {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SerialNumber};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["a.example.com".to_owned()]).unwrap();
+        params.serial_number = Some(SerialNumber::from_slice(&[0x0a, 0x0b]));
+        params.use_authority_key_identifier_extension = true;
+        params.signed_by(&key, &issuer).unwrap().pem()
+    }
+
+    #[test]
+    fn a_renewal_order_names_the_certificate_it_replaces() {
+        let identifiers = [Identifier::Dns("a.example.com".to_owned())];
+        let id = certificate_identifier(&leaf_pem()).unwrap();
+        let text = id.to_string();
+        // RFC 9773: base64url(authority key id) "." base64url(serial).
+        let (aki, serial) = text.split_once('.').expect("two parts");
+        assert!(!aki.is_empty() && !aki.contains('='), "{text}");
+        assert_eq!(serial, "Cgs", "the serial 0a0b, base64url");
+        let body = serde_json::to_value(new_order(&identifiers, Some(id))).unwrap();
+        assert_eq!(body["replaces"], serde_json::json!(text), "{body}");
+        assert_eq!(body["identifiers"][0]["value"], "a.example.com");
+        // A first order (or a CA without ARI): no field at all.
+        let body = serde_json::to_value(new_order(&identifiers, None)).unwrap();
+        assert!(body.get("replaces").is_none(), "{body}");
+        // A placeholder (self-signed, no authority key id) has no ARI id.
+        let (placeholder, _) =
+            crate::acme::placeholder::generate(&["a.example.com".to_owned()], 1_800_000_000)
+                .unwrap();
+        assert!(certificate_identifier(&placeholder).is_err());
+    }
+
     #[test]
     fn hosts_are_normalized() {
         let hosts = vec![
