@@ -261,7 +261,9 @@ fn s3_fleet_issues_each_host_once() {
 
 /// The owner of a host dies (kill -9) while Pebble is validating its
 /// order: another replica completes the host once the order lock's lease
-/// expires, and Pebble still issued exactly one certificate.
+/// expires, and Pebble still issued exactly one certificate. While the
+/// lease runs out, the live replicas make a few store operations a second
+/// (the busy lock is looked at every few seconds, not in a loop).
 #[test]
 fn kill_9_mid_order_another_replica_completes_it() {
     let Some(pebble) = Pebble::from_env() else {
@@ -299,6 +301,13 @@ fn kill_9_mid_order_another_replica_completes_it() {
     let next = (owner + 1) % 3;
     pebble.route(host, ips[next]);
     let live: Vec<usize> = (0..3).filter(|i| *i != owner).collect();
+    let store_ops = |i: usize| {
+        cluster.nodes[i]
+            .metrics()
+            .and_then(|m| metric_sum(&m, "store_operations_total", &[]))
+            .unwrap_or(0.0)
+    };
+    let ops_before: Vec<f64> = live.iter().map(|&i| store_ops(i)).collect();
     cluster.wait_until("the live replicas have the certificate", || {
         live.iter().all(|&i| {
             cluster.nodes[i]
@@ -306,10 +315,23 @@ fn kill_9_mid_order_another_replica_completes_it() {
                 .is_some_and(|s| own_certs(&s).contains_key(host))
         })
     });
-    eprintln!(
-        "completed {:.1}s after the kill",
-        killed_at.elapsed().as_secs_f64()
-    );
+    let waited = killed_at.elapsed().as_secs_f64();
+    eprintln!("completed {waited:.1}s after the kill");
+    // While the dead owner's lease ran out, the new owner looked at the
+    // lock every few seconds: a few store operations a second, not a spin.
+    for (k, &i) in live.iter().enumerate() {
+        let ops = store_ops(i) - ops_before[k];
+        let rate = ops / waited;
+        eprintln!(
+            "{}: {ops} store operations in {waited:.1}s ({rate:.1}/s)",
+            cluster.nodes[i].id()
+        );
+        assert!(
+            rate < 20.0,
+            "{} made {ops} store operations in {waited:.1}s ({rate:.0}/s) while the dead owner's lease ran out",
+            cluster.nodes[i].id()
+        );
+    }
     let mut cache = SerialCache::default();
     let counts = pebble.issued_counts(&hosts, &mut cache);
     assert_eq!(counts[host], 1, "one certificate for {host} at Pebble");
@@ -481,4 +503,155 @@ fn pod_local_store_with_peers_refuses_to_order() {
             n.id()
         );
     }
+}
+
+/// A CA that is down for account creation, on `ip`: it serves its
+/// directory and nonces, and answers every other request with a 503
+/// problem document whose explanation has a line break (as a CA's
+/// multi-line detail can). Returns its directory URL; the thread ends with
+/// the test process.
+fn ca_that_is_down(ip: Ipv4Addr) -> String {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind((ip, 0)).expect("bind the CA that is down");
+    let base = format!("http://{}", listener.local_addr().expect("local addr"));
+    let url = format!("{base}/directory");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                // The request line and headers, then the body they announce.
+                let mut req = Vec::new();
+                let mut buf = [0u8; 8192];
+                let head_end = loop {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                    if let Some(i) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&req[..head_end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while req.len() < head_end + length {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let path = head.split_whitespace().nth(1).unwrap_or("/").to_owned();
+                let (status, kind, body) = if path == "/directory" {
+                    let body = format!(
+                        r#"{{"newNonce":"{base}/nonce","newAccount":"{base}/account","newOrder":"{base}/order"}}"#
+                    );
+                    ("200 OK", "application/json", body)
+                } else if path == "/nonce" {
+                    ("200 OK", "text/plain", String::new())
+                } else {
+                    let body = r#"{"type":"urn:ietf:params:acme:error:serverInternal","detail":"the CA is down\nfor maintenance","status":503}"#;
+                    (
+                        "503 Service Unavailable",
+                        "application/problem+json",
+                        body.to_owned(),
+                    )
+                };
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\nreplay-nonce: bm9uY2U\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    url
+}
+
+/// A CA that is down, 300 origins and a wildcard, one sidecar: the log
+/// says each thing once and on one line. The wildcard warning appears
+/// once; the failed orders are summarised in a few warn lines (not one per
+/// origin); every record is one line (the CA's line break does not split
+/// it).
+#[test]
+fn a_ca_that_is_down_is_reported_in_a_few_one_line_warnings() {
+    let ip = Ipv4Addr::new(127, 0, 58, 1);
+    let directory = ca_that_is_down(Ipv4Addr::new(127, 0, 58, 9));
+    let hosts: Vec<String> = (0..300).map(|i| format!("h{i}.down.test")).collect();
+    let mut config = format!(
+        "proxy:\n  admin:\n    enabled: true\n    port: 9090\n  extensions:\n    sbmesh:\n      \
+         acme:\n        enabled: true\n        email: ops@example.com\n        directory_url: \"{directory}\"\n        \
+         storage_backend: memory\norigins:\n  \"*.wild.down.test\": {{}}\n"
+    );
+    for h in &hosts {
+        config.push_str(&format!("  \"{h}\": {{}}\n"));
+    }
+    let mut cluster = Cluster::new("127.0.58");
+    write_atomic(&cluster.config, &config);
+    let mut opts = cluster.default_opts(1, 1);
+    opts.ip = ip;
+    opts.seeds = Vec::new();
+    cluster.spawn(opts);
+    let node = &cluster.nodes[0];
+    // Until the failures are reported: in a summary (the first failure is
+    // logged at once, the others together a little later), or in more warn
+    // lines than a summary would take.
+    cluster.wait_until(
+        "every origin's first attempt failed and was reported",
+        || {
+            let log = node.log_tail(100_000);
+            node.metrics().is_some_and(|m| {
+                metric_sum(&m, "acme_orders_total", &[("result", "failed")]).unwrap_or(0.0)
+                    >= hosts.len() as f64
+            }) && (log.contains("orders failed") || log.matches(" WARN ").count() > 10)
+        },
+    );
+    let log = std::fs::read_to_string(&node.log_path).expect("the node's log");
+    let records: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.starts_with("=== spawn"))
+        .collect();
+    // Text format: every record starts with its timestamp (RFC 3339).
+    let stray: Vec<&&str> = records
+        .iter()
+        .filter(|l| {
+            !l.get(..4)
+                .is_some_and(|y| y.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "lines that are not a record of their own: {stray:#?}"
+    );
+    let wildcard = records
+        .iter()
+        .filter(|l| l.contains("*.wild.down.test") && l.contains("not eligible"))
+        .count();
+    assert_eq!(wildcard, 1, "the wildcard warning, once:\n{log}");
+    let warns: Vec<&&str> = records.iter().filter(|l| l.contains(" WARN ")).collect();
+    assert!(
+        warns.len() <= 10,
+        "{} warn lines for {} failed origins:\n{}",
+        warns.len(),
+        hosts.len(),
+        truncate(
+            &warns
+                .iter()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            4000
+        )
+    );
+    assert!(
+        warns
+            .iter()
+            .any(|l| l.contains("orders failed") && l.contains("for maintenance")),
+        "a summary that says what failed and why:\n{}",
+        truncate(&log, 4000)
+    );
 }

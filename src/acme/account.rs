@@ -74,7 +74,7 @@ pub enum AcmeError {
     Config(String),
     /// The CA could not be reached, or did not answer in time.
     #[error(
-        "cannot reach the ACME CA during {op}: {message}; check directory_url, ca_root and the network path to the CA"
+        "cannot reach the ACME CA to {op}: {message}; check directory_url, ca_root and the network path to the CA"
     )]
     Unreachable {
         /// What was being done.
@@ -86,7 +86,7 @@ pub enum AcmeError {
     },
     /// The CA refused a request with a problem document (RFC 8555 6.7).
     #[error(
-        "the ACME CA refused {op}: {problem_type}: {detail}{}",
+        "the ACME CA refused to {op}: {problem_type}: {detail}{}",
         hint(problem_type)
     )]
     Refused {
@@ -115,7 +115,7 @@ pub enum AcmeError {
     },
     /// The order did not reach the next state within the polling budget.
     #[error(
-        "ACME order timed out during {op}: the CA did not move the order on in time; try again later"
+        "ACME order timed out trying to {op}: the CA did not move the order on in time; try again later"
     )]
     Timeout {
         /// What was being waited for.
@@ -152,13 +152,34 @@ pub enum AcmeError {
         source: StoreError,
     },
     /// The CA answered something this client cannot use.
-    #[error("unexpected answer from the ACME CA during {op}: {message}")]
+    #[error("unexpected answer from the ACME CA trying to {op}: {message}")]
     Protocol {
         /// What was being done.
         op: &'static str,
         /// What was wrong.
         message: String,
     },
+}
+
+/// `text` as one line: line breaks and other control characters become
+/// spaces, so an error with a CA's multi-line explanation stays one
+/// record in a line-based log collector.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    for part in text.split(|c: char| c.is_control()) {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(part);
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn hint(problem_type: &str) -> &'static str {
@@ -202,6 +223,8 @@ impl AcmeError {
                     detail.push_str("; ");
                     detail.push_str(&sub.to_string());
                 }
+                // The CA's text goes into one log line.
+                let detail = one_line(&detail).into_owned();
                 AcmeError::Refused {
                     op,
                     problem_type,
@@ -218,12 +241,12 @@ impl AcmeError {
             },
             E::Other(inner) if inner.is::<RequestError>() => AcmeError::Unreachable {
                 op,
-                message: inner.to_string(),
+                message: one_line(&inner.to_string()).into_owned(),
                 retry_after,
             },
             E::Hyper(e) => AcmeError::Unreachable {
                 op,
-                message: error_chain(&e),
+                message: one_line(&error_chain(&e)).into_owned(),
                 retry_after,
             },
             E::InvalidUri(e) => AcmeError::Config(format!(
@@ -231,9 +254,16 @@ impl AcmeError {
             )),
             other => AcmeError::Protocol {
                 op,
-                message: error_chain(&other),
+                message: one_line(&error_chain(&other)).into_owned(),
             },
         }
+    }
+
+    /// Whether the failed request never reached the CA: a newOrder that
+    /// could not be sent (no connection, no nonce) did not count against
+    /// the CA's limits, nor against the cluster's order budget.
+    pub fn never_reached_ca(&self) -> bool {
+        matches!(self, AcmeError::Unreachable { op, .. } if *op == "create the order")
     }
 
     /// Whether retrying later (with backoff) can succeed without a change
@@ -720,6 +750,44 @@ async fn fetch_directory(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logged_errors_are_one_line() {
+        assert_eq!(one_line("plain"), "plain");
+        assert_eq!(
+            one_line("Fetching http://a.test/x:\n  Connection refused\r\n"),
+            "Fetching http://a.test/x: Connection refused"
+        );
+        let e = AcmeError::Refused {
+            op: "create the order",
+            problem_type: "malformed".into(),
+            detail: "x".into(),
+            status: None,
+            retry_after: None,
+        };
+        assert!(
+            e.to_string()
+                .starts_with("the ACME CA refused to create the order:"),
+            "{e}"
+        );
+        let e = AcmeError::Unreachable {
+            op: "create the order",
+            message: "connection refused".into(),
+            retry_after: None,
+        };
+        assert!(
+            e.to_string()
+                .starts_with("cannot reach the ACME CA to create the order:"),
+            "{e}"
+        );
+        assert!(e.never_reached_ca());
+        let e = AcmeError::Unreachable {
+            op: "finalize the order",
+            message: "connection reset".into(),
+            retry_after: None,
+        };
+        assert!(!e.never_reached_ca(), "the order exists at the CA");
+    }
 
     #[test]
     fn permanent_problems_are_not_retryable() {

@@ -27,6 +27,7 @@ use rustls::pki_types::{CertificateDer, Der};
 use tokio::sync::watch;
 use x509_parser::extensions::ParsedExtension;
 
+use super::account::one_line;
 pub use super::account::{AcmeAccount, AcmeError};
 use super::challenge::ChallengeBook;
 use super::http_client::RetryAfterCapture;
@@ -147,12 +148,26 @@ impl Issuer {
         hosts: &[String],
         lease_held: Option<watch::Receiver<bool>>,
     ) -> Result<Issued, AcmeError> {
+        self.order_replacing(hosts, lease_held, None).await
+    }
+
+    /// [`Issuer::order`] for a renewal: `replaces` names the certificate
+    /// it replaces ([`certificate_identifier`] of the old leaf), sent as
+    /// the ARI `replaces` field when the CA offers renewal information
+    /// (and left out when it does not: the CA would refuse the order).
+    pub async fn order_replacing(
+        &self,
+        hosts: &[String],
+        lease_held: Option<watch::Receiver<bool>>,
+        replaces: Option<CertificateIdentifier<'static>>,
+    ) -> Result<Issued, AcmeError> {
         let hosts = normalize_hosts(hosts)?;
+        let replaces = replaces.filter(|_| self.offers_ari());
         let capture = RetryAfterCapture::new();
         let mut tokens = Tokens::new(Arc::clone(&self.book));
         let started = tokio::time::Instant::now();
         let result = {
-            let work = capture.scope(self.run(&hosts, &mut tokens, &capture));
+            let work = capture.scope(self.run(&hosts, replaces, &mut tokens, &capture));
             match lease_held {
                 None => work.await,
                 Some(mut held) => {
@@ -176,10 +191,12 @@ impl Issuer {
                 elapsed_ms = started.elapsed().as_millis() as u64,
                 "certificate issued"
             ),
-            Err(e) => tracing::warn!(
+            // The caller reports failures (the manager summarises them,
+            // so a CA that is down does not write a line per hostname).
+            Err(e) => tracing::debug!(
                 node = %self.node_id,
                 hosts = ?hosts,
-                error = %e,
+                error = %one_line(&e.to_string()),
                 retry_after = ?e.retry_after(),
                 "ACME order failed"
             ),
@@ -190,6 +207,7 @@ impl Issuer {
     async fn run(
         &self,
         hosts: &[String],
+        replaces: Option<CertificateIdentifier<'static>>,
         tokens: &mut Tokens,
         capture: &RetryAfterCapture,
     ) -> Result<Issued, AcmeError> {
@@ -199,7 +217,7 @@ impl Issuer {
         let mut order = self
             .account
             .account()
-            .new_order(&NewOrder::new(&identifiers))
+            .new_order(&new_order(&identifiers, replaces))
             .await
             .map_err(failed("create the order"))?;
 
@@ -345,7 +363,7 @@ async fn explain(order: &mut Order) -> Option<AcmeError> {
                     .map(|t| t.strip_prefix("urn:ietf:params:acme:error:").unwrap_or(t))
                     .unwrap_or("unknown")
                     .to_owned(),
-                detail: problem.detail.clone().unwrap_or_default(),
+                detail: one_line(problem.detail.as_deref().unwrap_or_default()).into_owned(),
             });
         }
         if state.status == AuthorizationStatus::Invalid {
@@ -358,6 +376,19 @@ async fn explain(order: &mut Order) -> Option<AcmeError> {
         }
     }
     None
+}
+
+/// The newOrder request for `identifiers`, naming the certificate it
+/// replaces (ARI) when there is one.
+fn new_order<'a>(
+    identifiers: &'a [Identifier],
+    replaces: Option<CertificateIdentifier<'a>>,
+) -> NewOrder<'a> {
+    let order = NewOrder::new(identifiers);
+    match replaces {
+        Some(id) => order.replaces(id),
+        None => order,
+    }
 }
 
 /// Lowercase, trimmed, deduplicated (first occurrence kept); wildcards and
@@ -464,6 +495,43 @@ impl Drop for Tokens {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A leaf with serial `0a0b` signed by a fresh CA, with the authority
+    /// key identifier ARI needs.
+    fn leaf_pem() -> String {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SerialNumber};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["a.example.com".to_owned()]).unwrap();
+        params.serial_number = Some(SerialNumber::from_slice(&[0x0a, 0x0b]));
+        params.use_authority_key_identifier_extension = true;
+        params.signed_by(&key, &issuer).unwrap().pem()
+    }
+
+    #[test]
+    fn a_renewal_order_names_the_certificate_it_replaces() {
+        let identifiers = [Identifier::Dns("a.example.com".to_owned())];
+        let id = certificate_identifier(&leaf_pem()).unwrap();
+        let text = id.to_string();
+        // RFC 9773: base64url(authority key id) "." base64url(serial).
+        let (aki, serial) = text.split_once('.').expect("two parts");
+        assert!(!aki.is_empty() && !aki.contains('='), "{text}");
+        assert_eq!(serial, "Cgs", "the serial 0a0b, base64url");
+        let body = serde_json::to_value(new_order(&identifiers, Some(id))).unwrap();
+        assert_eq!(body["replaces"], serde_json::json!(text), "{body}");
+        assert_eq!(body["identifiers"][0]["value"], "a.example.com");
+        // A first order (or a CA without ARI): no field at all.
+        let body = serde_json::to_value(new_order(&identifiers, None)).unwrap();
+        assert!(body.get("replaces").is_none(), "{body}");
+        // A placeholder (self-signed, no authority key id) has no ARI id.
+        let (placeholder, _) =
+            crate::acme::placeholder::generate(&["a.example.com".to_owned()], 1_800_000_000)
+                .unwrap();
+        assert!(certificate_identifier(&placeholder).is_err());
+    }
 
     #[test]
     fn hosts_are_normalized() {

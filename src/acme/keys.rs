@@ -6,6 +6,7 @@
 //! acme/<dir>/account          account credentials (sealed)
 //! acme/<dir>/issued/<set>     issuance history of one hostname set
 //! acme/<dir>/budget           new-order budget of the account
+//! acme/<dir>/state/<set>      failures and renewal information of one certificate unit
 //! acme/challenges/<token>     key authorization of a pending HTTP-01 challenge (expires)
 //! acme/certs/<host>           chain, key and facts of a host's certificate (sealed)
 //! acme/san/<set>              the same for the one certificate of `certificates: san` (sealed)
@@ -43,6 +44,13 @@ pub fn issued(dir_id: &str, set_id: &str) -> String {
 /// The new-order budget of the account.
 pub fn order_budget(dir_id: &str) -> String {
     format!("acme/{dir_id}/budget")
+}
+
+/// What the replicas share about ordering the certificate of one hostname
+/// set (see [`hostname_set_id`]; a per-host unit is the set of its host):
+/// failures and the CA's renewal information.
+pub fn order_state(dir_id: &str, set_id: &str) -> String {
+    format!("acme/{dir_id}/state/{set_id}")
 }
 
 /// Pending HTTP-01 challenge of `token`.
@@ -106,6 +114,7 @@ mod tests {
             account(&dir),
             issued(&dir, &set),
             order_budget(&dir),
+            order_state(&dir, &set),
             challenge("abc_DEF-123"),
             certificate("api.example.com"),
             san_certificate(&set),

@@ -40,22 +40,23 @@ use tokio::sync::{Mutex, Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::acme::account::{AccountSettings, load_or_create};
+use crate::acme::account::{AccountSettings, load_or_create, one_line};
 use crate::acme::certs::{CertRecord, key_matches, parse_chain};
 use crate::acme::challenge::ChallengeBook;
 use crate::acme::deliver::{host_dir, read_pair, write_pair};
-use crate::acme::issuer::Issuer;
+use crate::acme::issuer::{Issuer, certificate_identifier};
 use crate::acme::keys;
 use crate::acme::ownership::owner;
 use crate::acme::placeholder::{PLACEHOLDER_REFRESH_SECS, is_placeholder};
 use crate::acme::schedule::{
-    AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, renew_at, renew_before_ignored,
+    AriCheck, AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, UnitOrderState,
+    ari_next_check, renew_at, renew_before_ignored,
 };
 use crate::config::{AcmeSection, CertificateMode, SbConfig};
 use crate::mesh::seal::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
-use crate::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
+use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
 use crate::store::{Store, StoreError, now_unix_ms};
 
 /// How the manager behaves; the defaults suit production.
@@ -63,6 +64,10 @@ use crate::store::{Store, StoreError, now_unix_ms};
 pub struct AcmeManagerConfig {
     /// This replica's node id (the mesh's).
     pub node_id: String,
+    /// Random per process start: with the node id it makes this process's
+    /// lock holder id ([`AcmeManagerConfig::holder_id`]), so a restarted
+    /// pod tells its own previous leases from those of live replicas.
+    pub boot_id: String,
     /// Where certificates are written for the proxy.
     pub cert_dir: PathBuf,
     /// The cluster key ring: certificate records and account credentials
@@ -93,6 +98,7 @@ impl AcmeManagerConfig {
     pub fn new(node_id: impl Into<String>, cert_dir: impl Into<PathBuf>) -> Self {
         Self {
             node_id: node_id.into(),
+            boot_id: format!("{:016x}", rand::random::<u64>()),
             cert_dir: cert_dir.into(),
             key_ring: None,
             max_concurrent_orders: 8,
@@ -104,6 +110,23 @@ impl AcmeManagerConfig {
             missing_check_every: Duration::from_secs(2),
         }
     }
+
+    /// The holder id of this process's leases: `<node id>/<boot id>`.
+    pub fn holder_id(&self) -> String {
+        format!("{}/{}", self.node_id, self.boot_id)
+    }
+}
+
+/// Whether the lease holder `holder` is a previous process of the node
+/// `node_id` (same node id, another boot id), as opposed to `me` itself
+/// or another node. A StatefulSet pod name runs once at a time, so that
+/// process is dead and its lease can be taken over at once.
+pub fn is_own_predecessor(holder: &str, node_id: &str, me: &str) -> bool {
+    holder != me
+        && holder
+            .strip_prefix(node_id)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|boot| !boot.is_empty() && !boot.contains('/'))
 }
 
 /// What this node says about its certificates (in its mesh metadata and
@@ -197,6 +220,9 @@ pub enum Hold {
     NotOwner,
     /// An order is in flight.
     InFlight,
+    /// Another holder has the unit's order lock: look again at this time
+    /// (unix seconds; its expiry, or sooner to notice a release).
+    LockBusy(u64),
 }
 
 /// What the scheduler knows of one host.
@@ -210,6 +236,9 @@ pub struct HostView {
     pub failures: Failures,
     /// Whether this replica is ordering it now.
     pub in_flight: bool,
+    /// The order lock was busy: not tried again before this time (unix
+    /// seconds; 0: no wait).
+    pub lock_busy_until: u64,
 }
 
 /// Facts of a stored certificate the scheduler needs.
@@ -237,6 +266,9 @@ pub fn due_for_order(
     }
     if !view.checked {
         return Err(Hold::Unchecked);
+    }
+    if now < view.lock_busy_until {
+        return Err(Hold::LockBusy(view.lock_busy_until));
     }
     if let Some(stored) = &view.stored {
         let at = renew_at(
@@ -467,11 +499,13 @@ enum Event {
     },
     /// An order task ended.
     Ordered { id: String, outcome: OrderOutcome },
-    /// The CA's renewal window (ARI) for the certificate `serial` of `id`.
+    /// The CA's renewal window (ARI) for the certificate `serial` of `id`,
+    /// and when to ask again (unix seconds).
     Ari {
         id: String,
         serial: String,
         window: Option<AriWindow>,
+        next_check_unix: u64,
     },
 }
 
@@ -488,14 +522,24 @@ enum OrderOutcome {
     Issued(Box<CertRecord>),
     /// The store already held a valid certificate (another replica's).
     AlreadyValid(Box<CertRecord>),
-    /// Another replica holds the host's lock.
-    Busy,
+    /// Another replica holds the unit's lock: leave it alone this long.
+    Busy { wait: Duration },
+    /// The shared failures of the unit (another replica's or an earlier
+    /// process's attempts) say to wait: nothing was tried.
+    BackingOff(Failures),
     /// Not allowed before this time: duplicate or order limits.
-    Deferred { until: u64, why: String },
+    Deferred {
+        until: u64,
+        why: String,
+        /// The failures as now shared in the store (`None`: not stored).
+        shared: Option<Failures>,
+    },
     /// It failed.
     Failed {
         error: String,
         retry_after_secs: Option<u64>,
+        /// The failures as now shared in the store (`None`: not stored).
+        shared: Option<Failures>,
     },
 }
 
@@ -524,6 +568,75 @@ impl Local {
     }
 }
 
+/// Failed orders are logged at warn at most once per this interval: one
+/// line with the count and a few examples (each unit's at debug), so a CA
+/// that is down does not write one line per origin.
+const FAILURE_SUMMARY_EVERY: Duration = Duration::from_secs(30);
+/// Units named in a summary line.
+const FAILURE_EXAMPLES: usize = 3;
+
+/// The failed (or deferred) orders not yet summarised.
+struct FailedOrders {
+    /// What happened to them: "failed" or "deferred".
+    what: &'static str,
+    count: usize,
+    /// The first few: unit id, its failure count, its next attempt, the error.
+    examples: Vec<(String, u32, u64, String)>,
+    last_summary: Option<Instant>,
+}
+
+impl FailedOrders {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            count: 0,
+            examples: Vec::new(),
+            last_summary: None,
+        }
+    }
+
+    fn note(&mut self, id: &str, failures: &Failures, error: &str) {
+        self.count += 1;
+        if self.examples.len() < FAILURE_EXAMPLES {
+            self.examples.push((
+                id.to_owned(),
+                failures.count,
+                failures.next_attempt_unix(),
+                error.to_owned(),
+            ));
+        }
+    }
+
+    /// Logs what was noted, when the last line is old enough (the first
+    /// failure after a quiet spell is logged at once).
+    fn summarise(&mut self, now: Instant) {
+        if self.count == 0
+            || self
+                .last_summary
+                .is_some_and(|at| now.duration_since(at) < FAILURE_SUMMARY_EVERY)
+        {
+            return;
+        }
+        self.last_summary = Some(now);
+        let count = std::mem::take(&mut self.count);
+        let examples = std::mem::take(&mut self.examples);
+        let Some((id, failures, next_attempt_unix, error)) = examples.first() else {
+            return;
+        };
+        let what = self.what;
+        if count == 1 {
+            warn!(unit = %id, failures, next_attempt_unix, "order {what}: {error}");
+        } else {
+            let units: Vec<&str> = examples.iter().map(|e| e.0.as_str()).collect();
+            warn!(
+                count,
+                examples = %units.join(", "),
+                "{count} orders {what} (each tried again later; per unit at debug); {id}: {error}"
+            );
+        }
+    }
+}
+
 struct UnitState {
     unit: CertUnit,
     view: HostView,
@@ -532,8 +645,9 @@ struct UnitState {
     wanted_serial: Option<String>,
     fetching: bool,
     next_check: Option<Instant>,
-    /// When the CA was last asked for the renewal window, and for which serial.
-    ari_asked: Option<(Instant, String)>,
+    /// Not before this time (unix seconds) is the CA asked again for the
+    /// renewal window of the certificate with this serial.
+    ari_next: Option<(u64, String)>,
     /// The serial last warned about for an ignored `renew_before_days`.
     renew_warned: Option<String>,
     /// Writing a placeholder failed; not tried again for this unit.
@@ -549,7 +663,7 @@ impl UnitState {
             wanted_serial: None,
             fetching: false,
             next_check: None,
-            ari_asked: None,
+            ari_next: None,
             renew_warned: None,
             placeholder_failed: false,
         }
@@ -590,6 +704,8 @@ struct Runner {
     /// The alive members at the last step, and since when they are so.
     last_alive: Vec<String>,
     view_changed: Instant,
+    failed_orders: FailedOrders,
+    deferred_orders: FailedOrders,
 }
 
 impl Runner {
@@ -622,6 +738,8 @@ impl Runner {
             last_full_check: Instant::now(),
             last_alive: Vec::new(),
             view_changed: Instant::now(),
+            failed_orders: FailedOrders::new("failed"),
+            deferred_orders: FailedOrders::new("deferred"),
             cfg,
         }
     }
@@ -645,6 +763,8 @@ impl Runner {
             while let Ok(event) = self.events_rx.try_recv() {
                 self.handle(event);
             }
+            self.failed_orders.summarise(Instant::now());
+            self.deferred_orders.summarise(Instant::now());
             if self.reload_pending {
                 self.reload_pending = false;
                 (self.certificates_changed)();
@@ -662,8 +782,10 @@ impl Runner {
         let config = self.config_rx.borrow_and_update().clone();
         let (wanted, wildcards) = wanted_units(&config);
         for wildcard in &wildcards {
+            // The config's own warnings say it at warn level (at start-up
+            // and with every reload): once is enough.
             if !self.not_eligible.contains(wildcard) {
-                warn!(
+                debug!(
                     origin = %wildcard,
                     "wildcard origin is not eligible for an HTTP-01 certificate; it will not be ordered"
                 );
@@ -744,13 +866,19 @@ impl Runner {
                     }
                 }
             }
-            Event::Ari { id, serial, window } => {
-                if let Some(stored) = self
-                    .units
-                    .get_mut(&id)
-                    .and_then(|s| s.view.stored.as_mut())
-                    .filter(|s| s.serial == serial)
-                {
+            Event::Ari {
+                id,
+                serial,
+                window,
+                next_check_unix,
+            } => {
+                let Some(state) = self.units.get_mut(&id) else {
+                    return;
+                };
+                if state.ari_next.as_ref().is_some_and(|(_, s)| *s == serial) {
+                    state.ari_next = Some((next_check_unix, serial.clone()));
+                }
+                if let Some(stored) = state.view.stored.as_mut().filter(|s| s.serial == serial) {
                     if stored.ari != window {
                         debug!(unit = %id, ?window, "renewal window from the CA");
                     }
@@ -775,30 +903,53 @@ impl Runner {
                         debug!(unit = %id, "another replica stored a valid certificate meanwhile");
                         self.take_record(&id, *record);
                     }
-                    OrderOutcome::Busy => {
-                        debug!(unit = %id, "another replica is ordering it");
-                        state.next_check = Some(Instant::now() + Duration::from_secs(1));
+                    OrderOutcome::Busy { wait } => {
+                        // Not before the lease's expiry (or a re-check a
+                        // few seconds on): every wake-up of the loop must
+                        // not send another attempt to the store.
+                        let until_ms = now_unix_ms().saturating_add(wait.as_millis() as u64);
+                        state.view.lock_busy_until = until_ms.div_ceil(1000);
+                        debug!(unit = %id, wait_ms = wait.as_millis() as u64, "another replica holds the order lock");
                     }
-                    OrderOutcome::Deferred { until, why } => {
+                    OrderOutcome::BackingOff(failures) => {
+                        debug!(
+                            unit = %id,
+                            failures = failures.count,
+                            next_attempt_unix = failures.next_attempt_unix(),
+                            "backing off as the shared failure record says"
+                        );
+                        state.view.failures = failures;
+                    }
+                    OrderOutcome::Deferred { until, why, shared } => {
                         self.metrics.acme.order("skipped");
-                        warn!(unit = %id, until, "order deferred: {why}");
-                        state
-                            .view
-                            .failures
-                            .record(now, Some(until.saturating_sub(now)));
+                        match shared {
+                            Some(f) => state.view.failures = f,
+                            None => state
+                                .view
+                                .failures
+                                .record(now, Some(until.saturating_sub(now))),
+                        }
+                        debug!(unit = %id, until, "order deferred: {why}");
+                        self.deferred_orders.note(&id, &state.view.failures, &why);
                     }
                     OrderOutcome::Failed {
                         error,
                         retry_after_secs,
+                        shared,
                     } => {
                         self.metrics.acme.order("failed");
-                        state.view.failures.record(now, retry_after_secs);
-                        warn!(
+                        match shared {
+                            Some(f) => state.view.failures = f,
+                            None => state.view.failures.record(now, retry_after_secs),
+                        }
+                        let failures = &state.view.failures;
+                        debug!(
                             unit = %id,
-                            failures = state.view.failures.count,
-                            next_attempt_unix = state.view.failures.next_attempt_unix(),
+                            failures = failures.count,
+                            next_attempt_unix = failures.next_attempt_unix(),
                             "order failed: {error}"
                         );
+                        self.failed_orders.note(&id, failures, &error);
                     }
                 }
             }
@@ -1074,6 +1225,7 @@ impl Runner {
                 known: state.view.stored.clone(),
                 unit: state.unit.clone(),
                 node_id: self.cfg.node_id.clone(),
+                holder: self.cfg.holder_id(),
                 store: self.store.clone(),
                 metrics: self.metrics.clone(),
                 ring: self.cfg.key_ring.clone(),
@@ -1137,7 +1289,11 @@ impl Runner {
         if !issuer.offers_ari() {
             return;
         }
-        let now = Instant::now();
+        let now = now_unix_ms() / 1000;
+        let Some(acme) = &self.acme else {
+            return;
+        };
+        let dir_id = keys::directory_id(&acme.directory_url);
         for (id, state) in &mut self.units {
             let Some(stored) = &state.view.stored else {
                 continue;
@@ -1145,42 +1301,27 @@ impl Runner {
             if owner(id, members) != Some(self.cfg.node_id.as_str()) {
                 continue;
             }
-            let fresh = state.ari_asked.as_ref().is_some_and(|(at, serial)| {
-                *serial == stored.serial && now.duration_since(*at) < ARI_EVERY
-            });
+            let fresh = state
+                .ari_next
+                .as_ref()
+                .is_some_and(|(at, serial)| *serial == stored.serial && now < *at);
             if fresh {
                 continue;
             }
-            state.ari_asked = Some((now, stored.serial.clone()));
-            let (store, ring, events) = (
-                self.store.clone(),
-                self.cfg.key_ring.clone(),
-                self.events_tx.clone(),
-            );
-            let (id, unit, serial, issuer) = (
-                id.clone(),
-                state.unit.clone(),
-                stored.serial.clone(),
-                issuer.clone(),
-            );
-            tokio::spawn(async move {
-                let Ok(Some(record)) = read_record(store.as_ref(), ring.as_ref(), &unit).await
-                else {
-                    return;
-                };
-                if record.serial != serial {
-                    return;
-                }
-                let window =
-                    issuer
-                        .renewal_window(&record.chain_pem)
-                        .await
-                        .map(|(start_unix, end_unix)| AriWindow {
-                            start_unix,
-                            end_unix,
-                        });
-                let _ = events.send(Event::Ari { id, serial, window });
-            });
+            // Until the answer says otherwise (the task reports when to
+            // ask again): one question at a time.
+            state.ari_next = Some((now + ARI_EVERY.as_secs(), stored.serial.clone()));
+            let task = AriTask {
+                store: self.store.clone(),
+                ring: self.cfg.key_ring.clone(),
+                events: self.events_tx.clone(),
+                state_key: keys::order_state(&dir_id, &keys::hostname_set_id(&state.unit.names)),
+                id: id.clone(),
+                unit: state.unit.clone(),
+                serial: stored.serial.clone(),
+                issuer: issuer.clone(),
+            };
+            tokio::spawn(task.run());
         }
     }
 
@@ -1196,6 +1337,85 @@ impl Runner {
                 id: unit.id,
                 result,
             });
+        });
+    }
+}
+
+/// One question to the CA for a certificate's renewal window, through
+/// the shared state: a fresh answer in the store (another replica's, or
+/// an earlier process's, with the CA's `Retry-After`) is used instead of
+/// asking again; a new answer is stored for the others.
+struct AriTask {
+    store: Arc<dyn Store>,
+    ring: Option<KeyRing>,
+    events: mpsc::UnboundedSender<Event>,
+    state_key: String,
+    id: String,
+    unit: CertUnit,
+    serial: String,
+    issuer: Arc<Issuer>,
+}
+
+impl AriTask {
+    async fn run(self) {
+        let now = now_unix_ms() / 1000;
+        let shared = read_json::<UnitOrderState>(self.store.as_ref(), &self.state_key).await;
+        if let Ok(Some(state)) = &shared
+            && let Some(check) = state.fresh_ari(&self.serial, now)
+        {
+            self.report(check.window, check.next_check_unix);
+            return;
+        }
+        let Ok(Some(record)) =
+            read_record(self.store.as_ref(), self.ring.as_ref(), &self.unit).await
+        else {
+            return;
+        };
+        if record.serial != self.serial {
+            return;
+        }
+        let (window, retry_after) = match self.issuer.renewal_info(&record.chain_pem).await {
+            Ok(Some(w)) => (
+                Some(AriWindow {
+                    start_unix: w.start_unix,
+                    end_unix: w.end_unix,
+                }),
+                Some(w.check_again_after.as_secs()),
+            ),
+            Ok(None) => (None, None),
+            Err(e) => {
+                warn!(unit = %self.id, error = %one_line(&e.to_string()), "ACME renewal information unavailable");
+                (None, e.retry_after().map(|d| d.as_secs()))
+            }
+        };
+        let next_check_unix = ari_next_check(now, retry_after);
+        let check = AriCheck {
+            serial: self.serial.clone(),
+            window,
+            next_check_unix,
+        };
+        let stored = update_json(
+            self.store.as_ref(),
+            &self.state_key,
+            |s: Option<UnitOrderState>| {
+                let mut s = s.unwrap_or_default();
+                s.ari = Some(check.clone());
+                Ok::<_, std::convert::Infallible>(s)
+            },
+        )
+        .await;
+        if let Err(e) = stored {
+            debug!(unit = %self.id, error = %e, "renewal information not shared");
+        }
+        self.report(window, next_check_unix);
+    }
+
+    fn report(&self, window: Option<AriWindow>, next_check_unix: u64) {
+        let _ = self.events.send(Event::Ari {
+            id: self.id.clone(),
+            serial: self.serial.clone(),
+            window,
+            next_check_unix,
         });
     }
 }
@@ -1265,6 +1485,8 @@ fn check_record(unit: &CertUnit, record: &CertRecord) -> Result<(), String> {
 struct OrderJob {
     unit: CertUnit,
     node_id: String,
+    /// This process's lock holder id (`<node id>/<boot id>`).
+    holder: String,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
     ring: Option<KeyRing>,
@@ -1278,13 +1500,118 @@ struct OrderJob {
     book: Arc<ChallengeBook>,
 }
 
+/// A busy order lock is looked at again this often at most (or at its
+/// expiry, when sooner): often enough to notice a release, rare enough to
+/// cost next to nothing while another replica orders.
+const BUSY_RECHECK: Duration = Duration::from_secs(5);
+/// And not sooner than this, whatever the lock record's expiry says (a
+/// clock that disagrees with the holder's must not make us spin).
+const BUSY_MIN_WAIT: Duration = Duration::from_secs(1);
+
+/// How long to leave a lock alone that is held until `expires_at_unix_ms`.
+fn busy_wait(expires_at_unix_ms: u64, now_unix_ms: u64) -> Duration {
+    Duration::from_millis(expires_at_unix_ms.saturating_sub(now_unix_ms))
+        .clamp(BUSY_MIN_WAIT, BUSY_RECHECK)
+}
+
 impl OrderJob {
+    fn dir_id(&self) -> String {
+        keys::directory_id(&self.acme.directory_url)
+    }
+
+    fn state_key(&self) -> String {
+        keys::order_state(&self.dir_id(), &keys::hostname_set_id(&self.unit.names))
+    }
+
     async fn run(self) -> OrderOutcome {
+        let now = now_unix_ms() / 1000;
+        let state_key = self.state_key();
+        // The backoff of every replica's failures: a restarted replica or
+        // the next owner honours what the last attempt learnt.
+        match read_json::<UnitOrderState>(self.store.as_ref(), &state_key).await {
+            Ok(state) => {
+                let state = state.unwrap_or_default();
+                if state.backing_off(now).is_err() {
+                    return OrderOutcome::BackingOff(state.failures);
+                }
+            }
+            // Unknown backoff: do not order (fail closed), try later.
+            Err(e) => return failed(format!("reading the shared order state: {e}"), None),
+        }
+        let outcome = self.lock_and_order().await;
+        match outcome {
+            OrderOutcome::Failed {
+                error,
+                retry_after_secs,
+                ..
+            } => {
+                let shared = self.share_failure(&state_key, now, retry_after_secs).await;
+                OrderOutcome::Failed {
+                    error,
+                    retry_after_secs,
+                    shared,
+                }
+            }
+            OrderOutcome::Deferred { until, why, .. } => {
+                let shared = self
+                    .share_failure(&state_key, now, Some(until.saturating_sub(now)))
+                    .await;
+                OrderOutcome::Deferred { until, why, shared }
+            }
+            OrderOutcome::Issued(record) => {
+                let cleared = update_json(
+                    self.store.as_ref(),
+                    &state_key,
+                    |s: Option<UnitOrderState>| match s {
+                        Some(mut s) if s.failures.count > 0 => {
+                            s.failures.clear();
+                            Ok(s)
+                        }
+                        _ => Err(()),
+                    },
+                )
+                .await;
+                if let Err(e) = cleared {
+                    warn!(unit = %self.unit.id, error = %one_line(&e.to_string()), "shared failure count not cleared; the next attempt may wait for its backoff");
+                }
+                OrderOutcome::Issued(record)
+            }
+            other => other,
+        }
+    }
+
+    /// Records a failure at `now` in the shared state; the failures as
+    /// stored, or `None` when the store did not take it (the caller then
+    /// backs off on its own).
+    async fn share_failure(
+        &self,
+        key: &str,
+        now: u64,
+        retry_after_secs: Option<u64>,
+    ) -> Option<Failures> {
+        let mut stored = None;
+        let result = update_json(self.store.as_ref(), key, |s: Option<UnitOrderState>| {
+            let mut s = s.unwrap_or_default();
+            s.failures.record(now, retry_after_secs);
+            stored = Some(s.failures.clone());
+            Ok::<_, std::convert::Infallible>(s)
+        })
+        .await;
+        match result {
+            Ok(_) => stored,
+            Err(e) => {
+                warn!(unit = %self.unit.id, error = %one_line(&e.to_string()), "failure not recorded in the shared store; only this replica backs off");
+                None
+            }
+        }
+    }
+
+    async fn lock_and_order(&self) -> OrderOutcome {
         let lock = LeaseLock::new(self.store.clone(), &self.unit.lock_name())
             .with_metrics(self.metrics.clone());
-        let lease = match lock.try_acquire(&self.node_id, self.lock_ttl).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => return OrderOutcome::Busy,
+        let lease = match self.try_lock(&lock).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(wait)) => return OrderOutcome::Busy { wait },
             Err(e) => return failed(format!("order lock: {e}"), None),
         };
         let keeper = LeaseKeeper::spawn(lock, lease);
@@ -1295,8 +1622,35 @@ impl OrderJob {
         outcome
     }
 
+    /// The lease, or how long to leave the lock alone. A lease of this
+    /// node's previous process (same node id, another boot id: it is dead,
+    /// a pod name runs once) is taken over at once instead of waited out.
+    async fn try_lock(&self, lock: &LeaseLock) -> Result<Result<Lease, Duration>, StoreError> {
+        if let Some(lease) = lock.try_acquire(&self.holder, self.lock_ttl).await? {
+            return Ok(Ok(lease));
+        }
+        let Some(record) = lock.current().await? else {
+            // Lost a race for a new lock just now: someone else has it.
+            return Ok(Err(BUSY_RECHECK));
+        };
+        if !record.released && is_own_predecessor(&record.holder, &self.node_id, &self.holder) {
+            if lock.release_predecessor(&record.holder).await? {
+                info!(unit = %self.unit.id, previous = %record.holder, fence = record.fence, "taking over the order lock of this node's previous process");
+            }
+            if let Some(lease) = lock.try_acquire(&self.holder, self.lock_ttl).await? {
+                return Ok(Ok(lease));
+            }
+            return Ok(Err(BUSY_MIN_WAIT));
+        }
+        debug!(unit = %self.unit.id, holder = %record.holder, expires_at_unix_ms = record.expires_at_unix_ms, "order lock held by another replica");
+        Ok(Err(busy_wait(record.expires_at_unix_ms, now_unix_ms())))
+    }
+
     async fn locked(&self, keeper: &LeaseKeeper) -> OrderOutcome {
         let now = now_unix_ms() / 1000;
+        // The certificate this order replaces, named to the CA (ARI
+        // `replaces`) when it offers renewal information.
+        let mut replaces = None;
         // Another replica may have stored a certificate between our last
         // read and the lock: use it rather than order a second one.
         match read_record(self.store.as_ref(), self.ring.as_ref(), &self.unit).await {
@@ -1320,28 +1674,42 @@ impl OrderJob {
                 if now < at {
                     return OrderOutcome::AlreadyValid(Box::new(record));
                 }
+                replaces = Some(record.chain_pem);
             }
             Ok(None) => {}
             Err(StoreError::Corrupt { message, .. }) => {
-                warn!(unit = %self.unit.id, "stored certificate unusable ({message}); ordering a new one");
+                warn!(unit = %self.unit.id, "stored certificate unusable ({}); ordering a new one", one_line(&message));
             }
             Err(e) => return failed(format!("reading the store: {e}"), None),
         }
         let hosts = self.unit.names.clone();
-        let dir_id = keys::directory_id(&self.acme.directory_url);
+        let dir_id = self.dir_id();
         let history_key = keys::issued(&dir_id, &keys::hostname_set_id(&hosts));
-        if let Err(until) = check_history(self.store.as_ref(), &history_key, now).await {
-            return OrderOutcome::Deferred {
-                until,
-                why: format!(
-                    "this hostname set was issued {} times in the last 7 days (the CA's duplicate limit)",
-                    crate::acme::schedule::DUPLICATE_LIMIT
-                ),
-            };
-        }
-        let budget_key = keys::order_budget(&dir_id);
-        match take_budget(self.store.as_ref(), &budget_key, self.budget, now).await {
+        match check_history(self.store.as_ref(), &history_key, now).await {
             Ok(Ok(())) => {}
+            Ok(Err(until)) => {
+                return OrderOutcome::Deferred {
+                    until,
+                    why: format!(
+                        "this hostname set was issued {} times in the last 7 days (the CA's duplicate limit)",
+                        crate::acme::schedule::DUPLICATE_LIMIT
+                    ),
+                    shared: None,
+                };
+            }
+            // Without the history the duplicate limit cannot be kept: no
+            // order, the backoff tries again later.
+            Err(e) => return failed(format!("duplicate guard: {e}; no order placed"), None),
+        }
+        // The directory and the account first: an attempt that never
+        // reaches the CA does not spend the budget.
+        let issuer = match self.issuer().await {
+            Ok(issuer) => issuer,
+            Err((error, retry_after)) => return failed(error, retry_after),
+        };
+        let budget_key = keys::order_budget(&dir_id);
+        let window = match take_budget(self.store.as_ref(), &budget_key, self.budget, now).await {
+            Ok(Ok(window)) => window,
             Ok(Err(until)) => {
                 return OrderOutcome::Deferred {
                     until,
@@ -1349,17 +1717,29 @@ impl OrderJob {
                         "the cluster placed its {} new orders of this interval",
                         self.budget.0
                     ),
+                    shared: None,
                 };
             }
             Err(e) => return failed(format!("order budget: {e}"), None),
-        }
-        let issuer = match self.issuer().await {
-            Ok(issuer) => issuer,
-            Err((error, retry_after)) => return failed(error, retry_after),
         };
-        let issued = match issuer.order(&hosts, Some(keeper.held())).await {
+        let replaces = replaces
+            .filter(|_| issuer.offers_ari())
+            .and_then(|chain| certificate_identifier(&chain).ok());
+        let issued = match issuer
+            .order_replacing(&hosts, Some(keeper.held()), replaces)
+            .await
+        {
             Ok(issued) => issued,
             Err(e) => {
+                if e.never_reached_ca() {
+                    // The newOrder request did not reach the CA: the
+                    // budget was not spent.
+                    if let Err(give) =
+                        give_back_budget(self.store.as_ref(), &budget_key, window).await
+                    {
+                        debug!(unit = %self.unit.id, error = %give, "order budget not given back");
+                    }
+                }
                 let retry_after = e.retry_after().map(|d| d.as_secs());
                 return failed(e.to_string(), retry_after);
             }
@@ -1388,7 +1768,7 @@ impl OrderJob {
             return failed(format!("storing the certificate: {e}"), None);
         }
         if let Err(e) = record_issuance(self.store.as_ref(), &history_key, now).await {
-            warn!(unit = %self.unit.id, error = %e, "issuance history not recorded");
+            warn!(unit = %self.unit.id, error = %one_line(&e.to_string()), "issuance history not recorded");
         }
         OrderOutcome::Issued(Box::new(record))
     }
@@ -1400,12 +1780,11 @@ impl OrderJob {
         if let Some(issuer) = slot.as_ref() {
             return Ok(issuer.clone());
         }
-        let holder = format!("{}/{}", self.node_id, std::process::id());
         let account = load_or_create(
             &self.store,
             self.ring.as_ref(),
             &AccountSettings::from_config(&self.acme),
-            &holder,
+            &self.holder,
         )
         .await
         .map_err(|e| {
@@ -1427,20 +1806,41 @@ impl OrderJob {
 
 fn failed(error: String, retry_after_secs: Option<u64>) -> OrderOutcome {
     OrderOutcome::Failed {
-        error,
+        error: one_line(&error).into_owned(),
         retry_after_secs,
+        shared: None,
     }
 }
 
-async fn check_history(store: &dyn Store, key: &str, now: u64) -> Result<(), u64> {
-    match store.get(key).await {
-        Ok(Some(entry)) => match serde_json::from_slice::<IssuanceHistory>(&entry.value) {
-            Ok(history) => history.allows(now),
-            Err(_) => Ok(()),
-        },
-        // The guard must not block issuance when the store hiccups: the
-        // order itself goes through the store again right after.
-        _ => Ok(()),
+/// Whether one more issuance for the set at `key` keeps the duplicate
+/// limit (`Ok(Err(t))`: not before `t`); an error when the history cannot
+/// be read, so that no order goes out unguarded.
+async fn check_history(
+    store: &dyn Store,
+    key: &str,
+    now: u64,
+) -> Result<Result<(), u64>, StoreError> {
+    let history = read_json::<IssuanceHistory>(store, key).await?;
+    Ok(history.unwrap_or_default().allows(now))
+}
+
+/// The JSON record at `key`, `None` when absent; a record that does not
+/// decode is [`StoreError::Corrupt`] (naming the key, so it can be fixed
+/// or deleted).
+async fn read_json<T: serde::de::DeserializeOwned>(
+    store: &dyn Store,
+    key: &str,
+) -> Result<Option<T>, StoreError> {
+    match store.get(key).await? {
+        None => Ok(None),
+        Some(entry) => {
+            serde_json::from_slice(&entry.value)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt {
+                    key: key.to_owned(),
+                    message: format!("not the expected JSON record ({e}); delete it to reset"),
+                })
+        }
     }
 }
 
@@ -1454,20 +1854,42 @@ async fn record_issuance(store: &dyn Store, key: &str, now: u64) -> Result<(), S
     .map(|_| ())
 }
 
+/// Takes one order from the budget at `key`: `Ok(Ok(window_start))` (the
+/// interval it was taken from, for [`give_back_budget`]), or
+/// `Ok(Err(t))` when the interval's orders are spent until `t`.
 async fn take_budget(
     store: &dyn Store,
     key: &str,
     (max, interval): (u32, Duration),
     now: u64,
-) -> Result<Result<(), u64>, StoreError> {
-    update_json(store, key, |budget: Option<OrderBudget>| {
+) -> Result<Result<u64, u64>, StoreError> {
+    let mut window = 0;
+    let taken = update_json(store, key, |budget: Option<OrderBudget>| {
         // A changed limit starts a fresh budget.
         let mut budget = budget
             .filter(|b| b.max_orders == max && b.interval_secs == interval.as_secs())
             .unwrap_or_else(|| OrderBudget::new(max, interval.as_secs()));
-        budget.try_take(now).map(|()| budget)
+        budget.try_take(now).map(|()| {
+            window = budget.window_start_unix;
+            budget
+        })
+    })
+    .await?;
+    Ok(taken.map(|()| window))
+}
+
+/// Returns an order taken in the interval starting at `window` that never
+/// reached the CA (a later interval starts full anyway).
+async fn give_back_budget(store: &dyn Store, key: &str, window: u64) -> Result<(), StoreError> {
+    update_json(store, key, |budget: Option<OrderBudget>| match budget {
+        Some(mut b) if b.window_start_unix == window && b.used > 0 => {
+            b.used -= 1;
+            Ok(b)
+        }
+        _ => Err(()),
     })
     .await
+    .map(|_| ())
 }
 
 /// Read-modify-write of the JSON record at `key` by compare-and-swap,
@@ -1591,6 +2013,49 @@ mod tests {
             due_for_order("a.test", &view, true, None, 100_000),
             Err(Hold::InFlight)
         );
+    }
+
+    #[test]
+    fn a_busy_lock_waits_for_its_expiry_or_a_recheck() {
+        let mut view = HostView {
+            checked: true,
+            ..HostView::default()
+        };
+        view.lock_busy_until = 1_005;
+        assert_eq!(
+            due_for_order("a.test", &view, true, None, 1_000),
+            Err(Hold::LockBusy(1_005))
+        );
+        assert_eq!(due_for_order("a.test", &view, true, None, 1_005), Ok(()));
+        // At the expiry when it is near, a few seconds on when it is far,
+        // and never in a loop when the holder's clock disagrees.
+        assert_eq!(
+            busy_wait(10_000 + 2_500, 10_000),
+            Duration::from_millis(2_500)
+        );
+        assert_eq!(busy_wait(10_000 + 60_000, 10_000), BUSY_RECHECK);
+        assert_eq!(busy_wait(5_000, 10_000), BUSY_MIN_WAIT);
+    }
+
+    #[test]
+    fn a_pod_recognises_its_own_previous_process() {
+        let me = "proxy-0/00aa";
+        assert!(is_own_predecessor("proxy-0/11bb", "proxy-0", me));
+        assert!(!is_own_predecessor(me, "proxy-0", me));
+        assert!(!is_own_predecessor("proxy-1/11bb", "proxy-0", me));
+        assert!(!is_own_predecessor("proxy-01/11bb", "proxy-0", me));
+        // The bare node id of an older version: not recognisably ours.
+        assert!(!is_own_predecessor("proxy-0", "proxy-0", me));
+        assert!(!is_own_predecessor("proxy-0/", "proxy-0", me));
+        let a = AcmeManagerConfig::new("proxy-0", "/certs");
+        let b = AcmeManagerConfig::new("proxy-0", "/certs");
+        assert!(a.holder_id().starts_with("proxy-0/"));
+        assert_ne!(a.holder_id(), b.holder_id(), "a boot id per start");
+        assert!(is_own_predecessor(
+            &a.holder_id(),
+            "proxy-0",
+            &b.holder_id()
+        ));
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //!   same hostname set in [`DUPLICATE_WINDOW_SECS`] (Let's Encrypt's
 //!   duplicate certificate limit), kept in the store per hostname set.
 //! - [`OrderBudget`]: a cap on new orders per account per interval.
+//! - [`UnitOrderState`]: the failures and the CA's renewal information of
+//!   one certificate, kept in the store so that every replica (a restarted
+//!   one, the next owner) honours the same backoff and `Retry-After`.
 
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +27,7 @@ pub struct CertTimes {
 
 /// A renewal window suggested by the CA (ACME Renewal Information,
 /// RFC 9773 `suggestedWindow`), unix seconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AriWindow {
     /// `suggestedWindow.start`.
     pub start_unix: u64,
@@ -167,6 +170,71 @@ impl Failures {
     /// Forgets every failure (after a success).
     pub fn clear(&mut self) {
         *self = Self::default();
+    }
+}
+
+/// How often the CA's renewal information is asked for when it sends no
+/// `Retry-After` (RFC 9773 suggests a few times a day).
+pub const ARI_DEFAULT_SECS: u64 = 6 * 3600;
+/// Shortest wait before asking again, whatever `Retry-After` says: a CA
+/// that answers 0 must not make us ask in a loop.
+pub const ARI_MIN_SECS: u64 = 60;
+/// Longest wait honoured: the window of a short-lived certificate (or an
+/// early renewal asked before a revocation) must not go unseen for days.
+pub const ARI_MAX_SECS: u64 = 24 * 3600;
+
+/// When to ask the CA for renewal information again after an answer at
+/// `now` that carried `retry_after_secs` (RFC 9773 section 4.3: not before
+/// `Retry-After`), within [`ARI_MIN_SECS`]..=[`ARI_MAX_SECS`].
+pub fn ari_next_check(now: u64, retry_after_secs: Option<u64>) -> u64 {
+    let wait = retry_after_secs
+        .unwrap_or(ARI_DEFAULT_SECS)
+        .clamp(ARI_MIN_SECS, ARI_MAX_SECS);
+    now.saturating_add(wait)
+}
+
+/// The CA's last renewal-information answer for one certificate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AriCheck {
+    /// The certificate it is about (serial, lowercase hex).
+    pub serial: String,
+    /// The suggested window; `None` when the question failed.
+    pub window: Option<AriWindow>,
+    /// Not asked again before this time, unix seconds.
+    pub next_check_unix: u64,
+}
+
+/// What the replicas share about ordering one certificate unit (stored at
+/// [`crate::acme::keys::order_state`], changed by compare-and-swap): its
+/// consecutive failures, so the backoff survives a restart and an
+/// ownership change, and the CA's renewal information with its
+/// `Retry-After`, so the next owner does not ask again at once.
+#[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitOrderState {
+    /// Failures since the last success.
+    #[serde(default)]
+    pub failures: Failures,
+    /// The last renewal-information answer.
+    #[serde(default)]
+    pub ari: Option<AriCheck>,
+}
+
+impl UnitOrderState {
+    /// `Err(t)` while the failures say not to order before `t`.
+    pub fn backing_off(&self, now: u64) -> Result<(), u64> {
+        let next = self.failures.next_attempt_unix();
+        if self.failures.count > 0 && now < next {
+            Err(next)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The stored renewal information for `serial`, while it is fresh.
+    pub fn fresh_ari(&self, serial: &str, now: u64) -> Option<&AriCheck> {
+        self.ari
+            .as_ref()
+            .filter(|a| a.serial == serial && now < a.next_check_unix)
     }
 }
 
@@ -497,6 +565,40 @@ mod tests {
             issued_unix: vec![T0 + 100; 5],
         };
         assert!(skew.allows(T0).is_err());
+    }
+
+    #[test]
+    fn shared_state_backs_off_and_keeps_fresh_renewal_information() {
+        let mut state = UnitOrderState::default();
+        assert_eq!(state.backing_off(T0), Ok(()));
+        state.failures.record(T0, None);
+        assert_eq!(state.backing_off(T0 + 59), Err(T0 + 60));
+        assert_eq!(state.backing_off(T0 + 60), Ok(()));
+        state.ari = Some(AriCheck {
+            serial: "0a".into(),
+            window: None,
+            next_check_unix: T0 + 100,
+        });
+        assert!(state.fresh_ari("0a", T0 + 99).is_some());
+        assert!(state.fresh_ari("0a", T0 + 100).is_none());
+        assert!(state.fresh_ari("0b", T0).is_none());
+        // Old records (without the fields) read as empty.
+        let old: UnitOrderState = serde_json::from_str("{}").unwrap();
+        assert_eq!(old, UnitOrderState::default());
+        let json = serde_json::to_string(&state).unwrap();
+        assert_eq!(
+            serde_json::from_str::<UnitOrderState>(&json).unwrap(),
+            state
+        );
+    }
+
+    #[test]
+    fn renewal_information_is_asked_again_after_retry_after() {
+        assert_eq!(ari_next_check(T0, Some(3600)), T0 + 3600);
+        assert_eq!(ari_next_check(T0, None), T0 + ARI_DEFAULT_SECS);
+        // A CA answering 0 is not asked in a loop; a huge value is capped.
+        assert_eq!(ari_next_check(T0, Some(0)), T0 + ARI_MIN_SECS);
+        assert_eq!(ari_next_check(T0, Some(u64::MAX)), T0 + ARI_MAX_SECS);
     }
 
     #[test]

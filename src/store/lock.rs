@@ -71,6 +71,8 @@
 //! holder id is not handed out again: a restarted process waits for its old
 //! lease to expire rather than share it with a predecessor that may still be
 //! running.
+//! A caller that knows its predecessor is dead (a pod name runs once)
+//! ends that lease with [`LeaseLock::release_predecessor`] instead.
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -699,6 +701,36 @@ fn contention(key: &str) -> StoreError {
         message: format!(
             "{key}: compare-and-swap lost {MAX_CAS_ATTEMPTS} times in a row; too much contention"
         ),
+    }
+}
+
+impl LeaseLock {
+    /// Ends the lease of `predecessor`, a holder the caller knows to be
+    /// gone (its own previous process: a restarted pod with the same node
+    /// id and another boot id), so the next acquisition need not wait out
+    /// its expiry. Marks the record released by compare-and-swap against
+    /// the version read here; the fence stays, and the next lease takes
+    /// `fence + 1` as after any release, so the predecessor's late writes
+    /// are still refused. `true` when it released that lease; `false` when
+    /// the record names another holder, is released already, or changed
+    /// meanwhile (nothing is written then).
+    pub async fn release_predecessor(&self, predecessor: &str) -> Result<bool, StoreError> {
+        let Some((record, version)) = self.read().await? else {
+            return Ok(false);
+        };
+        if record.holder != predecessor || record.released {
+            return Ok(false);
+        }
+        let released = LockRecord {
+            released: true,
+            expires_at_unix_ms: record.expires_at_unix_ms.min(self.now()),
+            ..record
+        };
+        Ok(self
+            .store
+            .compare_and_swap(&self.key, &version, &encode_record(&released), None)
+            .await?
+            .is_some())
     }
 }
 
