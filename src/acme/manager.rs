@@ -1185,6 +1185,12 @@ impl Runner {
         if self.refusal.is_some() {
             return;
         }
+        // Cut off by clock skew, this node sees no peers and would think it
+        // owns every hostname; the mesh logs the skew and /readyz says it.
+        if let Some(isolation) = self.mesh.clock_skew_isolation() {
+            debug!(?isolation, "not ordering: this node is cut off from the mesh by clock skew");
+            return;
+        }
         let alive: Vec<String> = status
             .nodes
             .iter()
@@ -1643,7 +1649,9 @@ impl OrderJob {
             return Ok(Err(BUSY_MIN_WAIT));
         }
         debug!(unit = %self.unit.id, holder = %record.holder, expires_at_unix_ms = record.expires_at_unix_ms, "order lock held by another replica");
-        Ok(Err(busy_wait(record.expires_at_unix_ms, now_unix_ms())))
+        // The lease's expiry is on the store's clock, not this node's.
+        let now = lock.store_now().await?;
+        Ok(Err(busy_wait(record.expires_at_unix_ms, now)))
     }
 
     async fn locked(&self, keeper: &LeaseKeeper) -> OrderOutcome {
