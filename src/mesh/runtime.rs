@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
-use crate::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, Reject, Sealer};
+use crate::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, MAX_FRAME, Reject, Sealer};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
 use crate::mesh::wire::{self, FullState, TcpMsg, WireError, WireMember};
 use crate::metrics::{Metrics, PeerState, StateLabels, Transport};
@@ -1142,14 +1142,118 @@ async fn key_file_loop(path: PathBuf, sealer: Arc<Sealer>, alive: mpsc::WeakSend
     }
 }
 
+/// How long an inbound transport connection may take to deliver its whole
+/// first frame. A peer writes it right after connecting (at most
+/// [`wire::MAX_REQUEST_FRAME`], milliseconds on a LAN), so a connection
+/// that has not is idle or trickling, and only holds a slot.
+const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(2);
+/// Inbound connections whose first frame has not opened yet, in all. With
+/// [`wire::MAX_REQUEST_FRAME`] this bounds what unauthenticated peers can
+/// make us buffer to 64 MiB (a few KiB while they stall).
+const MAX_UNAUTHENTICATED: usize = 64;
+/// The same, per source IP, so one source cannot take all the slots.
+const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 8;
+/// Authenticated inbound exchanges served at once; more wait their turn.
+const MAX_INBOUND_EXCHANGES: usize = 64;
+/// Refused connections are logged at most this often (with a count).
+const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Inbound connections still in the unauthenticated phase, oldest first.
+///
+/// At a limit the oldest one (of the source, else overall) is closed to make
+/// room: a peer delivers its first frame within milliseconds, so the oldest
+/// is all but always idle, whereas refusing the newest would let anyone
+/// holding idle connections lock every peer out.
+#[derive(Default)]
+struct Unauthenticated {
+    next_id: u64,
+    conns: std::collections::BTreeMap<u64, (IpAddr, tokio::task::AbortHandle)>,
+}
+
+impl Unauthenticated {
+    /// The connection to close before admitting one more from `source`.
+    fn make_room(&mut self, source: IpAddr) -> Option<(&'static str, tokio::task::AbortHandle)> {
+        let mut of_source = self.conns.iter().filter(|(_, (ip, _))| *ip == source);
+        let oldest_of_source = of_source.next().map(|(id, _)| *id);
+        let (reason, id) = if of_source.count() + 1 >= MAX_UNAUTHENTICATED_PER_SOURCE {
+            ("source_limit", oldest_of_source?)
+        } else if self.conns.len() >= MAX_UNAUTHENTICATED {
+            ("limit", *self.conns.keys().next()?)
+        } else {
+            return None;
+        };
+        self.conns.remove(&id).map(|(_, handle)| (reason, handle))
+    }
+}
+
+/// Takes a connection out of [`Unauthenticated`] when its first frame is
+/// done with (or its task is aborted).
+struct Admitted {
+    table: Arc<std::sync::Mutex<Unauthenticated>>,
+    id: u64,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        lock(&self.table).conns.remove(&self.id);
+    }
+}
+
+fn lock(table: &std::sync::Mutex<Unauthenticated>) -> std::sync::MutexGuard<'_, Unauthenticated> {
+    // The table stays consistent whatever panicked while holding it.
+    table
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A warning at most every [`REFUSED_WARN_EVERY`], with how many were held back.
+struct RefusedLog {
+    last: std::sync::Mutex<Option<Instant>>,
+    held_back: std::sync::atomic::AtomicU64,
+}
+
+impl RefusedLog {
+    fn refused(&self, metrics: &Metrics, peer: SocketAddr, reason: &'static str) {
+        metrics.mesh.connection_refused(reason);
+        let now = Instant::now();
+        let due = {
+            let mut last = self
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let due = last.is_none_or(|t| now.duration_since(t) >= REFUSED_WARN_EVERY);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        if due {
+            let held_back = self.held_back.swap(0, Ordering::Relaxed);
+            warn!(
+                %peer,
+                reason,
+                held_back,
+                "transport connection closed before it authenticated (idle, too slow, or too many \
+                 from one source); see mesh_transport_connections_refused_total"
+            );
+        } else {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     sealer: Arc<Sealer>,
     metrics: Arc<Metrics>,
     cmd: mpsc::Sender<Command>,
 ) {
-    // Bound concurrent inbound exchanges so a flood cannot exhaust memory.
-    let permits = Arc::new(tokio::sync::Semaphore::new(64));
+    let table = Arc::new(std::sync::Mutex::new(Unauthenticated::default()));
+    let exchanges = Arc::new(tokio::sync::Semaphore::new(MAX_INBOUND_EXCHANGES));
+    let log = Arc::new(RefusedLog {
+        last: std::sync::Mutex::new(None),
+        held_back: std::sync::atomic::AtomicU64::new(0),
+    });
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -1159,35 +1263,89 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            continue;
+        let mut t = lock(&table);
+        if let Some((reason, victim)) = t.make_room(peer.ip()) {
+            victim.abort();
+            log.refused(&metrics, peer, reason);
+        }
+        let id = t.next_id;
+        t.next_id += 1;
+        let admitted = Admitted {
+            table: table.clone(),
+            id,
         };
         let (sealer, metrics, cmd) = (sealer.clone(), metrics.clone(), cmd.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            match tokio::time::timeout(TCP_TIMEOUT, serve_conn(stream, &sealer, &metrics, &cmd))
-                .await
-            {
-                Ok(Ok(())) => {}
-                Ok(Err(WireError::Rejected(r))) => {
-                    metrics.mesh.rejected(r.label());
-                    debug!(%peer, reason = r.label(), "transport frame rejected");
-                }
-                Ok(Err(e)) => debug!(%peer, error = %e, "transport exchange failed"),
-                Err(_) => debug!(%peer, "transport exchange timed out"),
-            }
+        let (exchanges, log) = (exchanges.clone(), log.clone());
+        // Registered under the lock, so the task cannot leave the table
+        // before it entered it.
+        let task = tokio::spawn(async move {
+            serve_conn(
+                stream, peer, admitted, &sealer, &metrics, &cmd, &exchanges, &log,
+            )
+            .await
         });
+        t.conns.insert(id, (peer.ip(), task.abort_handle()));
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve_conn(
     mut stream: TcpStream,
+    peer: SocketAddr,
+    admitted: Admitted,
+    sealer: &Sealer,
+    metrics: &Metrics,
+    cmd: &mpsc::Sender<Command>,
+    exchanges: &tokio::sync::Semaphore,
+    log: &RefusedLog,
+) {
+    let first = tokio::time::timeout(
+        FIRST_FRAME_TIMEOUT,
+        wire::read_frame(&mut stream, sealer, wire::MAX_REQUEST_FRAME, now_ms),
+    )
+    .await;
+    drop(admitted);
+    let (msg, n, key_id) = match first {
+        Ok(Ok(frame)) => frame,
+        Ok(Err(WireError::Rejected(r))) => {
+            metrics.mesh.rejected(r.label());
+            debug!(%peer, reason = r.label(), "transport frame rejected");
+            return;
+        }
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "transport exchange failed");
+            return;
+        }
+        Err(_) => {
+            log.refused(metrics, peer, "timeout");
+            return;
+        }
+    };
+    metrics.mesh.received(Transport::tcp, n);
+    let answer = async {
+        let _permit = exchanges.acquire().await.map_err(|_| WireError::Timeout)?;
+        answer(&mut stream, msg, key_id, sealer, metrics, cmd).await
+    };
+    match tokio::time::timeout(TCP_TIMEOUT, answer).await {
+        Ok(Ok(())) => {}
+        Ok(Err(WireError::Rejected(r))) => {
+            metrics.mesh.rejected(r.label());
+            debug!(%peer, reason = r.label(), "transport frame rejected");
+        }
+        Ok(Err(e)) => debug!(%peer, error = %e, "transport exchange failed"),
+        Err(_) => debug!(%peer, "transport exchange timed out"),
+    }
+}
+
+/// Answers one authenticated request.
+async fn answer(
+    stream: &mut TcpStream,
+    msg: TcpMsg,
+    key_id: u32,
     sealer: &Sealer,
     metrics: &Metrics,
     cmd: &mpsc::Sender<Command>,
 ) -> Result<(), WireError> {
-    let (msg, n, key_id) = wire::read_frame(&mut stream, sealer, now_ms).await?;
-    metrics.mesh.received(Transport::tcp, n);
     let reply = match msg {
         TcpMsg::PushPull(state) => {
             let (tx, rx) = oneshot::channel();
@@ -1205,7 +1363,7 @@ async fn serve_conn(
         }
         TcpMsg::MetaReply(_) => return Err(WireError::Rejected(Reject::Decode)),
     };
-    let n = wire::write_frame(&mut stream, sealer, Some(key_id), &reply, now_ms()).await?;
+    let n = wire::write_frame(stream, sealer, Some(key_id), &reply, now_ms()).await?;
     metrics.mesh.sent(Transport::tcp, n);
     Ok(())
 }
@@ -1220,7 +1378,7 @@ async fn exchange(
         let mut stream = TcpStream::connect(addr).await?;
         let n = wire::write_frame(&mut stream, sealer, key, &msg, now_ms()).await?;
         metrics.mesh.sent(Transport::tcp, n);
-        let (reply, n, _) = wire::read_frame(&mut stream, sealer, now_ms).await?;
+        let (reply, n, _) = wire::read_frame(&mut stream, sealer, MAX_FRAME, now_ms).await?;
         metrics.mesh.received(Transport::tcp, n);
         Ok(reply)
     };

@@ -85,24 +85,54 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
     Ok(sealed.len())
 }
 
-/// Reads one sealed frame, checking its announced length before allocating.
-/// Returns the message, the bytes read and the id of the key that opened it.
+/// Largest first frame of an inbound connection, in bytes: the request,
+/// read before anything on the connection authenticated.
+///
+/// A request is a metadata request or a full-state push without records
+/// (members and metadata stamps, about 150 bytes per member with long pod
+/// names), so 1 MiB holds several thousand members; replies, read from a
+/// peer we chose to call, may be up to [`MAX_FRAME`].
+pub(crate) const MAX_REQUEST_FRAME: usize = 1 << 20;
+
+/// The buffer a frame's body starts in; it grows with the bytes that
+/// actually arrive, never to the announced length up front.
+const FIRST_CHUNK: usize = 16 << 10;
+
+/// Reads one sealed frame of at most `max` bytes. Returns the message, the
+/// bytes read and the id of the key that opened it.
+///
+/// The announced length is checked against `max`, then the clear header
+/// against the seal (version, cluster, key id) before the body is read, and
+/// the body is buffered as it arrives: a peer that announces 16 MiB and
+/// stalls holds a few KiB, not 16 MiB.
 pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
     r: &mut R,
     sealer: &Sealer,
+    max: usize,
     now_ms: impl Fn() -> u64,
 ) -> Result<(TcpMsg, usize, u32), WireError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME || len < Sealer::overhead() {
+    if len > max.min(MAX_FRAME) || len < Sealer::overhead() {
         return Err(WireError::Rejected(Reject::Size));
     }
-    let mut buf = vec![0u8; len];
+    let header_len = Sealer::clear_header_len();
+    let mut buf = vec![0u8; header_len];
     r.read_exact(&mut buf).await?;
+    sealer
+        .check_clear_header(&buf)
+        .map_err(WireError::Rejected)?;
+    buf.reserve_exact(len.min(FIRST_CHUNK) - header_len);
+    let body = (len - header_len) as u64;
+    let got = (&mut *r).take(body).read_to_end(&mut buf).await?;
+    if (got as u64) < body {
+        return Err(WireError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
     let (plain, key_id) = sealer
         .unseal_keyed(Channel::Tcp, &buf, now_ms())
         .map_err(WireError::Rejected)?;
+    drop(buf);
     let msg = postcard::from_bytes(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
     Ok((msg, len + 4, key_id))
 }
