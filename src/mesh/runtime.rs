@@ -1213,8 +1213,29 @@ struct RefusedLog {
 }
 
 impl RefusedLog {
+    /// Counts and logs a connection closed before it authenticated.
     fn refused(&self, metrics: &Metrics, peer: SocketAddr, reason: &'static str) {
         metrics.mesh.connection_refused(reason);
+        self.warn(
+            peer,
+            reason,
+            "transport connection closed before it authenticated (idle, too slow, or too many \
+             from one source); see mesh_transport_connections_refused_total",
+        );
+    }
+
+    /// Logs a first frame that did not open (counted by the caller in
+    /// `mesh_packets_rejected_total`).
+    fn rejected(&self, peer: SocketAddr, reason: &'static str) {
+        self.warn(
+            peer,
+            reason,
+            "transport connection closed: its first frame was rejected (too large, another \
+             cluster, an unknown key, stale or replayed); see mesh_packets_rejected_total",
+        );
+    }
+
+    fn warn(&self, peer: SocketAddr, reason: &'static str, message: &'static str) {
         let now = Instant::now();
         let due = {
             let mut last = self
@@ -1229,13 +1250,7 @@ impl RefusedLog {
         };
         if due {
             let held_back = self.held_back.swap(0, Ordering::Relaxed);
-            warn!(
-                %peer,
-                reason,
-                held_back,
-                "transport connection closed before it authenticated (idle, too slow, or too many \
-                 from one source); see mesh_transport_connections_refused_total"
-            );
+            warn!(%peer, reason, held_back, "{message}");
         } else {
             self.held_back.fetch_add(1, Ordering::Relaxed);
         }
@@ -1309,7 +1324,7 @@ async fn serve_conn(
         Ok(Ok(frame)) => frame,
         Ok(Err(WireError::Rejected(r))) => {
             metrics.mesh.rejected(r.label());
-            debug!(%peer, reason = r.label(), "transport frame rejected");
+            log.rejected(peer, r.label());
             return;
         }
         Ok(Err(e)) => {
@@ -1436,5 +1451,50 @@ async fn fetch_meta(
     };
     if let Some(cmd) = cmd.upgrade() {
         let _ = cmd.send(Command::MetaFetched(rec, node_id)).await;
+    }
+}
+
+#[cfg(test)]
+mod transport_limit_tests {
+    //! Who is closed when the unauthenticated phase is full.
+
+    use super::*;
+
+    fn admit(t: &mut Unauthenticated, ip: [u8; 4]) -> (u64, tokio::task::JoinHandle<()>) {
+        let task = tokio::spawn(std::future::pending::<()>());
+        let id = t.next_id;
+        t.next_id += 1;
+        t.conns.insert(id, (IpAddr::from(ip), task.abort_handle()));
+        (id, task)
+    }
+
+    #[tokio::test]
+    async fn the_oldest_of_a_full_source_makes_room_then_the_oldest_overall() {
+        let mut t = Unauthenticated::default();
+        let mut tasks = Vec::new();
+        for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
+            tasks.push(admit(&mut t, [10, 0, 0, 1]));
+        }
+        // Another source is not affected by 10.0.0.1 being full.
+        assert!(t.make_room(IpAddr::from([10, 0, 0, 2])).is_none());
+        let (reason, victim) = t.make_room(IpAddr::from([10, 0, 0, 1])).unwrap();
+        assert_eq!(reason, "source_limit");
+        victim.abort();
+        let oldest = tasks.remove(0);
+        assert!(oldest.1.await.unwrap_err().is_cancelled());
+        assert!(!t.conns.contains_key(&oldest.0));
+
+        // Fill up from many sources: the oldest overall goes.
+        let mut ip = 0u8;
+        while t.conns.len() < MAX_UNAUTHENTICATED {
+            ip += 1;
+            tasks.push(admit(&mut t, [10, 1, 0, ip]));
+        }
+        let (reason, _) = t.make_room(IpAddr::from([10, 2, 0, 1])).unwrap();
+        assert_eq!(reason, "limit");
+        assert!(
+            !t.conns.contains_key(&tasks[0].0),
+            "the oldest connection was chosen"
+        );
     }
 }

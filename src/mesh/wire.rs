@@ -181,6 +181,96 @@ mod tests {
         }
     }
 
+    fn sealer(cluster: &str) -> Sealer {
+        Sealer::new(
+            cluster,
+            crate::mesh::seal::KeyRing::new(vec![[7; 32]]).unwrap(),
+        )
+    }
+
+    async fn sealed_request(sealer: &Sealer) -> Vec<u8> {
+        let mut out = Vec::new();
+        let msg = TcpMsg::MetaRequest("node-2".into());
+        write_frame(&mut out, sealer, None, &msg, crate::mesh::runtime::now_ms())
+            .await
+            .unwrap();
+        out
+    }
+
+    /// The body of a frame is never waited for (nor buffered) when its
+    /// clear header already fails: here a 16 MiB frame of another cluster
+    /// whose sender then stalls.
+    #[tokio::test]
+    async fn a_frame_of_another_cluster_is_refused_after_its_header() {
+        let foreign = sealed_request(&sealer("other")).await;
+        let (mut client, mut server) = tokio::io::duplex(64 << 10);
+        client
+            .write_all(&(MAX_FRAME as u32).to_be_bytes())
+            .await
+            .unwrap();
+        client
+            .write_all(&foreign[4..4 + Sealer::clear_header_len()])
+            .await
+            .unwrap();
+        let ours = sealer("ours");
+        let read = read_frame(&mut server, &ours, MAX_FRAME, crate::mesh::runtime::now_ms);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        assert!(
+            matches!(got, Ok(Err(WireError::Rejected(Reject::Cluster)))),
+            "refused as another cluster's at once: {got:?}"
+        );
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_first_frame_over_the_request_limit_is_refused_before_its_body() {
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client
+            .write_all(&((MAX_REQUEST_FRAME + 1) as u32).to_be_bytes())
+            .await
+            .unwrap();
+        let s = sealer("ours");
+        let read = read_frame(
+            &mut server,
+            &s,
+            MAX_REQUEST_FRAME,
+            crate::mesh::runtime::now_ms,
+        );
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        assert!(
+            matches!(got, Ok(Err(WireError::Rejected(Reject::Size)))),
+            "refused by its length: {got:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_arriving_in_pieces_opens() {
+        let s = sealer("ours");
+        let frame = sealed_request(&s).await;
+        let (mut client, mut server) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            for piece in frame.chunks(7) {
+                client.write_all(piece).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            client
+        });
+        let (msg, n, _) = read_frame(
+            &mut server,
+            &s,
+            MAX_REQUEST_FRAME,
+            crate::mesh::runtime::now_ms,
+        )
+        .await
+        .unwrap();
+        drop(writer.await.unwrap());
+        assert!(
+            matches!(msg, TcpMsg::MetaRequest(ref id) if id == "node-2"),
+            "{msg:?}"
+        );
+        assert!(n > Sealer::overhead());
+    }
+
     #[test]
     fn a_large_announced_length_does_not_allocate() {
         // A frame whose postcard vector length claims 2^60 elements.
