@@ -516,6 +516,21 @@ mod tests {
     }
 
     #[test]
+    fn exposes_listener_limit_names_at_zero() {
+        let m = Metrics::new();
+        m.mesh.connection_refused("timeout");
+        let text = m.encode();
+        for name in [
+            "mesh_transport_connections_refused_total{reason=\"timeout\"} 1",
+            "mesh_transport_connections_refused_total{reason=\"source_limit\"} 0",
+            "sbmesh_http_connections_closed_total{listener=\"admin\",reason=\"header_timeout\"} 0",
+            "sbmesh_http_connections_closed_total{listener=\"challenge\",reason=\"limit\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
     fn exposes_reloader_names() {
         let m = Metrics::new();
         m.reloader.config_invalid.inc();

@@ -1167,27 +1167,47 @@ const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 #[derive(Default)]
 struct Unauthenticated {
     next_id: u64,
-    conns: std::collections::BTreeMap<u64, (IpAddr, tokio::task::AbortHandle)>,
+    /// Source and how to close it, by the order of arrival.
+    conns: std::collections::BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
 }
 
 impl Unauthenticated {
-    /// The connection to close before admitting one more from `source`.
-    fn make_room(&mut self, source: IpAddr) -> Option<(&'static str, tokio::task::AbortHandle)> {
-        let mut of_source = self.conns.iter().filter(|(_, (ip, _))| *ip == source);
-        let oldest_of_source = of_source.next().map(|(id, _)| *id);
-        let (reason, id) = if of_source.count() + 1 >= MAX_UNAUTHENTICATED_PER_SOURCE {
+    /// Closes a connection if one must go before one more from `source` is
+    /// admitted; returns the reason. A connection whose first frame opened
+    /// meanwhile has left the table, or ignores the signal: only the
+    /// unauthenticated phase can be cut short.
+    fn make_room(&mut self, source: IpAddr) -> Option<&'static str> {
+        let mut of_source = self
+            .conns
+            .iter()
+            .filter(|(_, (ip, _))| *ip == source)
+            .map(|(id, _)| *id);
+        let oldest_of_source = of_source.next();
+        let count_of_source = oldest_of_source.map_or(0, |_| 1 + of_source.count());
+        let (reason, id) = if count_of_source >= MAX_UNAUTHENTICATED_PER_SOURCE {
             ("source_limit", oldest_of_source?)
         } else if self.conns.len() >= MAX_UNAUTHENTICATED {
             ("limit", *self.conns.keys().next()?)
         } else {
             return None;
         };
-        self.conns.remove(&id).map(|(_, handle)| (reason, handle))
+        let (_, close) = self.conns.remove(&id)?;
+        let _ = close.send(());
+        Some(reason)
+    }
+
+    /// Registers a new connection; the receiver fires when it must close.
+    fn admit(&mut self, source: IpAddr) -> (u64, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.conns.insert(id, (source, tx));
+        (id, rx)
     }
 }
 
 /// Takes a connection out of [`Unauthenticated`] when its first frame is
-/// done with (or its task is aborted).
+/// done with.
 struct Admitted {
     table: Arc<std::sync::Mutex<Unauthenticated>>,
     id: u64,
@@ -1278,28 +1298,26 @@ async fn accept_loop(
                 continue;
             }
         };
-        let mut t = lock(&table);
-        if let Some((reason, victim)) = t.make_room(peer.ip()) {
-            victim.abort();
+        let (made_room, (id, closed)) = {
+            let mut t = lock(&table);
+            (t.make_room(peer.ip()), t.admit(peer.ip()))
+        };
+        if let Some(reason) = made_room {
             log.refused(&metrics, peer, reason);
         }
-        let id = t.next_id;
-        t.next_id += 1;
         let admitted = Admitted {
             table: table.clone(),
             id,
         };
         let (sealer, metrics, cmd) = (sealer.clone(), metrics.clone(), cmd.clone());
         let (exchanges, log) = (exchanges.clone(), log.clone());
-        // Registered under the lock, so the task cannot leave the table
-        // before it entered it.
-        let task = tokio::spawn(async move {
+        tokio::spawn(async move {
+            let first = (admitted, closed);
             serve_conn(
-                stream, peer, admitted, &sealer, &metrics, &cmd, &exchanges, &log,
+                stream, peer, first, &sealer, &metrics, &cmd, &exchanges, &log,
             )
             .await
         });
-        t.conns.insert(id, (peer.ip(), task.abort_handle()));
     }
 }
 
@@ -1307,18 +1325,21 @@ async fn accept_loop(
 async fn serve_conn(
     mut stream: TcpStream,
     peer: SocketAddr,
-    admitted: Admitted,
+    (admitted, closed): (Admitted, oneshot::Receiver<()>),
     sealer: &Sealer,
     metrics: &Metrics,
     cmd: &mpsc::Sender<Command>,
     exchanges: &tokio::sync::Semaphore,
     log: &RefusedLog,
 ) {
-    let first = tokio::time::timeout(
-        FIRST_FRAME_TIMEOUT,
-        wire::read_frame(&mut stream, sealer, wire::MAX_REQUEST_FRAME, now_ms),
-    )
-    .await;
+    let first = tokio::select! {
+        first = tokio::time::timeout(
+            FIRST_FRAME_TIMEOUT,
+            wire::read_frame(&mut stream, sealer, wire::MAX_REQUEST_FRAME, now_ms),
+        ) => first,
+        // Closed to make room (counted by the accept loop).
+        _ = closed => return,
+    };
     drop(admitted);
     let (msg, n, key_id) = match first {
         Ok(Ok(frame)) => frame,
@@ -1460,41 +1481,42 @@ mod transport_limit_tests {
 
     use super::*;
 
-    fn admit(t: &mut Unauthenticated, ip: [u8; 4]) -> (u64, tokio::task::JoinHandle<()>) {
-        let task = tokio::spawn(std::future::pending::<()>());
-        let id = t.next_id;
-        t.next_id += 1;
-        t.conns.insert(id, (IpAddr::from(ip), task.abort_handle()));
-        (id, task)
+    fn ip(a: u8, b: u8) -> IpAddr {
+        IpAddr::from([10, 0, a, b])
     }
 
-    #[tokio::test]
-    async fn the_oldest_of_a_full_source_makes_room_then_the_oldest_overall() {
+    #[test]
+    fn the_oldest_of_a_full_source_makes_room_then_the_oldest_overall() {
         let mut t = Unauthenticated::default();
-        let mut tasks = Vec::new();
+        let mut closed = Vec::new();
         for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
-            tasks.push(admit(&mut t, [10, 0, 0, 1]));
+            closed.push(t.admit(ip(0, 1)));
         }
         // Another source is not affected by 10.0.0.1 being full.
-        assert!(t.make_room(IpAddr::from([10, 0, 0, 2])).is_none());
-        let (reason, victim) = t.make_room(IpAddr::from([10, 0, 0, 1])).unwrap();
-        assert_eq!(reason, "source_limit");
-        victim.abort();
-        let oldest = tasks.remove(0);
-        assert!(oldest.1.await.unwrap_err().is_cancelled());
-        assert!(!t.conns.contains_key(&oldest.0));
+        assert_eq!(t.make_room(ip(0, 2)), None);
+        assert_eq!(t.make_room(ip(0, 1)), Some("source_limit"));
+        let (oldest, mut signal) = closed.remove(0);
+        assert_eq!(
+            signal.try_recv(),
+            Ok(()),
+            "the oldest of 10.0.0.1 is told to close"
+        );
+        assert!(!t.conns.contains_key(&oldest));
+        assert!(closed.iter_mut().all(|(_, s)| s.try_recv().is_err()));
 
         // Fill up from many sources: the oldest overall goes.
-        let mut ip = 0u8;
+        let mut b = 0u8;
         while t.conns.len() < MAX_UNAUTHENTICATED {
-            ip += 1;
-            tasks.push(admit(&mut t, [10, 1, 0, ip]));
+            b += 1;
+            closed.push(t.admit(ip(1, b)));
         }
-        let (reason, _) = t.make_room(IpAddr::from([10, 2, 0, 1])).unwrap();
-        assert_eq!(reason, "limit");
-        assert!(
-            !t.conns.contains_key(&tasks[0].0),
-            "the oldest connection was chosen"
+        assert_eq!(t.make_room(ip(2, 1)), Some("limit"));
+        let (oldest, signal) = &mut closed[0];
+        assert_eq!(
+            signal.try_recv(),
+            Ok(()),
+            "the oldest overall is told to close"
         );
+        assert!(!t.conns.contains_key(oldest));
     }
 }
