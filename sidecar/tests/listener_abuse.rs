@@ -8,7 +8,8 @@
 //!   node's memory, and are counted;
 //! - 2,000 idle connections on the admin or the challenge port leave
 //!   `/healthz` and the challenge port answering, and connections that
-//!   trickle a request head (slowloris) are closed by the header timeout.
+//!   trickle a request head (slowloris), or idle after a response
+//!   (keep-alive), are closed by the header timeout.
 //!
 //! The numbers (join time, RSS, how soon `/healthz` answers) are printed
 //! and collected by `scripts/bench-listener-abuse` into BENCHMARKS.md; the
@@ -344,8 +345,9 @@ fn healthz_and_the_challenge_port_answer_under_2000_idle_connections() {
 }
 
 #[test]
-fn slowloris_connections_are_closed_after_the_header_timeout() {
+fn slowloris_and_idle_keep_alive_connections_are_closed_after_the_header_timeout() {
     const SLOW: usize = 200;
+    const KEEP_ALIVE: usize = 50;
     let c = Cluster::start("127.0.74", 1);
     c.wait_until("node-1 answers its status", || {
         c.nodes[0].status().is_some()
@@ -354,7 +356,9 @@ fn slowloris_connections_are_closed_after_the_header_timeout() {
         ("admin", c.nodes[0].admin_addr()),
         ("challenge", challenge_addr(&c.nodes[0])),
     ];
-    let mut conns: Vec<(&str, TcpStream)> = Vec::new();
+    // (port, trickles, connection): slowloris connections trickle a request
+    // head; keep-alive ones got an answer and then stay idle.
+    let mut conns: Vec<(&str, bool, TcpStream)> = Vec::new();
     for (name, addr) in targets {
         for _ in 0..SLOW {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
@@ -362,34 +366,61 @@ fn slowloris_connections_are_closed_after_the_header_timeout() {
             s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
                 .expect("write the start of a request head");
             s.set_nonblocking(true).expect("non-blocking");
-            conns.push((name, s));
+            conns.push((name, true, s));
+        }
+        for _ in 0..KEEP_ALIVE {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("connect to the {name} port: {e}"));
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("read timeout");
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .expect("write a request");
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                let n = s.read(&mut byte).expect("read the response head");
+                assert_eq!(n, 1, "{name}: the connection stays open after a response");
+                head.push(byte[0]);
+            }
+            s.set_nonblocking(true).expect("non-blocking");
+            conns.push((name, false, s));
         }
     }
-    // Trickle one header byte per connection every second, until the server
-    // closed them all (the header timeout is 10 s; earlier builds kept them
-    // open for as long as the client trickled).
+    // Trickle one header byte per slowloris connection every second, until
+    // the server closed them all (the header timeout, 10 s, also bounds an
+    // idle keep-alive connection; earlier builds kept both open for as long
+    // as the client liked).
+    let total = conns.len();
     let started = Instant::now();
     let all_closed = poll_until(Duration::from_secs(30), || {
-        conns.retain_mut(|(_, s)| {
-            let _ = s.write_all(b"X");
+        conns.retain_mut(|(_, trickle, s)| {
+            if *trickle {
+                let _ = s.write_all(b"X");
+            }
             still_open(s)
         });
         std::thread::sleep(Duration::from_millis(900));
         conns.is_empty()
     });
     eprintln!(
-        "slowloris: {} of {} connections still open after {:.1}s",
+        "slowloris: {} of {total} connections still open after {:.1}s",
         conns.len(),
-        2 * SLOW,
         started.elapsed().as_secs_f64()
     );
-    let open_on = |port: &str| conns.iter().filter(|(n, _)| *n == port).count();
+    let open = |port: &str, trickles: bool| {
+        conns
+            .iter()
+            .filter(|(n, t, _)| *n == port && *t == trickles)
+            .count()
+    };
     assert!(
         all_closed,
-        "every slowloris connection is closed by the header timeout (still open: {} on the admin \
-         port, {} on the challenge port)",
-        open_on("admin"),
-        open_on("challenge")
+        "every slowloris and idle keep-alive connection is closed by the header timeout (still \
+         open: admin {} slowloris + {} keep-alive, challenge {} + {})",
+        open("admin", true),
+        open("admin", false),
+        open("challenge", true),
+        open("challenge", false)
     );
     for (name, _) in targets {
         let timed_out = metric(
@@ -398,7 +429,7 @@ fn slowloris_connections_are_closed_after_the_header_timeout() {
             &[("listener", name), ("reason", "header_timeout")],
         );
         assert!(
-            timed_out >= SLOW as f64,
+            timed_out >= (SLOW + KEEP_ALIVE) as f64,
             "{name}: the closed slowloris connections are counted ({timed_out})"
         );
     }
