@@ -2,8 +2,8 @@
 //! ports can do without the cluster key. Real `sbmesh-sidecar run`
 //! processes on 127.0.71-74.*:
 //!
-//! - 100 idle connections held on a node's transport port do not delay a new
-//!   node's full join (membership and every node's metadata, both ways);
+//! - 200 idle connections held on a node's transport port (from the joiner's
+//!   address and 20 others) do not delay a new node's full join (membership and every node's metadata, both ways);
 //! - 200 connections that announce a 16 MiB frame and stall do not grow the
 //!   node's memory, and are counted;
 //! - 2,000 idle connections on the admin or the challenge port leave
@@ -19,7 +19,7 @@
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -40,6 +40,18 @@ struct Holder {
 
 impl Holder {
     fn start(addr: SocketAddr, count: usize, hello: &'static [u8]) -> Holder {
+        Holder::start_from(&[], addr, count, hello)
+    }
+
+    /// Like [`Holder::start`], the connections spread over `sources`
+    /// (loopback addresses; none: the kernel's choice, 127.0.0.1).
+    fn start_from(
+        sources: &[Ipv4Addr],
+        addr: SocketAddr,
+        count: usize,
+        hello: &'static [u8],
+    ) -> Holder {
+        let sources = sources.to_vec();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let opened_total = Arc::new(AtomicUsize::new(0));
@@ -53,7 +65,8 @@ impl Holder {
                 while conns.len() < count && !flag.load(Ordering::Relaxed) {
                     // On a loaded machine a burst of connects overflows the
                     // accept queue before the server runs: SYNs are resent.
-                    let mut c = match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+                    let source = sources.get(opened % sources.len().max(1)).copied();
+                    let mut c = match connect(source, addr) {
                         Ok(c) => c,
                         Err(e) => {
                             if failures == 0 {
@@ -98,6 +111,55 @@ impl Drop for Holder {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// A connection to `addr`, from `source` when given.
+fn connect(source: Option<Ipv4Addr>, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect_timeout(&addr, Duration::from_secs(3));
+    };
+    let SocketAddr::V4(dst) = addr else {
+        return Err(ErrorKind::Unsupported.into());
+    };
+    let sockaddr = |a: SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let (src, dst) = (sockaddr(SocketAddrV4::new(source, 0)), sockaddr(dst));
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // A connect that waits longer than this for its SYN to be answered fails.
+    let timeout = libc::timeval {
+        tv_sec: 3,
+        tv_usec: 0,
+    };
+    // SAFETY: plain socket calls on a descriptor we own, with pointers to
+    // locals of the sizes given; the descriptor is handed to TcpStream once
+    // connected (which then closes it), or closed here on failure.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ok = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&timeout as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        ) == 0
+            && libc::bind(fd, (&src as *const libc::sockaddr_in).cast(), len) == 0
+            && libc::connect(fd, (&dst as *const libc::sockaddr_in).cast(), len) == 0;
+        if !ok {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(<TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd))
     }
 }
 
@@ -148,17 +210,23 @@ fn idle_unauthenticated_connections_do_not_delay_a_full_join() {
             .all(|&i| c.nodes[i].status().is_some_and(|v| fully_joined(&v, &ids)))
     });
 
+    // 100 idle connections from the address node-4 will connect from too,
+    // and 100 more from 20 others: past the per-source and the total limit.
     let target = c.nodes[0].transport_addr();
     let holder = Holder::start(target, 100, b"");
+    let spread: Vec<Ipv4Addr> = (1..=20).map(|i| Ipv4Addr::new(127, 0, 75, i)).collect();
+    let spread_holder = Holder::start_from(&spread, target, 100, b"");
     assert!(
         poll_until(Duration::from_secs(10), || c.nodes[0].metrics().is_some()),
         "node-1 answers /metrics while its transport port is held"
     );
     // The attack holds all its connections before the new node arrives.
     assert!(
-        poll_until(Duration::from_secs(30), || holder.opened() >= 100),
-        "the attack opened 100 connections ({})",
-        holder.opened()
+        poll_until(Duration::from_secs(30), || holder.opened() >= 100
+            && spread_holder.opened() >= 100),
+        "the attack opened 2 x 100 connections ({} + {})",
+        holder.opened(),
+        spread_holder.opened()
     );
 
     // node-4 knows only node-1, the node under attack.
@@ -182,8 +250,19 @@ fn idle_unauthenticated_connections_do_not_delay_a_full_join() {
         "full join under attack took {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    let opened = holder.stop();
-    assert!(opened >= 100, "the attack opened {opened} connections");
+    let opened = holder.stop() + spread_holder.stop();
+    assert!(opened >= 200, "the attack opened {opened} connections");
+    for reason in ["source_limit", "limit"] {
+        let n = metric(
+            &c.nodes[0],
+            "mesh_transport_connections_refused_total",
+            &[("reason", reason)],
+        );
+        assert!(
+            n >= 1.0,
+            "node-1 made room by closing the oldest ({reason}: {n})"
+        );
+    }
 
     let refused = metric(&c.nodes[0], "mesh_transport_connections_refused_total", &[]);
     assert!(
