@@ -517,3 +517,47 @@ fn slowloris_and_idle_keep_alive_connections_are_closed_after_the_header_timeout
         "/healthz answers afterwards"
     );
 }
+
+#[test]
+fn sigterm_drains_cleanly_while_slowloris_connections_are_open() {
+    let mut c = Cluster::new("127.0.76");
+    let mut o = c.default_opts(1, 1);
+    // Shorter than the header timeout: the drain must not wait for it.
+    o.extra_args = vec!["--shutdown-grace-ms".into(), "5000".into()];
+    let i = c.spawn(o);
+    c.wait_until("node-1 answers its status", || {
+        c.nodes[i].status().is_some()
+    });
+    let mut slow = Vec::new();
+    for addr in [c.nodes[i].admin_addr(), challenge_addr(&c.nodes[i])] {
+        for _ in 0..20 {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                .expect("write the start of a request head");
+            s.set_nonblocking(true).expect("non-blocking");
+            slow.push(s);
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let trickler = std::thread::spawn(move || {
+        while !flag.load(Ordering::Relaxed) {
+            for s in &mut slow {
+                let _ = s.write_all(b"X");
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    c.nodes[i].sigterm();
+    let status = c.nodes[i].wait_exit(Duration::from_secs(30));
+    stop.store(true, Ordering::Relaxed);
+    let _ = trickler.join();
+    let status = status.expect("node-1 exits after SIGTERM");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "node-1 drained cleanly (exit 0, not the drain-timeout exit 1) with 40 slowloris \
+         connections open: {}",
+        common::describe_exit(status)
+    );
+}

@@ -28,6 +28,10 @@ use crate::metrics::{ListenerLabels, Metrics};
 /// Probes and the CA send their request at once; Prometheus reconnects.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// On shutdown, how long a connection without a request in flight may take
+/// to close by itself before it is dropped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
 /// Most connections one listener keeps open: a quarter of the process's
 /// file descriptor limit (the rest is for the other listener, the mesh, the
 /// store and the proxy), at most 1024.
@@ -162,9 +166,10 @@ async fn connection(
     header_read_timeout: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> bool {
+    let requests = in_flight.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
-        let busy = InFlight::enter(in_flight.clone());
+        let busy = InFlight::enter(requests.clone());
         let router = router.clone();
         async move {
             let response = router.oneshot(req).await;
@@ -181,8 +186,20 @@ async fn connection(
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = stopped(&mut stop) => {
+            // Idle connections close at once, a request in flight is
+            // answered; one that is half-way through a request head is
+            // not waited for (the header timeout would hold the drain).
             conn.as_mut().graceful_shutdown();
-            conn.await
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => break r,
+                    _ = tokio::time::sleep(SHUTDOWN_GRACE) => {
+                        if in_flight.load(Ordering::Relaxed) == 0 {
+                            break Ok(());
+                        }
+                    }
+                }
+            }
         }
     };
     match result {
