@@ -1151,7 +1151,8 @@ const FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(2);
 /// [`wire::MAX_REQUEST_FRAME`] this bounds what unauthenticated peers can
 /// make us buffer to 64 MiB (a few KiB while they stall).
 const MAX_UNAUTHENTICATED: usize = 64;
-/// The same, per source IP, so one source cannot take all the slots.
+/// The same, per source (an IPv4 address, an IPv6 /64: what one host
+/// gets), so one source cannot take all the slots.
 const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 8;
 /// Authenticated inbound exchanges served at once; more wait their turn.
 const MAX_INBOUND_EXCHANGES: usize = 64;
@@ -1203,6 +1204,20 @@ impl Unauthenticated {
         self.next_id += 1;
         self.conns.insert(id, (source, tx));
         (id, rx)
+    }
+}
+
+/// The source a connection counts against: its IPv4 address (also when
+/// mapped into IPv6), else its IPv6 /64.
+fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from_bits(
+                v6.to_bits() & !((1u128 << 64) - 1),
+            )),
+        },
     }
 }
 
@@ -1298,9 +1313,10 @@ async fn accept_loop(
                 continue;
             }
         };
+        let source = source_of(peer.ip());
         let (made_room, (id, closed)) = {
             let mut t = lock(&table);
-            (t.make_room(peer.ip()), t.admit(peer.ip()))
+            (t.make_room(source), t.admit(source))
         };
         if let Some(reason) = made_room {
             log.refused(&metrics, peer, reason);
@@ -1483,6 +1499,17 @@ mod transport_limit_tests {
 
     fn ip(a: u8, b: u8) -> IpAddr {
         IpAddr::from([10, 0, a, b])
+    }
+
+    #[test]
+    fn an_ipv6_source_is_its_64_and_a_mapped_ipv4_its_address() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of(other));
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(source_of(mapped), IpAddr::from([10, 0, 0, 7]));
     }
 
     #[test]
