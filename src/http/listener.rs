@@ -67,16 +67,6 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let closed = |reason: &'static str| {
-        metrics
-            .http
-            .connections_closed
-            .get_or_create(&ListenerLabels {
-                listener: limits.name,
-                reason,
-            })
-            .inc();
-    };
     let conns: Arc<Mutex<BTreeMap<u64, Conn>>> = Arc::default();
     let mut tasks = JoinSet::new();
     let mut next_id = 0u64;
@@ -101,7 +91,7 @@ pub async fn serve(
                 .iter()
                 .find(|(_, c)| c.in_flight.load(Ordering::Relaxed) == 0)
                 .map(|(id, _)| *id);
-            closed("limit");
+            count_closed(&metrics, limits.name, "limit");
             if !warned_full {
                 warned_full = true;
                 warn!(
@@ -130,20 +120,13 @@ pub async fn serve(
             limits.header_read_timeout,
             stop.clone(),
         );
-        let (conns_ref, closed_ref) = (conns.clone(), metrics.clone());
+        let (conns_ref, metrics_ref) = (conns.clone(), metrics.clone());
         let name = limits.name;
         // Registered under the lock, so the task cannot leave the table
         // before it entered it.
         let handle = tasks.spawn(async move {
             if conn.await {
-                closed_ref
-                    .http
-                    .connections_closed
-                    .get_or_create(&ListenerLabels {
-                        listener: name,
-                        reason: "header_timeout",
-                    })
-                    .inc();
+                count_closed(&metrics_ref, name, "header_timeout");
             }
             conns_ref
                 .lock()
@@ -155,6 +138,14 @@ pub async fn serve(
     drop(listener);
     // Idle connections close at once; busy ones after their response.
     while tasks.join_next().await.is_some() {}
+}
+
+fn count_closed(metrics: &Metrics, listener: &'static str, reason: &'static str) {
+    metrics
+        .http
+        .connections_closed
+        .get_or_create(&ListenerLabels { listener, reason })
+        .inc();
 }
 
 /// Serves one connection; true when it was closed by the header timeout.
