@@ -386,8 +386,8 @@ fn healthz_and_the_challenge_port_answer_under_2000_idle_connections() {
     for (name, addr) in [("admin", admin), ("challenge", challenge)] {
         let holder = Holder::start(addr, IDLE, b"");
         // Let the idle connections pile up (a node that stops accepting
-        // never lets all of them in: then go on after 30 s).
-        poll_until(Duration::from_secs(30), || holder.opened() >= IDLE);
+        // never lets all of them in: then go on after 60 s).
+        poll_until(Duration::from_secs(60), || holder.opened() >= IDLE);
         let started = Instant::now();
         let answered = poll_until(Duration::from_secs(10), || {
             let health = http_get(admin, "/healthz", None).is_ok_and(|r| r.status == 200);
@@ -523,7 +523,7 @@ fn sigterm_drains_cleanly_while_slowloris_connections_are_open() {
     let mut c = Cluster::new("127.0.76");
     let mut o = c.default_opts(1, 1);
     // Shorter than the header timeout: the drain must not wait for it.
-    o.extra_args = vec!["--shutdown-grace-ms".into(), "5000".into()];
+    o.extra_args = vec!["--shutdown-grace-ms".into(), "7000".into()];
     let i = c.spawn(o);
     c.wait_until("node-1 answers its status", || {
         c.nodes[i].status().is_some()
