@@ -14,7 +14,7 @@ use sbmesh::acme::manager::{
     AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus, CertificatesChanged,
 };
 use sbmesh::config::{CertApply, SbConfig, StorageBackend};
-use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, listener, mesh_running};
+use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
 use sbmesh::mesh::seal::KeyRing;
 use sbmesh::mesh::{AcmeInfo, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
@@ -397,12 +397,13 @@ async fn serve(
     metrics: Arc<Metrics>,
     stop: watch::Receiver<bool>,
 ) {
-    let limits = listener::Listener {
+    use sbmesh::http::listener as limited;
+    let limits = limited::Listener {
         name,
-        max_connections: listener::max_connections(),
-        header_read_timeout: listener::HEADER_READ_TIMEOUT,
+        max_connections: limited::max_connections(),
+        header_read_timeout: limited::HEADER_READ_TIMEOUT,
     };
-    listener::serve(listener, router, limits, metrics, stop).await;
+    limited::serve(listener, router, limits, metrics, stop).await;
 }
 
 /// The one owner of this node's mesh metadata: readiness (every 500 ms)

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
-use crate::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, MAX_FRAME, Reject, Sealer};
+use crate::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, Reject, Sealer};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
 use crate::mesh::wire::{self, FullState, TcpMsg, WireError, WireMember};
 use crate::metrics::{Metrics, PeerState, StateLabels, Transport};
@@ -1430,7 +1430,8 @@ async fn exchange(
         let mut stream = TcpStream::connect(addr).await?;
         let n = wire::write_frame(&mut stream, sealer, key, &msg, now_ms()).await?;
         metrics.mesh.sent(Transport::tcp, n);
-        let (reply, n, _) = wire::read_frame(&mut stream, sealer, MAX_FRAME, now_ms).await?;
+        let (reply, n, _) =
+            wire::read_frame(&mut stream, sealer, wire::MAX_REPLY_FRAME, now_ms).await?;
         metrics.mesh.received(Transport::tcp, n);
         Ok(reply)
     };

@@ -90,9 +90,13 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
 ///
 /// A request is a metadata request or a full-state push without records
 /// (members and metadata stamps, about 150 bytes per member with long pod
-/// names), so 1 MiB holds several thousand members; replies, read from a
-/// peer we chose to call, may be up to [`MAX_FRAME`].
+/// names), so 1 MiB holds several thousand members; replies may be up to
+/// [`MAX_REPLY_FRAME`].
 pub(crate) const MAX_REQUEST_FRAME: usize = 1 << 20;
+
+/// Largest reply, read from a peer we chose to call (a full state with
+/// every member's metadata on join): the seal's limit.
+pub(crate) const MAX_REPLY_FRAME: usize = MAX_FRAME;
 
 /// The buffer a frame's body starts in; it grows with the bytes that
 /// actually arrive, never to the announced length up front.
