@@ -64,12 +64,47 @@ pub struct MeshMetrics {
     pub bytes_sent: Family<TransportLabels, Counter>,
     /// `mesh_bytes_received_total{transport}`.
     pub bytes_received: Family<TransportLabels, Counter>,
+    /// `mesh_transport_connections_refused_total{reason}`: inbound
+    /// transport connections closed before their first frame opened, by
+    /// [`TRANSPORT_REFUSED_REASONS`].
+    pub connections_refused: Family<ReasonLabels, Counter>,
+}
+
+/// Reasons of `mesh_transport_connections_refused_total`: `source_limit`
+/// (the oldest unauthenticated connection of a source IP closed to make room
+/// for a new one), `limit` (the same, across all sources), `timeout` (no
+/// complete first frame in time). A first frame that arrives but does not
+/// open is counted in `mesh_packets_rejected_total` instead.
+pub const TRANSPORT_REFUSED_REASONS: [&str; 3] = ["source_limit", "limit", "timeout"];
+
+/// `{listener="admin|challenge",reason="limit|header_timeout"}` of
+/// `sbmesh_http_connections_closed_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    /// `admin` or `challenge`.
+    pub listener: &'static str,
+    /// `limit`: an idle connection closed (or a new one refused) at the
+    /// connection limit; `header_timeout`: no complete request head in time.
+    pub reason: &'static str,
+}
+
+/// Metrics of the admin and challenge HTTP listeners.
+pub struct HttpMetrics {
+    /// `sbmesh_http_connections_closed_total{listener,reason}`.
+    pub connections_closed: Family<ListenerLabels, Counter>,
 }
 
 impl MeshMetrics {
     /// Counts one rejected packet.
     pub fn rejected(&self, reason: &'static str) {
         self.packets_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts one inbound transport connection refused before it authenticated.
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
@@ -156,6 +191,8 @@ pub struct Metrics {
     registry: Registry,
     /// The mesh's metrics.
     pub mesh: MeshMetrics,
+    /// The admin and challenge listeners' metrics.
+    pub http: HttpMetrics,
     /// The certificate store's metrics.
     pub store: StoreMetrics,
     /// The config reloader's metrics.
@@ -268,6 +305,7 @@ impl Metrics {
             packets_rejected: Family::default(),
             bytes_sent: Family::default(),
             bytes_received: Family::default(),
+            connections_refused: Family::default(),
         };
         for state in [PeerState::alive, PeerState::suspect, PeerState::down] {
             let _ = mesh.peer_count.get_or_create(&StateLabels { state });
@@ -317,6 +355,31 @@ impl Metrics {
             "mesh_bytes_received",
             "Sealed mesh bytes received, by transport",
             mesh.bytes_received.clone(),
+        );
+        for reason in TRANSPORT_REFUSED_REASONS {
+            let _ = mesh
+                .connections_refused
+                .get_or_create(&ReasonLabels { reason });
+        }
+        registry.register(
+            "mesh_transport_connections_refused",
+            "Inbound transport connections closed before their first frame authenticated, by reason",
+            mesh.connections_refused.clone(),
+        );
+        let http = HttpMetrics {
+            connections_closed: Family::default(),
+        };
+        for listener in ["admin", "challenge"] {
+            for reason in ["limit", "header_timeout"] {
+                let _ = http
+                    .connections_closed
+                    .get_or_create(&ListenerLabels { listener, reason });
+            }
+        }
+        registry.register(
+            "sbmesh_http_connections_closed",
+            "Admin and challenge connections closed by the listener's limits, by listener and reason",
+            http.connections_closed.clone(),
         );
         let store = StoreMetrics {
             operations: Family::default(),
@@ -417,6 +480,7 @@ impl Metrics {
         Self {
             registry,
             mesh,
+            http,
             store,
             reloader,
             acme,
@@ -454,6 +518,21 @@ mod tests {
             "mesh_packets_rejected_total{reason=\"clock_skew\"} 0",
             "mesh_bytes_sent_total{transport=\"udp\"} 0",
             "mesh_bytes_received_total{transport=\"tcp\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn exposes_listener_limit_names_at_zero() {
+        let m = Metrics::new();
+        m.mesh.connection_refused("timeout");
+        let text = m.encode();
+        for name in [
+            "mesh_transport_connections_refused_total{reason=\"timeout\"} 1",
+            "mesh_transport_connections_refused_total{reason=\"source_limit\"} 0",
+            "sbmesh_http_connections_closed_total{listener=\"admin\",reason=\"header_timeout\"} 0",
+            "sbmesh_http_connections_closed_total{listener=\"challenge\",reason=\"limit\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -1,7 +1,6 @@
 //! `sbmesh-sidecar run`: builds the library's parts from the settings and
 //! runs them until SIGTERM/SIGINT, then drains.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -148,7 +147,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let admin = TcpListener::bind(settings.admin_listen)
         .await
         .with_context(|| format!("binding --admin-listen {}", settings.admin_listen))?;
-    let admin_task = tokio::spawn(serve(admin, admin_router(state.clone()), stop_rx.clone()));
+    let admin_task = tokio::spawn(serve(
+        admin,
+        "admin",
+        admin_router(state.clone()),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
 
     // The HTTP-01 responder needs the store; until the store is open the
     // port answers 404 for every path, as it does for unknown tokens.
@@ -158,7 +163,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let responder: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
     let challenge_task = tokio::spawn(serve(
         challenge,
+        "challenge",
         deferred_router(responder.clone()),
+        metrics.clone(),
         stop_rx.clone(),
     ));
 
@@ -383,17 +390,20 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn serve(listener: TcpListener, router: Router, mut stop: watch::Receiver<bool>) {
-    let service = router.into_make_service_with_connect_info::<SocketAddr>();
-    let shutdown = async move {
-        let _ = stop.wait_for(|s| *s).await;
+async fn serve(
+    listener: TcpListener,
+    name: &'static str,
+    router: Router,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) {
+    use sbmesh::http::listener as limited;
+    let limits = limited::Listener {
+        name,
+        max_connections: limited::max_connections(),
+        header_read_timeout: limited::HEADER_READ_TIMEOUT,
     };
-    if let Err(e) = axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown)
-        .await
-    {
-        warn!(error = %e, "http listener failed");
-    }
+    limited::serve(listener, router, limits, metrics, stop).await;
 }
 
 /// The one owner of this node's mesh metadata: readiness (every 500 ms)

@@ -2,6 +2,7 @@
 //! (SPEC section 3).
 
 mod auth;
+pub mod listener;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

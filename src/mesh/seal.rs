@@ -329,6 +329,34 @@ impl Sealer {
         OVERHEAD
     }
 
+    /// Bytes of the clear header (version, cluster tag, key id, nonce).
+    pub fn clear_header_len() -> usize {
+        HEADER_LEN
+    }
+
+    /// The checks of [`Sealer::unseal`] that need only the clear header
+    /// (version, cluster tag, key id in the ring), so a TCP shell can drop a
+    /// frame before reading or buffering its body.
+    ///
+    /// # Errors
+    /// The [`Reject`] that `unseal` would give for this header.
+    pub fn check_clear_header(&self, header: &[u8]) -> Result<(), Reject> {
+        let Some(header) = header.first_chunk::<HEADER_LEN>() else {
+            return Err(Reject::Size);
+        };
+        let header = Header::parse(header);
+        if header.version != FORMAT_VERSION {
+            return Err(Reject::Decode);
+        }
+        if header.cluster_tag != self.cluster_tag {
+            return Err(Reject::Cluster);
+        }
+        match self.current_ring().aead(header.key_id) {
+            Some(_) => Ok(()),
+            None => Err(Reject::Decrypt),
+        }
+    }
+
     /// Seals `payload` under the primary key with a fresh random nonce and
     /// `now_unix_ms` as the sender time, and appends the packet to `out`.
     ///

@@ -85,24 +85,58 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
     Ok(sealed.len())
 }
 
-/// Reads one sealed frame, checking its announced length before allocating.
-/// Returns the message, the bytes read and the id of the key that opened it.
+/// Largest first frame of an inbound connection, in bytes: the request,
+/// read before anything on the connection authenticated.
+///
+/// A request is a metadata request or a full-state push without records
+/// (members and metadata stamps, about 150 bytes per member with long pod
+/// names), so 1 MiB holds several thousand members; replies may be up to
+/// [`MAX_REPLY_FRAME`].
+pub(crate) const MAX_REQUEST_FRAME: usize = 1 << 20;
+
+/// Largest reply, read from a peer we chose to call (a full state with
+/// every member's metadata on join): the seal's limit.
+pub(crate) const MAX_REPLY_FRAME: usize = MAX_FRAME;
+
+/// The buffer a frame's body starts in; it grows with the bytes that
+/// actually arrive, never to the announced length up front.
+const FIRST_CHUNK: usize = 16 << 10;
+
+/// Reads one sealed frame of at most `max` bytes. Returns the message, the
+/// bytes read and the id of the key that opened it.
+///
+/// The announced length is checked against `max`, then the clear header
+/// against the seal (version, cluster, key id) before the body is read, and
+/// the body is buffered as it arrives: a peer that announces 16 MiB and
+/// stalls holds a few KiB, not 16 MiB.
 pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
     r: &mut R,
     sealer: &Sealer,
+    max: usize,
     now_ms: impl Fn() -> u64,
 ) -> Result<(TcpMsg, usize, u32), WireError> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).await?;
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME || len < Sealer::overhead() {
+    if len > max.min(MAX_FRAME) || len < Sealer::overhead() {
         return Err(WireError::Rejected(Reject::Size));
     }
-    let mut buf = vec![0u8; len];
+    let header_len = Sealer::clear_header_len();
+    let mut buf = vec![0u8; header_len];
     r.read_exact(&mut buf).await?;
+    sealer
+        .check_clear_header(&buf)
+        .map_err(WireError::Rejected)?;
+    buf.reserve_exact(len.min(FIRST_CHUNK) - header_len);
+    let body = (len - header_len) as u64;
+    let got = (&mut *r).take(body).read_to_end(&mut buf).await?;
+    if (got as u64) < body {
+        return Err(WireError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
     let (plain, key_id) = sealer
         .unseal_keyed(Channel::Tcp, &buf, now_ms())
         .map_err(WireError::Rejected)?;
+    drop(buf);
     let msg = postcard::from_bytes(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
     Ok((msg, len + 4, key_id))
 }
@@ -149,6 +183,96 @@ mod tests {
             let mut rt = AccumulatingRuntime::new();
             let _ = f.handle_data(&bytes, &mut rt);
         }
+    }
+
+    fn sealer(cluster: &str) -> Sealer {
+        Sealer::new(
+            cluster,
+            crate::mesh::seal::KeyRing::new(vec![[7; 32]]).unwrap(),
+        )
+    }
+
+    async fn sealed_request(sealer: &Sealer) -> Vec<u8> {
+        let mut out = Vec::new();
+        let msg = TcpMsg::MetaRequest("node-2".into());
+        write_frame(&mut out, sealer, None, &msg, crate::mesh::runtime::now_ms())
+            .await
+            .unwrap();
+        out
+    }
+
+    /// The body of a frame is never waited for (nor buffered) when its
+    /// clear header already fails: here a 16 MiB frame of another cluster
+    /// whose sender then stalls.
+    #[tokio::test]
+    async fn a_frame_of_another_cluster_is_refused_after_its_header() {
+        let foreign = sealed_request(&sealer("other")).await;
+        let (mut client, mut server) = tokio::io::duplex(64 << 10);
+        client
+            .write_all(&(MAX_FRAME as u32).to_be_bytes())
+            .await
+            .unwrap();
+        client
+            .write_all(&foreign[4..4 + Sealer::clear_header_len()])
+            .await
+            .unwrap();
+        let ours = sealer("ours");
+        let read = read_frame(&mut server, &ours, MAX_FRAME, crate::mesh::runtime::now_ms);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        assert!(
+            matches!(got, Ok(Err(WireError::Rejected(Reject::Cluster)))),
+            "refused as another cluster's at once: {got:?}"
+        );
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn a_first_frame_over_the_request_limit_is_refused_before_its_body() {
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client
+            .write_all(&((MAX_REQUEST_FRAME + 1) as u32).to_be_bytes())
+            .await
+            .unwrap();
+        let s = sealer("ours");
+        let read = read_frame(
+            &mut server,
+            &s,
+            MAX_REQUEST_FRAME,
+            crate::mesh::runtime::now_ms,
+        );
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        assert!(
+            matches!(got, Ok(Err(WireError::Rejected(Reject::Size)))),
+            "refused by its length: {got:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_frame_arriving_in_pieces_opens() {
+        let s = sealer("ours");
+        let frame = sealed_request(&s).await;
+        let (mut client, mut server) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            for piece in frame.chunks(7) {
+                client.write_all(piece).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            client
+        });
+        let (msg, n, _) = read_frame(
+            &mut server,
+            &s,
+            MAX_REQUEST_FRAME,
+            crate::mesh::runtime::now_ms,
+        )
+        .await
+        .unwrap();
+        drop(writer.await.unwrap());
+        assert!(
+            matches!(msg, TcpMsg::MetaRequest(ref id) if id == "node-2"),
+            "{msg:?}"
+        );
+        assert!(n > Sealer::overhead());
     }
 
     #[test]
