@@ -13,10 +13,10 @@
 //! (The soak starts its own Redis and Pebble inside its network namespace;
 //! scripts/test only installs them, libfaketime and iptables.) Needs root.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 #[path = "../tests/common/chaos.rs"]
 mod chaos;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 fn main() {
     if !chaos::enter_netns_bench() {

@@ -8,9 +8,9 @@
 //! pebble-challtestsrv, iptables, openssl and libfaketime: `scripts/test`
 //! installs them.
 
-mod common;
 #[path = "common/chaos.rs"]
 mod chaos;
+mod common;
 
 use chaos::{FaultKind, PODS, schedule};
 use common::{enter_netns_test, netns_test_passed, require_iptables};
@@ -48,7 +48,13 @@ fn schedule_replays_from_its_seed() {
     // Over 30 minutes every kind of fault comes up.
     let long = schedule(42, 1800, PODS);
     for kind in [
-        "kill", "partition", "redis", "SIGSTOP", "config", "key", "clock",
+        "kill",
+        "partition",
+        "redis",
+        "SIGSTOP",
+        "config",
+        "key",
+        "clock",
     ] {
         assert!(
             long.iter().any(|f| f.kind.label().starts_with(kind)),

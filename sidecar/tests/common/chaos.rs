@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use crate::common::acme::Pebble;
 use crate::common::pods::{HTTP_PORT, PROXY_ADMIN_PORT, SIDECAR_ADMIN_PORT, http_get, standin_bin};
-use crate::common::{iptables, metric_sum, now_unix_ms, poll_until, sidecar_bin, tool, write_atomic};
+use crate::common::{
+    iptables, metric_sum, now_unix_ms, poll_until, sidecar_bin, tool, write_atomic,
+};
 
 pub const PODS: usize = 5;
 pub const BASE_HOSTS: usize = 20;
@@ -255,8 +257,14 @@ pub fn schedule(seed: u64, secs: u64, pods: usize) -> Vec<Fault> {
     }
 }
 
+/// An origin of the pool; half the time one of the extras, so that swaps
+/// add origins (and orders happen) as often as they remove them.
 fn pick_host(rng: &mut SeededRng) -> usize {
-    rng.range(0, (BASE_HOSTS + EXTRA_HOSTS) as u64 - 1) as usize
+    if rng.range(0, 1) == 0 {
+        BASE_HOSTS + rng.range(0, EXTRA_HOSTS as u64 - 1) as usize
+    } else {
+        rng.range(0, BASE_HOSTS as u64 - 1) as usize
+    }
 }
 
 fn maybe_swap(rng: &mut SeededRng) -> Option<usize> {
@@ -364,7 +372,14 @@ impl Redis {
         let log = self.dir.join("redis.log");
         let mut cmd = Command::new(tool("redis-server"));
         cmd.args(["--bind", "127.0.0.1", "--port", &REDIS_PORT.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
             .arg("--dir")
             .arg(&self.dir)
             .args(["--daemonize", "no", "--loglevel", "warning"])
@@ -419,7 +434,10 @@ impl Ca {
             .args(["-c", &sh])
             .status()
             .expect("run openssl (scripts/test installs it)");
-        assert!(st.success(), "making Pebble's TLS certificate with openssl failed");
+        assert!(
+            st.success(),
+            "making Pebble's TLS certificate with openssl failed"
+        );
         fs::write(
             dir.join("pebble.json"),
             format!(
@@ -789,9 +807,11 @@ impl Monitor {
                     let at_ms = now_unix_ms();
                     let serials = ChaosPod::serials_in(dir);
                     // A stopped or restarting sidecar has no sample.
-                    let Some((200, m)) =
-                        http_get(SocketAddr::from((*ip, SIDECAR_ADMIN_PORT)), "/metrics", None)
-                    else {
+                    let Some((200, m)) = http_get(
+                        SocketAddr::from((*ip, SIDECAR_ADMIN_PORT)),
+                        "/metrics",
+                        None,
+                    ) else {
                         continue;
                     };
                     let orders = metric_sum(&m, "acme_orders_total", &[("result", "issued")])
@@ -928,13 +948,7 @@ impl Fleet {
             let key_file = dir.join("cluster.key");
             write_atomic(&key_file, &format!("{}\n", key_hex(seed, 0)));
             let args = pod_args(i, &cluster_id, &key_file, fleet.base.path());
-            let pod = ChaosPod::spawn(
-                i,
-                pod_ip(i),
-                fleet.base.path(),
-                &fleet.config_path,
-                &args,
-            );
+            let pod = ChaosPod::spawn(i, pod_ip(i), fleet.base.path(), &fleet.config_path, &args);
             fleet.pods.push(pod);
         }
         fleet
@@ -983,10 +997,11 @@ impl Fleet {
             for b in (0..PODS).filter(|b| !pair.contains(b)) {
                 let (ia, ib) = (pod_ip(a).to_string(), pod_ip(b).to_string());
                 for (src, dst) in [(&ia, &ib), (&ib, &ia)] {
-                    let rule: Vec<String> = ["INPUT", "-i", "lo", "-s", src, "-d", dst, "-j", "DROP"]
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect();
+                    let rule: Vec<String> =
+                        ["INPUT", "-i", "lo", "-s", src, "-d", dst, "-j", "DROP"]
+                            .iter()
+                            .map(|s| s.to_string())
+                            .collect();
                     let mut args = vec!["-A"];
                     args.extend(rule.iter().map(String::as_str));
                     iptables(&args);
@@ -1008,29 +1023,23 @@ impl Fleet {
         std::thread::sleep(Duration::from_secs(secs) - half);
     }
 
-    /// Adds origin `host`, or removes it (keeping at least 16); true when added.
+    /// Adds origin `host`, or removes it (keeping at least 16, else it
+    /// stays); true when added.
     fn toggle(&mut self, host: usize) -> bool {
-        let added = if self.active.contains(&host) && self.active.len() > BASE_HOSTS - 4 {
+        let what = if !self.active.contains(&host) {
+            self.active.insert(host);
+            "added"
+        } else if self.active.len() > BASE_HOSTS - 4 {
             self.active.remove(&host);
-            false
+            "removed"
         } else {
-            self.active.insert(host)
+            "kept (at the minimum of origins)"
         };
-        self.write_config();
-        eprintln!(
-            "chaos:   {} {}",
-            if added { "added" } else { "removed" },
-            self.pool[host]
-        );
-        added
-    }
-
-    fn heal_partition(&mut self) {
-        for rule in std::mem::take(&mut self.partition_rules) {
-            let mut args = vec!["-D"];
-            args.extend(rule.iter().map(String::as_str));
-            iptables(&args);
+        eprintln!("chaos:   {what} {}", self.pool[host]);
+        if what != "kept (at the minimum of origins)" {
+            self.write_config();
         }
+        what == "added"
     }
 
     fn redis_restart(&mut self, down_secs: u64) {
@@ -1225,7 +1234,10 @@ pub fn run(seed: u64, secs: u64) -> Outcome {
             describe_members(&fleet)
         ));
     }
-    notes.push(format!("converged after {:.1}s", t0.elapsed().as_secs_f64()));
+    notes.push(format!(
+        "converged after {:.1}s",
+        t0.elapsed().as_secs_f64()
+    ));
     let first = fleet.hosts();
     let initial = poll_until(Duration::from_secs(120), || {
         all_same_serials(&fleet, &first).is_ok()
@@ -1419,7 +1431,10 @@ fn check_processes(fleet: &Fleet, failures: &mut Vec<String>) {
         let kills = fleet.killed.iter().filter(|(k, _)| *k == p.index).count();
         let runs = p.read("sidecar.runs");
         let exits: Vec<&str> = runs.lines().filter(|l| l.starts_with("exit ")).collect();
-        let not_killed: Vec<&&str> = exits.iter().filter(|l| !l.starts_with("exit 137")).collect();
+        let not_killed: Vec<&&str> = exits
+            .iter()
+            .filter(|l| !l.starts_with("exit 137"))
+            .collect();
         if !not_killed.is_empty() {
             failures.push(format!(
                 "{}: the sidecar exited by itself ({not_killed:?}); last log lines:\n{}",
@@ -1457,7 +1472,9 @@ pub fn applied_posts(proxy_log: &str) -> Vec<(u64, String)> {
     proxy_log
         .lines()
         .filter_map(|l| {
-            let rest = l.split("reload (POST /admin/reload): applied revision ").nth(1)?;
+            let rest = l
+                .split("reload (POST /admin/reload): applied revision ")
+                .nth(1)?;
             let ts = parse_rfc3339_ms(l.split_whitespace().next()?)?;
             Some((ts, rest.split_whitespace().next()?.to_owned()))
         })
