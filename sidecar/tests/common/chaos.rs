@@ -1042,6 +1042,14 @@ impl Fleet {
         what == "added"
     }
 
+    fn heal_partition(&mut self) {
+        for rule in std::mem::take(&mut self.partition_rules) {
+            let mut args = vec!["-D"];
+            args.extend(rule.iter().map(String::as_str));
+            iptables(&args);
+        }
+    }
+
     fn redis_restart(&mut self, down_secs: u64) {
         self.redis.kill9();
         std::thread::sleep(Duration::from_secs(down_secs));
