@@ -5,13 +5,14 @@
 //! one listed. `SBMESH_CHAOS_SEED=<seed>` replays a schedule.
 //!
 //! ```text
-//! SBMESH_TEST_SERVERS="" \
+//! SBMESH_TEST_SERVERS="redis pebble" \
 //!   SBMESH_TEST_RUN="cargo build --release -p sbmesh-standin && cargo bench -p sbmesh-sidecar --bench chaos_soak" \
 //!   scripts/test
 //! ```
 //!
 //! (The soak starts its own Redis and Pebble inside its network namespace;
-//! scripts/test only installs them, libfaketime and iptables.) Needs root.
+//! scripts/test installs them, libfaketime and iptables; the servers it
+//! starts outside are not used.) Needs root.
 
 #[path = "../tests/common/chaos.rs"]
 mod chaos;
