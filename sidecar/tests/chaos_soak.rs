@@ -69,3 +69,32 @@ fn schedule_replays_from_its_seed() {
         );
     }
 }
+
+/// The log readers the invariants rest on read both log formats.
+#[test]
+fn log_readers_find_errors_and_applied_reloads() {
+    assert_eq!(
+        chaos::parse_rfc3339_ms("1970-01-01T00:00:01.5Z"),
+        Some(1500)
+    );
+    assert_eq!(
+        chaos::parse_rfc3339_ms("2026-12-01T11:40:50.123456Z"),
+        Some(1_796_125_250_123)
+    );
+    assert_eq!(chaos::parse_rfc3339_ms("yesterday"), None);
+    let sidecar = "2026-12-01T11:40:50.123456Z  INFO sbmesh::x: fine\n\
+                   2026-12-01T11:40:51.000000Z ERROR sbmesh::y: broken store\n\
+                   not a log line ERROR\n";
+    let errors = chaos::error_lines(sidecar);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].0, 1_796_125_251_000);
+    assert!(errors[0].1.contains("broken store"));
+    let proxy = "2026-12-01T11:45:21.161Z INFO reload (POST /admin/reload): re-reading the config file\n\
+                 2026-12-01T11:45:21.211Z INFO reload (POST /admin/reload): applied revision 45602c fully_applied=true degraded=[]\n\
+                 2026-12-01T11:45:22.000Z ERROR reload (POST /admin/reload): refused\n";
+    assert_eq!(
+        chaos::applied_posts(proxy),
+        vec![(1_796_125_521_211, "45602c".to_owned())]
+    );
+    assert_eq!(chaos::error_lines(proxy).len(), 1);
+}
