@@ -659,19 +659,7 @@ impl ChaosPod {
 
     /// host -> serial of every certificate file under this pod's cert dir.
     pub fn serials_on_disk(&self) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        let Ok(entries) = fs::read_dir(self.dir.join("certs")) else {
-            return out;
-        };
-        for e in entries.flatten() {
-            let host = e.file_name().to_string_lossy().into_owned();
-            if let Ok(pem) = fs::read_to_string(e.path().join("tls.crt"))
-                && let Ok(facts) = sbmesh::acme::certs::parse_chain(&pem)
-            {
-                out.insert(host, facts.serial);
-            }
-        }
-        out
+        ChaosPod::serials_in(&self.dir)
     }
 
     pub fn read(&self, file: &str) -> String {
@@ -1160,12 +1148,7 @@ impl Drop for Fleet {
         // Pods first (their processes use Redis and Pebble), by their unshare PIDs.
         self.pods.clear();
         if std::thread::panicking() || std::env::var_os("SBMESH_KEEP_TMP").is_some() {
-            let path = self.base.path().to_path_buf();
-            eprintln!("chaos: logs kept in {}", path.display());
-            std::mem::forget(std::mem::replace(
-                &mut self.base,
-                tempfile::tempdir().expect("temp dir"),
-            ));
+            keep_logs(self);
         }
     }
 }
@@ -1343,12 +1326,13 @@ pub fn run(seed: u64, secs: u64) -> Outcome {
     };
     if !outcome.failures.is_empty() {
         // Keep the logs for the failure report.
-        unsafe_keep(&mut fleet);
+        keep_logs(&mut fleet);
     }
     outcome
 }
 
-fn unsafe_keep(fleet: &mut Fleet) {
+/// Leaves the run's directory (every log, pod.sh, samples.tsv) on disk.
+fn keep_logs(fleet: &mut Fleet) {
     let path = fleet.base.path().to_path_buf();
     eprintln!("chaos: logs kept in {}", path.display());
     std::mem::forget(std::mem::replace(
