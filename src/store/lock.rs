@@ -715,20 +715,19 @@ impl LeaseLock {
     /// the record names another holder, is released already, or changed
     /// meanwhile (nothing is written then).
     pub async fn release_predecessor(&self, predecessor: &str) -> Result<bool, StoreError> {
-        let Some((record, version)) = self.read().await? else {
+        let Some((mut stored, version)) = self.read().await? else {
             return Ok(false);
         };
+        let record = &mut stored.record;
         if record.holder != predecessor || record.released {
             return Ok(false);
         }
-        let released = LockRecord {
-            released: true,
-            expires_at_unix_ms: record.expires_at_unix_ms.min(self.now()),
-            ..record
-        };
+        record.released = true;
+        record.expires_at_unix_ms = record.expires_at_unix_ms.min(self.now());
+        // The guards stay: the next acquisition claims them under its fence.
         Ok(self
             .store
-            .compare_and_swap(&self.key, &version, &encode_record(&released), None)
+            .compare_and_swap(&self.key, &version, &encode_stored(&stored), None)
             .await?
             .is_some())
     }
