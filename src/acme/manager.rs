@@ -56,6 +56,7 @@ use crate::mesh::seal::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
 use crate::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
+use crate::store::sealed::AtRestRing;
 use crate::store::{Store, StoreError, now_unix_ms};
 
 /// How the manager behaves; the defaults suit production.
@@ -66,8 +67,9 @@ pub struct AcmeManagerConfig {
     /// Where certificates are written for the proxy.
     pub cert_dir: PathBuf,
     /// The cluster key ring: certificate records and account credentials
-    /// are sealed with a key derived from it.
-    pub key_ring: Option<KeyRing>,
+    /// are sealed with a key derived from it. It follows the mesh's ring
+    /// (the key file) when built with [`AtRestRing::following`].
+    pub key_ring: AtRestRing,
     /// Orders this replica runs at once.
     pub max_concurrent_orders: usize,
     /// New orders the whole cluster may place per account and interval.
@@ -94,7 +96,7 @@ impl AcmeManagerConfig {
         Self {
             node_id: node_id.into(),
             cert_dir: cert_dir.into(),
-            key_ring: None,
+            key_ring: AtRestRing::plain(),
             max_concurrent_orders: 8,
             max_orders_per_interval: 300,
             order_interval: Duration::from_secs(3 * 3600),
@@ -482,6 +484,9 @@ const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
 /// the directory offers ARI (RFC 9773 suggests a few times a day).
 const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
 
+/// Pause before a unit's store record is read again after a failed read.
+const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+
 /// How an order task ended.
 enum OrderOutcome {
     /// A certificate was issued and stored.
@@ -531,6 +536,10 @@ struct UnitState {
     /// Serial announced by a peer that we have not read from the store yet.
     wanted_serial: Option<String>,
     fetching: bool,
+    /// After a failed store read, no read before this: a record that
+    /// cannot be opened (or a store that fails) must not be read again at
+    /// every wake-up while a peer keeps announcing its serial.
+    read_retry_at: Option<Instant>,
     next_check: Option<Instant>,
     /// When the CA was last asked for the renewal window, and for which serial.
     ari_asked: Option<(Instant, String)>,
@@ -548,6 +557,7 @@ impl UnitState {
             local,
             wanted_serial: None,
             fetching: false,
+            read_retry_at: None,
             next_check: None,
             ari_asked: None,
             renew_warned: None,
@@ -733,6 +743,9 @@ impl Runner {
                     return;
                 };
                 state.fetching = false;
+                state.read_retry_at = result
+                    .is_err()
+                    .then(|| Instant::now() + READ_RETRY_AFTER_ERROR);
                 match result {
                     Ok(Some(record)) => self.take_record(&id, record),
                     Ok(None) => {
@@ -994,7 +1007,7 @@ impl Runner {
         let missing_every = self.cfg.missing_check_every;
         let mut reads = Vec::new();
         for state in self.units.values_mut() {
-            if state.fetching {
+            if state.fetching || state.read_retry_at.is_some_and(|t| now_instant < t) {
                 continue;
             }
             // A placeholder or an older SAN set's certificate is as good
@@ -1164,7 +1177,8 @@ impl Runner {
                 issuer.clone(),
             );
             tokio::spawn(async move {
-                let Ok(Some(record)) = read_record(store.as_ref(), ring.as_ref(), &unit).await
+                let ring = ring.current();
+                let Ok(Some(record)) = read_record(store.as_ref(), ring.as_deref(), &unit).await
                 else {
                     return;
                 };
@@ -1187,11 +1201,15 @@ impl Runner {
     fn spawn_read(&self, unit: CertUnit) {
         let store = self.store.clone();
         let ring = self.cfg.key_ring.clone();
+        let metrics = self.metrics.clone();
         let events = self.events_tx.clone();
         tokio::spawn(async move {
-            let result = read_record(store.as_ref(), ring.as_ref(), &unit)
+            let result = read_record(store.as_ref(), ring.current().as_deref(), &unit)
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| {
+                    ring.report(&e, &metrics);
+                    e.to_string()
+                });
             let _ = events.send(Event::Stored {
                 id: unit.id,
                 result,
@@ -1267,7 +1285,7 @@ struct OrderJob {
     node_id: String,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    ring: Option<KeyRing>,
+    ring: AtRestRing,
     lock_ttl: Duration,
     budget: (u32, Duration),
     renew_before_days: Option<u32>,
@@ -1299,7 +1317,8 @@ impl OrderJob {
         let now = now_unix_ms() / 1000;
         // Another replica may have stored a certificate between our last
         // read and the lock: use it rather than order a second one.
-        match read_record(self.store.as_ref(), self.ring.as_ref(), &self.unit).await {
+        let ring = self.ring.current();
+        match read_record(self.store.as_ref(), ring.as_deref(), &self.unit).await {
             Ok(Some(record)) => {
                 let times = CertTimes {
                     not_before_unix: record.not_before_unix,
@@ -1325,7 +1344,10 @@ impl OrderJob {
             Err(StoreError::Corrupt { message, .. }) => {
                 warn!(unit = %self.unit.id, "stored certificate unusable ({message}); ordering a new one");
             }
-            Err(e) => return failed(format!("reading the store: {e}"), None),
+            Err(e) => {
+                self.ring.report(&e, &self.metrics);
+                return failed(format!("reading the store: {e}"), None);
+            }
         }
         let hosts = self.unit.names.clone();
         let dir_id = keys::directory_id(&self.acme.directory_url);
@@ -1380,7 +1402,7 @@ impl OrderJob {
             issued_by: self.node_id.clone(),
         };
         let key = self.unit.store_key();
-        let bytes = match record.encode(self.ring.as_ref(), &key) {
+        let bytes = match record.encode(self.ring.current().as_deref(), &key) {
             Ok(b) => b,
             Err(e) => return failed(e.to_string(), None),
         };
@@ -1403,7 +1425,7 @@ impl OrderJob {
         let holder = format!("{}/{}", self.node_id, std::process::id());
         let account = load_or_create(
             &self.store,
-            self.ring.as_ref(),
+            self.ring.current().as_deref(),
             &AccountSettings::from_config(&self.acme),
             &holder,
         )
