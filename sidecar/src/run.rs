@@ -16,7 +16,6 @@ use sbmesh::acme::manager::{
 };
 use sbmesh::config::{CertApply, SbConfig, StorageBackend};
 use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
-use sbmesh::store::sealed::AtRestRing;
 use sbmesh::mesh::{AcmeInfo, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
 use sbmesh::proxy::{
@@ -26,6 +25,7 @@ use sbmesh::proxy::{
 use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig};
 use sbmesh::store::Store;
 use sbmesh::store::open::{open_cluster_store, probe};
+use sbmesh::store::sealed::AtRestRing;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;

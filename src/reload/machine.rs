@@ -477,7 +477,10 @@ mod tests {
             m.step(Input::CertificatesChanged, t0 + ms(1_000)),
             vec![post("a")]
         );
-        assert!(m.step(Input::CertificatesChanged, t0 + ms(1_001)).is_empty());
+        assert!(
+            m.step(Input::CertificatesChanged, t0 + ms(1_001))
+                .is_empty()
+        );
         assert_eq!(
             m.step(Input::PostResult(PostOutcome::Refused), t0 + ms(1_002)),
             vec![
