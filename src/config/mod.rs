@@ -682,6 +682,9 @@ pub fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
 /// unresolved references are warnings, and errors where the sidecar's own
 /// block uses them.
 pub fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
+    if interpolated.oversized {
+        return Err(vec![Interpolated::oversized_problem()]);
+    }
     parse::parse(&interpolated.text, &interpolated.unresolved)
 }
 
