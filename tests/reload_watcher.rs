@@ -343,7 +343,7 @@ async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
     let config = ReloaderConfig {
         authorization: Some(AUTH.into()),
         rescan: Duration::from_secs(3600),
-        ..ReloaderConfig::new(&path, &proxy.url())
+        ..ReloaderConfig::new(&path, proxy.url())
     };
     assert_eq!(config.debounce, sbmesh::reload::DEFAULT_DEBOUNCE);
     let handle = spawn(config, &metrics);
