@@ -1,10 +1,17 @@
 //! Cluster-key rotation with certificates in the store (SPEC section 11):
-//! 3 sidecars on `--cluster-key-file`, Redis, Pebble. The file goes
-//! `[old]` -> `[new, old]` on every pod, one pod restarts (it seals under
-//! `new` from then on) and orders a new host: every replica, restarted or
-//! not, installs that certificate. Then `[new]` everywhere: a record sealed
-//! only under `old` cannot be opened; it is reported at warn with the key
-//! id, counted, and read again at a modest cadence (not at every wake-up).
+//! 3 sidecars on `--cluster-key-file`, Redis, Pebble.
+//!
+//! 1. `[old]` everywhere; certificates issued.
+//! 2. `[new, old]` on two pods; one of them restarts (it seals under `new`
+//!    from then on) and orders a new host: the other, not restarted,
+//!    installs it too. The records sealed under `old` are resealed under
+//!    `new`.
+//! 3. The third pod restarts while its key file still says `[old]` (the
+//!    kubelet updates mounts a pod at a time): it cannot open the records
+//!    now sealed under `new`, reports that at warn with the key id, counts
+//!    it, orders no replacement and does not spin on the store. Once its
+//!    file says `[new, old]` it installs them, without a restart.
+//! 4. `[new]` everywhere: a pod that starts now opens every record.
 //!
 //! Address block: 127.0.91.1-3.
 
@@ -15,7 +22,9 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::acme::{Pebble, acme_config, handshake_ok, own_certs, redis_from_env, unique_hosts};
+use common::acme::{
+    Pebble, SerialCache, acme_config, handshake_ok, own_certs, redis_from_env, unique_hosts,
+};
 use common::*;
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
@@ -73,18 +82,19 @@ fn reload_counts(cluster: &Cluster) -> Vec<usize> {
         .collect()
 }
 
-/// Every node serves `hosts` from its files, one serial per host
-/// across the fleet, and lists it in its status.
+/// Every node of `nodes` serves `hosts` from its files, one serial per
+/// host across them, and lists it in its status.
 fn wait_installed(
     cluster: &Cluster,
     pebble: &Pebble,
+    nodes: &[usize],
     hosts: &[String],
 ) -> BTreeMap<String, String> {
     let root = pebble.root_pem();
     let mut agreed = BTreeMap::new();
     cluster.wait_until("every replica installed every certificate", || {
         let mut seen: BTreeMap<String, String> = BTreeMap::new();
-        for node in &cluster.nodes {
+        for node in nodes.iter().map(|i| &cluster.nodes[*i]) {
             let Some(status) = node.status() else {
                 return false;
             };
@@ -118,6 +128,48 @@ fn store_ops(node: &Node) -> f64 {
     node.metrics()
         .and_then(|m| metric_sum(&m, "store_operations_total", &[]))
         .unwrap_or(0.0)
+}
+
+fn missing_key_count(node: &Node) -> f64 {
+    node.metrics()
+        .and_then(|m| {
+            metric_sum(
+                &m,
+                "store_unseal_failures_total",
+                &[("reason", "missing_key")],
+            )
+        })
+        .unwrap_or(0.0)
+}
+
+fn restart(cluster: &mut Cluster, i: usize) {
+    cluster.nodes[i].sigterm();
+    assert!(
+        cluster.nodes[i]
+            .wait_exit(Duration::from_secs(30))
+            .is_some(),
+        "{} did not stop on SIGTERM",
+        NODES[i]
+    );
+    cluster.nodes[i].restart();
+}
+
+fn log_lines_with(node: &Node, needles: &[&str]) -> usize {
+    std::fs::read_to_string(&node.log_path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
+}
+
+/// [`log_lines_with`] in the log of the node's current process only.
+fn current_log_lines_with(node: &Node, needles: &[&str]) -> usize {
+    let log = std::fs::read_to_string(&node.log_path).unwrap_or_default();
+    let current = log.rsplit("=== spawn #").next().unwrap_or_default();
+    current
+        .lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
 }
 
 #[test]
@@ -160,89 +212,61 @@ fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificate
             ],
         });
     }
-    let before_rotation = wait_installed(&cluster, &pebble, &first);
+    let (restarted, stayed, lagging) = (0, 1, 2);
+    let before_rotation = wait_installed(&cluster, &pebble, &[0, 1, 2], &first);
 
-    // Step 1 of the rotation: `[new, old]` on every pod.
+    // 2. `[new, old]` on two pods; one restarts and orders a new host.
     let reloads = reload_counts(&cluster);
-    for i in 0..3 {
+    for i in [restarted, stayed] {
         write_keys(&key_file(i, &cluster.dir), &[KEY_NEW, KEY_OLD]);
     }
-    wait_key_reloads(&cluster, &reloads);
-
-    // One pod restarts (it reads `[new, old]` at start and seals under
-    // `new`), and orders a host of its own.
-    let restarted = 0;
-    cluster.nodes[restarted].sigterm();
-    assert!(
-        cluster.nodes[restarted]
-            .wait_exit(Duration::from_secs(30))
-            .is_some(),
-        "{} did not stop on SIGTERM",
-        NODES[restarted]
-    );
-    cluster.nodes[restarted].restart();
-    cluster.wait_converged(&[0, 1, 2]);
+    cluster.wait_until("the rotated pods reloaded their key files", || {
+        [restarted, stayed]
+            .iter()
+            .all(|i| count_in_log(&cluster.nodes[*i], "cluster key ring reloaded") > reloads[*i])
+    });
+    restart(&mut cluster, restarted);
     let added: Vec<String> = (0..)
         .map(|i| unique_hosts(&format!("rot-b{i}"), 1).remove(0))
         .find(|h| owner_of(h) == restarted)
         .into_iter()
         .collect();
-    pebble.route(&added[0], ips[(restarted + 1) % 3]);
+    pebble.route(&added[0], ips[stayed]);
     let all: Vec<String> = first.iter().chain(&added).cloned().collect();
     write_atomic(
         &cluster.config,
         &acme_config(&pebble, "redis", &redis, &all, ""),
     );
-    let after_rotation = wait_installed(&cluster, &pebble, &all);
-    for h in &first {
-        assert_eq!(
-            before_rotation.get(h),
-            after_rotation.get(h),
-            "{h} was not re-ordered by the rotation"
-        );
-    }
-
-    // Step 2: `[new]` everywhere. The first hosts' records are still
-    // sealed under `old` (nothing renewed them): a pod that starts now
-    // cannot open them, says so at warn with the key id, counts it, and
-    // keeps the certificates it has on disk.
-    let reloads = reload_counts(&cluster);
-    for i in 0..3 {
-        write_keys(&key_file(i, &cluster.dir), &[KEY_NEW]);
-    }
-    wait_key_reloads(&cluster, &reloads);
-    let probe = 1;
-    cluster.nodes[probe].sigterm();
-    assert!(
-        cluster.nodes[probe]
-            .wait_exit(Duration::from_secs(30))
-            .is_some(),
-        "{} did not stop on SIGTERM",
-        NODES[probe]
-    );
-    cluster.nodes[probe].restart();
-    let old_id = key_id(KEY_OLD);
-    let node = &cluster.nodes[probe];
-    cluster.wait_until("the unreadable records are reported and counted", || {
-        let warned = std::fs::read_to_string(&node.log_path)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.contains("WARN") && l.contains(&old_id) && l.contains("key ring"));
-        let counted = node
-            .metrics()
-            .and_then(|m| {
-                metric_sum(
-                    &m,
-                    "store_unseal_failures_total",
-                    &[("reason", "missing_key")],
-                )
-            })
-            .is_some_and(|n| n >= 1.0);
-        warned && counted
+    wait_installed(&cluster, &pebble, &[restarted, stayed], &all);
+    // Every record and the account move to the new primary.
+    let resealed = |cluster: &Cluster| {
+        let certs: usize = cluster
+            .nodes
+            .iter()
+            .map(|n| log_lines_with(n, &["certificate record resealed", &key_id(KEY_NEW)]))
+            .sum();
+        let account: usize = cluster
+            .nodes
+            .iter()
+            .map(|n| log_lines_with(n, &["ACME account record resealed", &key_id(KEY_NEW)]))
+            .sum();
+        certs >= first.len() && account >= 1
+    };
+    cluster.wait_until("the records sealed under the old key are resealed", || {
+        resealed(&cluster)
     });
-    // Warned once per key id, not once per read.
-    let warns_at = count_in_log(node, &old_id);
-    // Not spinning on the unreadable records: a modest store cadence.
+
+    // 3. The lagging pod restarts on `[old]`.
+    restart(&mut cluster, lagging);
+    let new_id = key_id(KEY_NEW);
+    cluster.wait_until("the lagging pod reports what it cannot open", || {
+        let node = &cluster.nodes[lagging];
+        current_log_lines_with(node, &["WARN", &new_id, "not in the cluster key ring"]) >= 1
+            && missing_key_count(node) >= 1.0
+    });
+    // Not spinning on the unreadable records: a modest store cadence, and
+    // one warning per key id, not one per read.
+    let node = &cluster.nodes[lagging];
     let (ops0, t0) = (store_ops(node), Instant::now());
     cluster.wait_until("10 s of store traffic measured", || {
         t0.elapsed() >= Duration::from_secs(10)
@@ -251,17 +275,59 @@ fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificate
     assert!(
         rate < 20.0,
         "{} read the store {rate:.0} times/s with unreadable records",
-        NODES[probe]
+        NODES[lagging]
     );
-    assert!(
-        count_in_log(node, &old_id) <= warns_at + first.len(),
-        "the missing key was logged at every read:\n{}",
+    assert_eq!(
+        current_log_lines_with(node, &["WARN", &new_id, "not in the cluster key ring"]),
+        1,
+        "one warning per key id:\n{}",
         node.log_tail(40)
     );
+    // Its certificates on disk are kept meanwhile.
     let root = pebble.root_pem();
-    for h in &all {
+    for h in &first {
         handshake_ok(&node.dir.join("certs"), h, &root)
-            .unwrap_or_else(|e| panic!("{} lost {h}: {e}", NODES[probe]));
+            .unwrap_or_else(|e| panic!("{} lost {h}: {e}", NODES[lagging]));
+    }
+    // Its file catches up: it installs everything, without a restart.
+    write_keys(&key_file(lagging, &cluster.dir), &[KEY_NEW, KEY_OLD]);
+    let after_rotation = wait_installed(&cluster, &pebble, &[0, 1, 2], &all);
+    for h in &first {
+        assert_eq!(
+            before_rotation.get(h),
+            after_rotation.get(h),
+            "{h} was re-ordered by the rotation"
+        );
+    }
+
+    // 4. `[new]` everywhere; a pod that starts now opens every record.
+    let reloads = reload_counts(&cluster);
+    for i in 0..3 {
+        write_keys(&key_file(i, &cluster.dir), &[KEY_NEW]);
+    }
+    wait_key_reloads(&cluster, &reloads);
+    // It starts with no files (a new pod): everything comes from the store.
+    cluster.nodes[stayed].sigterm();
+    assert!(
+        cluster.nodes[stayed]
+            .wait_exit(Duration::from_secs(30))
+            .is_some(),
+        "{} did not stop on SIGTERM",
+        NODES[stayed]
+    );
+    std::fs::remove_dir_all(cluster.nodes[stayed].dir.join("certs")).expect("cert dir");
+    cluster.nodes[stayed].restart();
+    wait_installed(&cluster, &pebble, &[0, 1, 2], &all);
+    assert_eq!(
+        missing_key_count(&cluster.nodes[stayed]),
+        0.0,
+        "{}",
+        cluster.nodes[stayed].log_tail(40)
+    );
+    // One certificate per host at the CA: the rotation ordered nothing.
+    let mut cache = SerialCache::default();
+    for (h, n) in pebble.issued_counts(&all, &mut cache) {
+        assert_eq!(n, 1, "Pebble issued {n} certificates for {h}");
     }
     for n in &cluster.nodes {
         assert!(n.is_running(), "{} exited: {}", n.id(), n.describe());

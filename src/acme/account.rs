@@ -35,7 +35,7 @@ use super::keys;
 use crate::config::{AcmeSection, Eab};
 use crate::mesh::seal::KeyRing;
 use crate::store::lock::LeaseLock;
-use crate::store::sealed::{open_record, seal_record};
+use crate::store::sealed::{open_record, seal_record, sealed_key_id};
 use crate::store::{Store, StoreError, Version};
 
 /// How long the account lock is held at most (creation is three requests).
@@ -627,6 +627,47 @@ async fn read_record(
         },
     })?;
     Ok(Some((record, entry.version)))
+}
+
+/// Rewrites the account record of `directory_url` under `ring`'s primary
+/// key when it is sealed under an older ring key, so that the old key can
+/// leave the key file without locking every later pod out of the account.
+/// By compare-and-swap on the version read: a record replaced meanwhile
+/// is left alone. Whether it was rewritten.
+///
+/// # Errors
+/// The store's; [`StoreError::MissingKey`] when the record is sealed under
+/// a key `ring` lacks.
+pub async fn reseal_account(
+    store: &dyn Store,
+    ring: &KeyRing,
+    directory_url: &str,
+) -> Result<bool, StoreError> {
+    let key = keys::account(&keys::directory_id(directory_url.trim()));
+    let Some(entry) = store.get(&key).await? else {
+        return Ok(false);
+    };
+    let Some(from) = sealed_key_id(&entry.value) else {
+        return Ok(false);
+    };
+    let to = ring.primary_id();
+    if from == to {
+        return Ok(false);
+    }
+    let json = open_record(Some(ring), &key, &entry.value)?;
+    let bytes = seal_record(Some(ring), &key, &json)?;
+    let written = store
+        .compare_and_swap(&key, &entry.version, &bytes, None)
+        .await?
+        .is_some();
+    if written {
+        tracing::info!(
+            from_key_id = %format!("{from:08x}"),
+            to_key_id = %format!("{to:08x}"),
+            "ACME account record resealed under the primary cluster key"
+        );
+    }
+    Ok(written)
 }
 
 /// The stored account, confirmed with the CA (`onlyReturnExisting`).

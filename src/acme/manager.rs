@@ -56,7 +56,7 @@ use crate::mesh::seal::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
 use crate::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
-use crate::store::sealed::AtRestRing;
+use crate::store::sealed::{AtRestRing, sealed_key_id};
 use crate::store::{Store, StoreError, now_unix_ms};
 
 /// How the manager behaves; the defaults suit production.
@@ -733,6 +733,9 @@ impl Runner {
             }
         }
         self.acme = acme;
+        // A pod that starts after a rotation moves the account to the new
+        // primary at once (then once per full check).
+        self.spawn_account_reseal();
         self.publish_status();
     }
 
@@ -1003,6 +1006,7 @@ impl Runner {
             // New units got theirs in apply_config; this renews the ones
             // close to expiry while the CA's certificate is still missing.
             self.write_placeholders();
+            self.spawn_account_reseal();
         }
         let missing_every = self.cfg.missing_check_every;
         let mut reads = Vec::new();
@@ -1198,18 +1202,57 @@ impl Runner {
         }
     }
 
+    /// After a key rotation, moves the account record to the new primary
+    /// key (see [`crate::acme::account::reseal_account`]); a no-op read
+    /// otherwise, once per full check.
+    fn spawn_account_reseal(&self) {
+        let (Some(acme), Some(ring)) = (&self.acme, self.cfg.key_ring.current()) else {
+            return;
+        };
+        let (store, ring_handle, metrics) = (
+            self.store.clone(),
+            self.cfg.key_ring.clone(),
+            self.metrics.clone(),
+        );
+        let directory_url = acme.directory_url.clone();
+        tokio::spawn(async move {
+            if let Err(e) =
+                crate::acme::account::reseal_account(store.as_ref(), &ring, &directory_url).await
+            {
+                ring_handle.report(&e, &metrics);
+                debug!(error = %e, "ACME account record not resealed; tried again at the next full check");
+            }
+        });
+    }
+
     fn spawn_read(&self, unit: CertUnit) {
         let store = self.store.clone();
         let ring = self.cfg.key_ring.clone();
         let metrics = self.metrics.clone();
         let events = self.events_tx.clone();
+        let (node_id, lock_ttl) = (self.cfg.node_id.clone(), self.cfg.order_lock_ttl);
         tokio::spawn(async move {
-            let result = read_record(store.as_ref(), ring.current().as_deref(), &unit)
-                .await
-                .map_err(|e| {
-                    ring.report(&e, &metrics);
-                    e.to_string()
-                });
+            let current = ring.current();
+            let result = read_record_sealed(store.as_ref(), current.as_deref(), &unit).await;
+            if let (Ok(Some((_, Some(key_id)))), Some(current)) = (&result, &current)
+                && *key_id != current.primary_id()
+            {
+                let reseal = Reseal {
+                    store: &store,
+                    ring: current,
+                    unit: &unit,
+                    node_id: &node_id,
+                    lock_ttl,
+                    metrics: &metrics,
+                };
+                if let Err(e) = reseal.run().await {
+                    debug!(unit = %unit.id, error = %e, "certificate record not resealed; tried again at the next read");
+                }
+            }
+            let result = result.map(|r| r.map(|(record, _)| record)).map_err(|e| {
+                ring.report(&e, &metrics);
+                e.to_string()
+            });
             let _ = events.send(Event::Stored {
                 id: unit.id,
                 result,
@@ -1241,6 +1284,18 @@ async fn read_record(
     ring: Option<&KeyRing>,
     unit: &CertUnit,
 ) -> Result<Option<CertRecord>, StoreError> {
+    Ok(read_record_sealed(store, ring, unit)
+        .await?
+        .map(|(record, _)| record))
+}
+
+/// [`read_record`], with the ring key id the record is sealed under
+/// (`None`: a plain record).
+async fn read_record_sealed(
+    store: &dyn Store,
+    ring: Option<&KeyRing>,
+    unit: &CertUnit,
+) -> Result<Option<(CertRecord, Option<u32>)>, StoreError> {
     let key = unit.store_key();
     let Some(entry) = get_fenced(store, &key).await? else {
         return Ok(None);
@@ -1250,7 +1305,63 @@ async fn read_record(
         key: key.clone(),
         message,
     })?;
-    Ok(Some(record))
+    Ok(Some((record, sealed_key_id(&entry.value))))
+}
+
+/// Rewrites a certificate record sealed under an older ring key under the
+/// primary, so that the old key can leave the key file (the operator drops
+/// it after its grace period) without leaving the record unreadable to
+/// the next pod. Under the unit's order lock, and only while the record is
+/// still the one read: a replica ordering the unit holds the lock (this
+/// one then leaves the record alone), and the fenced write cannot undo a
+/// newer certificate.
+struct Reseal<'a> {
+    store: &'a Arc<dyn Store>,
+    ring: &'a KeyRing,
+    unit: &'a CertUnit,
+    node_id: &'a str,
+    lock_ttl: Duration,
+    metrics: &'a Arc<Metrics>,
+}
+
+impl Reseal<'_> {
+    /// Whether the record was rewritten.
+    async fn run(&self) -> Result<bool, StoreError> {
+        let lock = LeaseLock::new(self.store.clone(), &self.unit.lock_name())
+            .with_metrics(self.metrics.clone());
+        let Some(lease) = lock.try_acquire(self.node_id, self.lock_ttl).await? else {
+            return Ok(false);
+        };
+        let written = self.locked(&lease).await;
+        if let Err(e) = lock.release(&lease).await {
+            debug!(unit = %self.unit.id, error = %e, "order lock not released; it expires by itself");
+        }
+        written
+    }
+
+    async fn locked(&self, lease: &crate::store::lock::Lease) -> Result<bool, StoreError> {
+        let key = self.unit.store_key();
+        let Some(entry) = get_fenced(self.store.as_ref(), &key).await? else {
+            return Ok(false);
+        };
+        let Some(from) = sealed_key_id(&entry.value) else {
+            return Ok(false);
+        };
+        let to = self.ring.primary_id();
+        if from == to {
+            return Ok(false);
+        }
+        let record = CertRecord::decode(Some(self.ring), &key, &entry.value)?;
+        let bytes = record.encode(Some(self.ring), &key)?;
+        put_fenced(self.store.as_ref(), &key, &bytes, lease).await?;
+        info!(
+            unit = %self.unit.id,
+            from_key_id = %format!("{from:08x}"),
+            to_key_id = %format!("{to:08x}"),
+            "certificate record resealed under the primary cluster key"
+        );
+        Ok(true)
+    }
 }
 
 /// A record is used only when it is what it claims: the unit's (filed
