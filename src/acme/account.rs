@@ -762,6 +762,41 @@ async fn fetch_directory(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn an_account_sealed_under_an_older_ring_key_is_resealed_under_the_primary() {
+        use crate::store::memory::MemoryStore;
+        const OLD: [u8; 32] = [3; 32];
+        const NEW: [u8; 32] = [4; 32];
+        let url = "https://ca.example/dir";
+        let key = keys::account(&keys::directory_id(url));
+        let store = MemoryStore::new();
+        let old = KeyRing::new(vec![OLD]).unwrap();
+        let rotated = KeyRing::new(vec![NEW, OLD]).unwrap();
+        // Nothing stored: nothing to do.
+        assert!(!reseal_account(&store, &rotated, url).await.unwrap());
+        let sealed = seal_record(Some(&old), &key, b"{\"account\":1}").unwrap();
+        store.put(&key, &sealed, None).await.unwrap();
+        // Under the primary already: left alone.
+        assert!(!reseal_account(&store, &old, url).await.unwrap());
+        assert!(reseal_account(&store, &rotated, url).await.unwrap());
+        let entry = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(sealed_key_id(&entry.value), Some(rotated.primary_id()));
+        // The old key can go now.
+        let after = KeyRing::new(vec![NEW]).unwrap();
+        assert_eq!(
+            open_record(Some(&after), &key, &entry.value).unwrap(),
+            b"{\"account\":1}"
+        );
+        assert!(!reseal_account(&store, &after, url).await.unwrap());
+        // A ring that lacks the record's key: an error naming it, nothing written.
+        let stranger = KeyRing::new(vec![[5; 32]]).unwrap();
+        assert!(matches!(
+            reseal_account(&store, &stranger, url).await,
+            Err(StoreError::MissingKey { .. })
+        ));
+        assert_eq!(store.get(&key).await.unwrap().unwrap().value, entry.value);
+    }
+
     #[test]
     fn permanent_problems_are_not_retryable() {
         let refused = |t: &str| AcmeError::Refused {
