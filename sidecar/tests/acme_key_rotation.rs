@@ -272,6 +272,10 @@ fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificate
         t0.elapsed() >= Duration::from_secs(10)
     });
     let rate = (store_ops(node) - ops0) / t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{}: {rate:.1} store operations/s while its records were unreadable",
+        NODES[lagging]
+    );
     assert!(
         rate < 20.0,
         "{} read the store {rate:.0} times/s with unreadable records",
