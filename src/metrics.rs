@@ -148,6 +148,9 @@ pub struct StoreMetrics {
     pub operations: Family<StoreOpLabels, Counter>,
     /// `store_lock_acquired_total{backend}`.
     pub lock_acquired: Family<BackendLabels, Counter>,
+    /// `store_unseal_failures_total{reason}`: records read but not opened
+    /// (`missing_key`: sealed under a key no longer in the ring).
+    pub unseal_failures: Family<ReasonLabels, Counter>,
 }
 
 impl StoreMetrics {
@@ -166,6 +169,13 @@ impl StoreMetrics {
     pub fn lock_acquired(&self, backend: &'static str) {
         self.lock_acquired
             .get_or_create(&BackendLabels { backend })
+            .inc();
+    }
+
+    /// Counts one record that could not be opened.
+    pub fn unseal_failed(&self, reason: &'static str) {
+        self.unseal_failures
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 }
@@ -384,6 +394,7 @@ impl Metrics {
         let store = StoreMetrics {
             operations: Family::default(),
             lock_acquired: Family::default(),
+            unseal_failures: Family::default(),
         };
         registry.register(
             "store_operations",
@@ -394,6 +405,11 @@ impl Metrics {
             "store_lock_acquired",
             "Lease locks acquired in the certificate store, by backend",
             store.lock_acquired.clone(),
+        );
+        registry.register(
+            "store_unseal_failures",
+            "Store records read but not opened, by reason (missing_key: sealed under a key no longer in the cluster key ring)",
+            store.unseal_failures.clone(),
         );
         let reloader = ReloaderMetrics {
             reloads: Counter::default(),
@@ -598,10 +614,12 @@ mod tests {
         let m = Metrics::new();
         m.store.operation("redis", "get", "miss");
         m.store.lock_acquired("redis");
+        m.store.unseal_failed("missing_key");
         let text = m.encode();
         for name in [
             "store_operations_total{backend=\"redis\",op=\"get\",result=\"miss\"} 1",
             "store_lock_acquired_total{backend=\"redis\"} 1",
+            "store_unseal_failures_total{reason=\"missing_key\"} 1",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

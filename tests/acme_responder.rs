@@ -31,8 +31,20 @@ const HOST: &str = "api.example.com";
 struct Counting {
     inner: Arc<dyn Store>,
     gets: AtomicUsize,
+    /// Reads started and not yet finished (or dropped), and the most at once.
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: AtomicUsize,
     fail: bool,
     hang: bool,
+}
+
+/// Counts a read out of `in_flight` when it ends, answered or dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Counting {
@@ -40,6 +52,8 @@ impl Counting {
         Arc::new(Self {
             inner,
             gets: AtomicUsize::new(0),
+            in_flight: Arc::default(),
+            max_in_flight: AtomicUsize::new(0),
             fail: false,
             hang: false,
         })
@@ -48,6 +62,8 @@ impl Counting {
         Arc::new(Self {
             inner: Arc::new(MemoryStore::new()),
             gets: AtomicUsize::new(0),
+            in_flight: Arc::default(),
+            max_in_flight: AtomicUsize::new(0),
             fail: true,
             hang: false,
         })
@@ -57,12 +73,17 @@ impl Counting {
         Arc::new(Self {
             inner: Arc::new(MemoryStore::new()),
             gets: AtomicUsize::new(0),
+            in_flight: Arc::default(),
+            max_in_flight: AtomicUsize::new(0),
             fail: false,
             hang: true,
         })
     }
     fn gets(&self) -> usize {
         self.gets.load(Ordering::SeqCst)
+    }
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
     }
 }
 
@@ -76,6 +97,9 @@ impl Store for Counting {
     }
     async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
         self.gets.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let _in_flight = InFlight(self.in_flight.clone());
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         if self.hang {
             std::future::pending::<()>().await;
         }
@@ -477,12 +501,23 @@ async fn a_hung_store_is_a_miss_after_the_timeout() {
             tokio::spawn(async move { book.lookup(&format!("hung{i}"), Some(HOST)).await })
         })
         .collect();
-    // Before the timeout: only 32 reads reached the store, the rest wait.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(store.gets(), 32);
+    // Polled (each sleep lets the paused clock run the lookups) until the
+    // first reads reach the store; none answers, so the rest wait.
+    let mut polls = 0;
+    while store.gets() < 32 {
+        polls += 1;
+        assert!(
+            polls < 1_000,
+            "only {} reads reached the store",
+            store.gets()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     for l in lookups {
         assert_eq!(l.await.unwrap(), Lookup::Miss);
     }
+    // Never more than 32 reads at once, whenever the others got a slot.
+    assert_eq!(store.max_in_flight(), 32);
     let took = start.elapsed();
     assert!(
         (Duration::from_secs(3)..Duration::from_secs(4)).contains(&took),

@@ -267,8 +267,107 @@ async fn two_hundred_changes_in_bursts_deliver_the_final_content_one_post_at_a_t
     wait_delivered(&proxy, &handle, &valid(200)).await;
 
     assert_eq!(proxy.state.max_in_flight.load(Ordering::SeqCst), 1);
-    // Collapsed: far fewer POSTs than changes.
-    assert!(proxy.posts().len() < 201, "{} POSTs", proxy.posts().len());
+    // Each burst is read at most a few times (debounce windows), never
+    // once per change.
+    let posts = proxy.posts().len();
+    assert!(
+        posts <= 1 + 10 * 4,
+        "{posts} POSTs for 200 changes in 10 bursts"
+    );
+    assert_eq!(proxy.shas().last(), Some(&sha(&valid(200))));
+}
+
+/// Changes spaced wider than the debounce are each read, but while one
+/// slow POST is in flight they collapse into a single follow-up POST of the
+/// newest content: far fewer POSTs than changes, the last one delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_during_a_slow_post_collapse_into_one_post_of_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(0)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::from_millis(1000)).await;
+    let metrics = Arc::new(Metrics::new());
+    let config = ReloaderConfig {
+        debounce: Duration::from_millis(10),
+        ..reloader(&path, &proxy.url())
+    };
+    let handle = spawn(config, &metrics);
+    wait_delivered(&proxy, &handle, &valid(0)).await;
+
+    let changes = 100;
+    for version in 1..=changes {
+        write_rename_over(&path, &valid(version));
+        // Wider than the debounce: the watcher reads every change.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait_delivered(&proxy, &handle, &valid(changes)).await;
+
+    let posts = proxy.posts();
+    assert_eq!(proxy.state.max_in_flight.load(Ordering::SeqCst), 1);
+    // 100 changes over >= 3 s with 1 s POSTs: about 4 follow-ups after the
+    // first POST; 20 would already mean changes queue up one by one.
+    assert!(
+        posts.len() <= 1 + changes / 5,
+        "{} POSTs for {changes} changes",
+        posts.len()
+    );
+    assert_eq!(proxy.shas().last(), Some(&sha(&valid(changes))));
+    // Each follow-up carried the content newest at its start, never an
+    // older one again.
+    let versions: Vec<usize> = proxy
+        .shas()
+        .iter()
+        .map(|s| {
+            (0..=changes)
+                .find(|v| sha(&valid(*v)) == *s)
+                .unwrap_or_else(|| panic!("POST of unknown content {s}"))
+        })
+        .collect();
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "POSTed versions {versions:?}"
+    );
+}
+
+/// The default debounce (SPEC: 200 ms): a burst written at once is one
+/// POST of its last content, and a single change is not POSTed before
+/// the debounce has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
+    assert_eq!(sbmesh::reload::DEFAULT_DEBOUNCE, Duration::from_millis(200));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sb.yml");
+    std::fs::write(&path, valid(0)).unwrap();
+    let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
+    let metrics = Arc::new(Metrics::new());
+    let config = ReloaderConfig {
+        authorization: Some(AUTH.into()),
+        rescan: Duration::from_secs(3600),
+        ..ReloaderConfig::new(&path, proxy.url())
+    };
+    assert_eq!(config.debounce, sbmesh::reload::DEFAULT_DEBOUNCE);
+    let handle = spawn(config, &metrics);
+    wait_delivered(&proxy, &handle, &valid(0)).await;
+
+    // A burst, written back to back: one POST, of the last version.
+    for version in 1..=10 {
+        write_rename_over(&path, &valid(version));
+    }
+    wait_delivered(&proxy, &handle, &valid(10)).await;
+    assert_eq!(proxy.shas(), vec![sha(&valid(0)), sha(&valid(10))]);
+
+    // A single change: POSTed, but not before the debounce has passed
+    // (a lower bound, which no fixed sleep in a test could fake).
+    let written = Instant::now();
+    write_rename_over(&path, &valid(11));
+    wait_delivered(&proxy, &handle, &valid(11)).await;
+    let posts = proxy.posts();
+    assert_eq!(posts.len(), 3);
+    let after = posts[2].at.duration_since(written);
+    assert!(
+        after >= sbmesh::reload::DEFAULT_DEBOUNCE,
+        "POSTed {after:?} after the write"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

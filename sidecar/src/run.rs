@@ -15,7 +15,6 @@ use sbmesh::acme::manager::{
 };
 use sbmesh::config::{CertApply, SbConfig, StorageBackend};
 use sbmesh::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
-use sbmesh::mesh::seal::KeyRing;
 use sbmesh::mesh::{AcmeInfo, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
 use sbmesh::proxy::{
@@ -25,6 +24,7 @@ use sbmesh::proxy::{
 use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig};
 use sbmesh::store::Store;
 use sbmesh::store::open::{open_cluster_store, probe};
+use sbmesh::store::sealed::AtRestRing;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
@@ -362,10 +362,11 @@ async fn run_acme(settings: Settings, mut parts: AcmeParts, mut stop: watch::Rec
     } else {
         None
     };
-    let key_ring = settings
-        .cluster_key
-        .clone()
-        .and_then(|keys| KeyRing::new(keys).ok());
+    // The at-rest ring follows the mesh's, which the key file rotates.
+    let key_ring = match settings.cluster_key {
+        Some(_) => AtRestRing::following(parts.mesh.key_rings()),
+        None => AtRestRing::plain(),
+    };
     let cfg = AcmeManagerConfig {
         key_ring,
         max_concurrent_orders: settings.acme_concurrent_orders,

@@ -61,6 +61,86 @@ fn validate_exit_codes_and_problem_lines() {
     );
 }
 
+/// One limit, read the same way by `validate` and `run`: a 20 MiB file
+/// is refused by both, naming the limit; YAML and `${VAR}` that would
+/// multiply a small file in memory are refused with what is wrong.
+#[test]
+fn validate_and_run_refuse_what_the_reloader_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.yml");
+    let mut text = String::from("origins:\n");
+    let mut i = 0;
+    while text.len() < 20 << 20 {
+        text.push_str(&format!("  \"h{i}.example.com\": {{}}\n"));
+        i += 1;
+    }
+    std::fs::write(&big, &text).unwrap();
+    let out = sidecar(&["validate", "--config", big.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("larger than 16 MiB"), "{report}");
+    let out = sidecar(&["run", "--config", big.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("larger than 16 MiB"),
+        "{out:?}"
+    );
+
+    // Billion laughs: nine levels of nine aliases each.
+    let bomb = dir.path().join("bomb.yml");
+    let mut text = String::from("l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for n in 1..10 {
+        let p = n - 1;
+        text.push_str(&format!(
+            "l{n}: &l{n} [*l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}]\n"
+        ));
+    }
+    text.push_str("origins: {}\n");
+    std::fs::write(&bomb, &text).unwrap();
+    let out = sidecar(&["validate", "--config", bomb.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.starts_with("(yaml): repetition limit exceeded") && report.contains("alias"),
+        "{report}"
+    );
+
+    // A ConfigMap-sized file of references to one large variable.
+    let multiplied = dir.path().join("multiplied.yml");
+    std::fs::write(
+        &multiplied,
+        format!("origins: {{}}\n{}", "# ${SBMESH_TEST_BIG}\n".repeat(40)),
+    )
+    .unwrap();
+    let out = Command::new(sidecar_bin())
+        .args(["validate", "--config", multiplied.to_str().unwrap()])
+        .env("SBMESH_TEST_BIG", "x".repeat(100_000))
+        .env_remove("SBMESH_CLUSTER_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("sidecar runs");
+    // 40 x 100 kB stays under the limit.
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    std::fs::write(
+        &multiplied,
+        format!("origins: {{}}\n{}", "# ${SBMESH_TEST_BIG}\n".repeat(400)),
+    )
+    .unwrap();
+    let out = Command::new(sidecar_bin())
+        .args(["validate", "--config", multiplied.to_str().unwrap()])
+        .env("SBMESH_TEST_BIG", "x".repeat(100_000))
+        .env_remove("SBMESH_CLUSTER_KEY")
+        .stdin(Stdio::null())
+        .output()
+        .expect("sidecar runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("larger than 16 MiB once ${VAR} references are substituted"),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn run_with_a_bad_config_exits_2_printing_the_problems() {
     let dir = tempfile::tempdir().unwrap();

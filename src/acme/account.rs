@@ -35,7 +35,7 @@ use super::keys;
 use crate::config::{AcmeSection, Eab};
 use crate::mesh::seal::KeyRing;
 use crate::store::lock::LeaseLock;
-use crate::store::sealed::{open_record, seal_record};
+use crate::store::sealed::{open_record, seal_record, sealed_key_id};
 use crate::store::{Store, StoreError, Version};
 
 /// How long the account lock is held at most (creation is three requests).
@@ -659,6 +659,47 @@ async fn read_record(
     Ok(Some((record, entry.version)))
 }
 
+/// Rewrites the account record of `directory_url` under `ring`'s primary
+/// key when it is sealed under an older ring key, so that the old key can
+/// leave the key file without locking every later pod out of the account.
+/// By compare-and-swap on the version read: a record replaced meanwhile
+/// is left alone. Whether it was rewritten.
+///
+/// # Errors
+/// The store's; [`StoreError::MissingKey`] when the record is sealed under
+/// a key `ring` lacks.
+pub async fn reseal_account(
+    store: &dyn Store,
+    ring: &KeyRing,
+    directory_url: &str,
+) -> Result<bool, StoreError> {
+    let key = keys::account(&keys::directory_id(directory_url.trim()));
+    let Some(entry) = store.get(&key).await? else {
+        return Ok(false);
+    };
+    let Some(from) = sealed_key_id(&entry.value) else {
+        return Ok(false);
+    };
+    let to = ring.primary_id();
+    if from == to {
+        return Ok(false);
+    }
+    let json = open_record(Some(ring), &key, &entry.value)?;
+    let bytes = seal_record(Some(ring), &key, &json)?;
+    let written = store
+        .compare_and_swap(&key, &entry.version, &bytes, None)
+        .await?
+        .is_some();
+    if written {
+        tracing::info!(
+            from_key_id = %format!("{from:08x}"),
+            to_key_id = %format!("{to:08x}"),
+            "ACME account record resealed under the primary cluster key"
+        );
+    }
+    Ok(written)
+}
+
 /// The stored account, confirmed with the CA (`onlyReturnExisting`).
 async fn restore(
     http: &AcmeHttpClient,
@@ -750,6 +791,41 @@ async fn fetch_directory(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_account_sealed_under_an_older_ring_key_is_resealed_under_the_primary() {
+        use crate::store::memory::MemoryStore;
+        const OLD: [u8; 32] = [3; 32];
+        const NEW: [u8; 32] = [4; 32];
+        let url = "https://ca.example/dir";
+        let key = keys::account(&keys::directory_id(url));
+        let store = MemoryStore::new();
+        let old = KeyRing::new(vec![OLD]).unwrap();
+        let rotated = KeyRing::new(vec![NEW, OLD]).unwrap();
+        // Nothing stored: nothing to do.
+        assert!(!reseal_account(&store, &rotated, url).await.unwrap());
+        let sealed = seal_record(Some(&old), &key, b"{\"account\":1}").unwrap();
+        store.put(&key, &sealed, None).await.unwrap();
+        // Under the primary already: left alone.
+        assert!(!reseal_account(&store, &old, url).await.unwrap());
+        assert!(reseal_account(&store, &rotated, url).await.unwrap());
+        let entry = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(sealed_key_id(&entry.value), Some(rotated.primary_id()));
+        // The old key can go now.
+        let after = KeyRing::new(vec![NEW]).unwrap();
+        assert_eq!(
+            open_record(Some(&after), &key, &entry.value).unwrap(),
+            b"{\"account\":1}"
+        );
+        assert!(!reseal_account(&store, &after, url).await.unwrap());
+        // A ring that lacks the record's key: an error naming it, nothing written.
+        let stranger = KeyRing::new(vec![[5; 32]]).unwrap();
+        assert!(matches!(
+            reseal_account(&store, &stranger, url).await,
+            Err(StoreError::MissingKey { .. })
+        ));
+        assert_eq!(store.get(&key).await.unwrap().unwrap().value, entry.value);
+    }
 
     #[test]
     fn logged_errors_are_one_line() {

@@ -57,6 +57,7 @@ use crate::mesh::seal::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
 use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
+use crate::store::sealed::{AtRestRing, sealed_key_id};
 use crate::store::{Store, StoreError, now_unix_ms};
 
 /// How the manager behaves; the defaults suit production.
@@ -71,8 +72,9 @@ pub struct AcmeManagerConfig {
     /// Where certificates are written for the proxy.
     pub cert_dir: PathBuf,
     /// The cluster key ring: certificate records and account credentials
-    /// are sealed with a key derived from it.
-    pub key_ring: Option<KeyRing>,
+    /// are sealed with a key derived from it. It follows the mesh's ring
+    /// (the key file) when built with [`AtRestRing::following`].
+    pub key_ring: AtRestRing,
     /// Orders this replica runs at once.
     pub max_concurrent_orders: usize,
     /// New orders the whole cluster may place per account and interval.
@@ -100,7 +102,7 @@ impl AcmeManagerConfig {
             node_id: node_id.into(),
             boot_id: format!("{:016x}", rand::random::<u64>()),
             cert_dir: cert_dir.into(),
-            key_ring: None,
+            key_ring: AtRestRing::plain(),
             max_concurrent_orders: 8,
             max_orders_per_interval: 300,
             order_interval: Duration::from_secs(3 * 3600),
@@ -516,6 +518,9 @@ const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
 /// the directory offers ARI (RFC 9773 suggests a few times a day).
 const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
 
+/// Pause before a unit's store record is read again after a failed read.
+const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+
 /// How an order task ended.
 enum OrderOutcome {
     /// A certificate was issued and stored.
@@ -644,6 +649,10 @@ struct UnitState {
     /// Serial announced by a peer that we have not read from the store yet.
     wanted_serial: Option<String>,
     fetching: bool,
+    /// After a failed store read, no read before this: a record that
+    /// cannot be opened (or a store that fails) must not be read again at
+    /// every wake-up while a peer keeps announcing its serial.
+    read_retry_at: Option<Instant>,
     next_check: Option<Instant>,
     /// Not before this time (unix seconds) is the CA asked again for the
     /// renewal window of the certificate with this serial.
@@ -662,6 +671,7 @@ impl UnitState {
             local,
             wanted_serial: None,
             fetching: false,
+            read_retry_at: None,
             next_check: None,
             ari_next: None,
             renew_warned: None,
@@ -845,6 +855,9 @@ impl Runner {
             }
         }
         self.acme = acme;
+        // A pod that starts after a rotation moves the account to the new
+        // primary at once (then once per full check).
+        self.spawn_account_reseal();
         self.publish_status();
     }
 
@@ -855,6 +868,9 @@ impl Runner {
                     return;
                 };
                 state.fetching = false;
+                state.read_retry_at = result
+                    .is_err()
+                    .then(|| Instant::now() + READ_RETRY_AFTER_ERROR);
                 match result {
                     Ok(Some(record)) => self.take_record(&id, record),
                     Ok(None) => {
@@ -1141,11 +1157,12 @@ impl Runner {
             // New units got theirs in apply_config; this renews the ones
             // close to expiry while the CA's certificate is still missing.
             self.write_placeholders();
+            self.spawn_account_reseal();
         }
         let missing_every = self.cfg.missing_check_every;
         let mut reads = Vec::new();
         for state in self.units.values_mut() {
-            if state.fetching {
+            if state.fetching || state.read_retry_at.is_some_and(|t| now_instant < t) {
                 continue;
             }
             // A placeholder or an older SAN set's certificate is as good
@@ -1188,7 +1205,10 @@ impl Runner {
         // Cut off by clock skew, this node sees no peers and would think it
         // owns every hostname; the mesh logs the skew and /readyz says it.
         if let Some(isolation) = self.mesh.clock_skew_isolation() {
-            debug!(?isolation, "not ordering: this node is cut off from the mesh by clock skew");
+            debug!(
+                ?isolation,
+                "not ordering: this node is cut off from the mesh by clock skew"
+            );
             return;
         }
         let alive: Vec<String> = status
@@ -1331,14 +1351,59 @@ impl Runner {
         }
     }
 
+    /// After a key rotation, moves the account record to the new primary
+    /// key (see [`crate::acme::account::reseal_account`]); a no-op read
+    /// otherwise, once per full check.
+    fn spawn_account_reseal(&self) {
+        let (Some(acme), Some(ring)) = (&self.acme, self.cfg.key_ring.current()) else {
+            return;
+        };
+        let (store, ring_handle, metrics) = (
+            self.store.clone(),
+            self.cfg.key_ring.clone(),
+            self.metrics.clone(),
+        );
+        let directory_url = acme.directory_url.clone();
+        tokio::spawn(async move {
+            if let Err(e) =
+                crate::acme::account::reseal_account(store.as_ref(), &ring, &directory_url).await
+            {
+                ring_handle.report(&e, &metrics);
+                debug!(error = %e, "ACME account record not resealed; tried again at the next full check");
+            }
+        });
+    }
+
     fn spawn_read(&self, unit: CertUnit) {
         let store = self.store.clone();
         let ring = self.cfg.key_ring.clone();
+        let metrics = self.metrics.clone();
         let events = self.events_tx.clone();
+        // The reseal takes the order lock under this process's holder id, so
+        // that this node's own orders recognise it.
+        let (holder, lock_ttl) = (self.cfg.holder_id(), self.cfg.order_lock_ttl);
         tokio::spawn(async move {
-            let result = read_record(store.as_ref(), ring.as_ref(), &unit)
-                .await
-                .map_err(|e| e.to_string());
+            let current = ring.current();
+            let result = read_record_sealed(store.as_ref(), current.as_deref(), &unit).await;
+            if let (Ok(Some((_, Some(key_id)))), Some(current)) = (&result, &current)
+                && *key_id != current.primary_id()
+            {
+                let reseal = Reseal {
+                    store: &store,
+                    ring: current,
+                    unit: &unit,
+                    holder: &holder,
+                    lock_ttl,
+                    metrics: &metrics,
+                };
+                if let Err(e) = reseal.run().await {
+                    debug!(unit = %unit.id, error = %e, "certificate record not resealed; tried again at the next read");
+                }
+            }
+            let result = result.map(|r| r.map(|(record, _)| record)).map_err(|e| {
+                ring.report(&e, &metrics);
+                e.to_string()
+            });
             let _ = events.send(Event::Stored {
                 id: unit.id,
                 result,
@@ -1353,7 +1418,7 @@ impl Runner {
 /// asking again; a new answer is stored for the others.
 struct AriTask {
     store: Arc<dyn Store>,
-    ring: Option<KeyRing>,
+    ring: AtRestRing,
     events: mpsc::UnboundedSender<Event>,
     state_key: String,
     id: String,
@@ -1372,8 +1437,8 @@ impl AriTask {
             self.report(check.window, check.next_check_unix);
             return;
         }
-        let Ok(Some(record)) =
-            read_record(self.store.as_ref(), self.ring.as_ref(), &self.unit).await
+        let ring = self.ring.current();
+        let Ok(Some(record)) = read_record(self.store.as_ref(), ring.as_deref(), &self.unit).await
         else {
             return;
         };
@@ -1449,6 +1514,18 @@ async fn read_record(
     ring: Option<&KeyRing>,
     unit: &CertUnit,
 ) -> Result<Option<CertRecord>, StoreError> {
+    Ok(read_record_sealed(store, ring, unit)
+        .await?
+        .map(|(record, _)| record))
+}
+
+/// [`read_record`], with the ring key id the record is sealed under
+/// (`None`: a plain record).
+async fn read_record_sealed(
+    store: &dyn Store,
+    ring: Option<&KeyRing>,
+    unit: &CertUnit,
+) -> Result<Option<(CertRecord, Option<u32>)>, StoreError> {
     let key = unit.store_key();
     let Some(entry) = get_fenced(store, &key).await? else {
         return Ok(None);
@@ -1458,7 +1535,63 @@ async fn read_record(
         key: key.clone(),
         message,
     })?;
-    Ok(Some(record))
+    Ok(Some((record, sealed_key_id(&entry.value))))
+}
+
+/// Rewrites a certificate record sealed under an older ring key under the
+/// primary, so that the old key can leave the key file (the operator drops
+/// it after its grace period) without leaving the record unreadable to
+/// the next pod. Under the unit's order lock, and only while the record is
+/// still the one read: a replica ordering the unit holds the lock (this
+/// one then leaves the record alone), and the fenced write cannot undo a
+/// newer certificate.
+struct Reseal<'a> {
+    store: &'a Arc<dyn Store>,
+    ring: &'a KeyRing,
+    unit: &'a CertUnit,
+    holder: &'a str,
+    lock_ttl: Duration,
+    metrics: &'a Arc<Metrics>,
+}
+
+impl Reseal<'_> {
+    /// Whether the record was rewritten.
+    async fn run(&self) -> Result<bool, StoreError> {
+        let lock = LeaseLock::new(self.store.clone(), &self.unit.lock_name())
+            .with_metrics(self.metrics.clone());
+        let Some(lease) = lock.try_acquire(self.holder, self.lock_ttl).await? else {
+            return Ok(false);
+        };
+        let written = self.locked(&lease).await;
+        if let Err(e) = lock.release(&lease).await {
+            debug!(unit = %self.unit.id, error = %e, "order lock not released; it expires by itself");
+        }
+        written
+    }
+
+    async fn locked(&self, lease: &crate::store::lock::Lease) -> Result<bool, StoreError> {
+        let key = self.unit.store_key();
+        let Some(entry) = get_fenced(self.store.as_ref(), &key).await? else {
+            return Ok(false);
+        };
+        let Some(from) = sealed_key_id(&entry.value) else {
+            return Ok(false);
+        };
+        let to = self.ring.primary_id();
+        if from == to {
+            return Ok(false);
+        }
+        let record = CertRecord::decode(Some(self.ring), &key, &entry.value)?;
+        let bytes = record.encode(Some(self.ring), &key)?;
+        put_fenced(self.store.as_ref(), &key, &bytes, lease).await?;
+        info!(
+            unit = %self.unit.id,
+            from_key_id = %format!("{from:08x}"),
+            to_key_id = %format!("{to:08x}"),
+            "certificate record resealed under the primary cluster key"
+        );
+        Ok(true)
+    }
 }
 
 /// A record is used only when it is what it claims: the unit's (filed
@@ -1495,7 +1628,7 @@ struct OrderJob {
     holder: String,
     store: Arc<dyn Store>,
     metrics: Arc<Metrics>,
-    ring: Option<KeyRing>,
+    ring: AtRestRing,
     lock_ttl: Duration,
     budget: (u32, Duration),
     renew_before_days: Option<u32>,
@@ -1661,7 +1794,8 @@ impl OrderJob {
         let mut replaces = None;
         // Another replica may have stored a certificate between our last
         // read and the lock: use it rather than order a second one.
-        match read_record(self.store.as_ref(), self.ring.as_ref(), &self.unit).await {
+        let ring = self.ring.current();
+        match read_record(self.store.as_ref(), ring.as_deref(), &self.unit).await {
             Ok(Some(record)) => {
                 let times = CertTimes {
                     not_before_unix: record.not_before_unix,
@@ -1688,7 +1822,10 @@ impl OrderJob {
             Err(StoreError::Corrupt { message, .. }) => {
                 warn!(unit = %self.unit.id, "stored certificate unusable ({}); ordering a new one", one_line(&message));
             }
-            Err(e) => return failed(format!("reading the store: {e}"), None),
+            Err(e) => {
+                self.ring.report(&e, &self.metrics);
+                return failed(format!("reading the store: {e}"), None);
+            }
         }
         let hosts = self.unit.names.clone();
         let dir_id = self.dir_id();
@@ -1768,7 +1905,7 @@ impl OrderJob {
             issued_by: self.node_id.clone(),
         };
         let key = self.unit.store_key();
-        let bytes = match record.encode(self.ring.as_ref(), &key) {
+        let bytes = match record.encode(self.ring.current().as_deref(), &key) {
             Ok(b) => b,
             Err(e) => return failed(e.to_string(), None),
         };
@@ -1790,7 +1927,7 @@ impl OrderJob {
         }
         let account = load_or_create(
             &self.store,
-            self.ring.as_ref(),
+            self.ring.current().as_deref(),
             &AccountSettings::from_config(&self.acme),
             &self.holder,
         )

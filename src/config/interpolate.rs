@@ -2,7 +2,7 @@
 //! exactly as sbproxy 1.13 does it, so that the sidecar and the proxy read
 //! the same values from the same file.
 
-use super::{EnvLookup, Problem};
+use super::{EnvLookup, MAX_CONFIG_BYTES, Problem};
 
 /// The result of [`interpolate_report`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,6 +12,25 @@ pub struct Interpolated {
     /// References whose variable is not set and that have no default,
     /// kept literally in `text`, in file order.
     pub unresolved: Vec<Unresolved>,
+    /// The substituted text would be larger than [`MAX_CONFIG_BYTES`]:
+    /// `text` stops before the value that crossed it. A few references to a
+    /// large variable must not multiply into gigabytes.
+    pub oversized: bool,
+}
+
+impl Interpolated {
+    /// The error of an [`Interpolated::oversized`] text.
+    pub fn oversized_problem() -> Problem {
+        Problem::error(
+            "(file)",
+            format!(
+                "larger than {} MiB once ${{VAR}} references are substituted; \
+                 the sidecar parses at most that much (shorten the variables' values \
+                 or reference them less often)",
+                MAX_CONFIG_BYTES >> 20
+            ),
+        )
+    }
 }
 
 /// A `${NAME}` left as written because `NAME` is not set.
@@ -60,8 +79,10 @@ pub fn interpolate(text: &str, env: &EnvLookup<'_>) -> String {
 /// the text, comments included. Never fails: whatever is not a reference
 /// is text.
 pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Interpolated {
-    let mut out = String::with_capacity(text.len());
+    let limit = usize::try_from(MAX_CONFIG_BYTES).unwrap_or(usize::MAX);
+    let mut out = String::with_capacity(text.len().min(limit));
     let mut unresolved = Vec::new();
+    let mut here = Cursor::default();
     let mut pos = 0;
     while let Some(found) = text[pos..].find('$') {
         let start = pos + found;
@@ -74,19 +95,29 @@ pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Interpolated {
         }
         match reference(rest) {
             Some((len, name, default)) => {
-                match (env(name), default) {
-                    (Some(value), None) => out.push_str(&value),
-                    (Some(value), Some(_)) if !value.is_empty() => out.push_str(&value),
-                    (_, Some(default)) => out.push_str(default),
+                let fits = match (env(name), default) {
+                    (Some(value), None) => push_bounded(&mut out, &value, limit),
+                    (Some(value), Some(_)) if !value.is_empty() => {
+                        push_bounded(&mut out, &value, limit)
+                    }
+                    (_, Some(default)) => push_bounded(&mut out, default, limit),
                     (None, None) => {
                         out.push_str(&rest[..len]);
-                        let (line, column) = location(text, start);
+                        let (line, column) = here.advance(text, start);
                         unresolved.push(Unresolved {
                             name: name.to_owned(),
                             line,
                             column,
                         });
+                        true
                     }
+                };
+                if !fits {
+                    return Interpolated {
+                        text: out,
+                        unresolved,
+                        oversized: true,
+                    };
                 }
                 pos = start + len;
             }
@@ -98,9 +129,20 @@ pub fn interpolate_report(text: &str, env: &EnvLookup<'_>) -> Interpolated {
     }
     out.push_str(&text[pos..]);
     Interpolated {
+        oversized: out.len() > limit,
         text: out,
         unresolved,
     }
+}
+
+/// Appends `value` unless that takes `out` past `limit`; `false` then
+/// (nothing appended: the value may be huge and the result is refused).
+fn push_bounded(out: &mut String, value: &str, limit: usize) -> bool {
+    let fits = out.len().saturating_add(value.len()) <= limit;
+    if fits {
+        out.push_str(value);
+    }
+    fits
 }
 
 /// `${NAME}` or `${NAME:-default}` at the start of `text`: its length, the
@@ -127,12 +169,34 @@ fn is_var_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// 1-based line and column (in characters) of byte `offset` of `text`.
-fn location(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    (line, before[line_start..].chars().count() + 1)
+/// Line and column of references in file order, each found from the
+/// previous one: a file with many unresolved references is scanned once,
+/// not once per reference.
+#[derive(Default)]
+struct Cursor {
+    /// Byte offset reached.
+    offset: usize,
+    /// 0-based line at `offset`.
+    line: usize,
+    /// Byte offset where that line starts.
+    line_start: usize,
+}
+
+impl Cursor {
+    /// 1-based line and column (in characters) of byte `offset` of
+    /// `text`; offsets must not go backwards.
+    fn advance(&mut self, text: &str, offset: usize) -> (usize, usize) {
+        let span = &text[self.offset..offset];
+        self.line += span.matches('\n').count();
+        if let Some(i) = span.rfind('\n') {
+            self.line_start = self.offset + i + 1;
+        }
+        self.offset = offset;
+        (
+            self.line + 1,
+            text[self.line_start..offset].chars().count() + 1,
+        )
+    }
 }
 
 #[cfg(test)]

@@ -682,6 +682,9 @@ pub fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
 /// unresolved references are warnings, and errors where the sidecar's own
 /// block uses them.
 pub fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
+    if interpolated.oversized {
+        return Err(vec![Interpolated::oversized_problem()]);
+    }
     parse::parse(&interpolated.text, &interpolated.unresolved)
 }
 
@@ -702,7 +705,7 @@ pub struct Loaded {
 /// A read error is a single problem whose path is the file path.
 pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
     let raw = read_bounded(path)
-        .map_err(|message| vec![Problem::error(path.display().to_string(), message)])?;
+        .map_err(|e| vec![Problem::error(path.display().to_string(), e.to_string())])?;
     let config = parse_bytes(&raw, env)?;
     Ok(Loaded {
         config,
@@ -711,17 +714,37 @@ pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
     })
 }
 
+/// Why [`read_bounded`] returned no content.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file cannot be read (absent, permissions, a mount mid-swap).
+    #[error("cannot read: {0}")]
+    Io(#[from] std::io::Error),
+    /// The file is larger than [`MAX_CONFIG_BYTES`].
+    #[error("{message}")]
+    TooLarge {
+        /// What [`oversized`] says.
+        message: String,
+        /// Lowercase hex sha256 of the bytes read (one past the limit), so
+        /// that a watcher still tells one oversized version from another.
+        sha256_of_prefix: String,
+    },
+}
+
 /// Reads at most [`MAX_CONFIG_BYTES`] of the file at `path`; a larger file
-/// is an error saying so, without reading it whole.
-pub fn read_bounded(path: &Path) -> Result<Vec<u8>, String> {
+/// is an error saying so, without reading it whole. The one read of
+/// `sb.yml`: `validate`, `run`'s start-up ([`load`]) and the reload
+/// watcher all go through it, so they agree on what is too large.
+pub fn read_bounded(path: &Path) -> Result<Vec<u8>, ReadError> {
     use std::io::Read as _;
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let file = std::fs::File::open(path)?;
     let mut raw = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut raw)
-        .map_err(|e| format!("cannot read: {e}"))?;
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut raw)?;
     match oversized(raw.len()) {
-        Some(message) => Err(message),
+        Some(message) => Err(ReadError::TooLarge {
+            message,
+            sha256_of_prefix: sha256_hex(&raw),
+        }),
         None => Ok(raw),
     }
 }

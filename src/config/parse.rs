@@ -171,6 +171,19 @@ pub(super) fn parse(text: &str, unresolved: &[Unresolved]) -> Result<SbConfig, V
 
 fn syntax_problem(e: &serde_norway::Error) -> Problem {
     let mut message = e.to_string();
+    // The YAML crate's own words for its memory guards say little to
+    // someone who did not write a parser.
+    if message.starts_with("repetition limit exceeded") {
+        message = format!(
+            "{message}: the aliases (*name) expand to far more nodes than the file holds \
+             (an alias bomb such as \"billion laughs\"); write the repeated parts out, \
+             or reference each anchor fewer times"
+        );
+    } else if message.starts_with("recursion limit exceeded") {
+        message = format!(
+            "{message}: the document nests too deeply; flatten the nested lists and mappings"
+        );
+    }
     if let Some(at) = e.location()
         && !message.contains(" at line ")
     {

@@ -603,8 +603,53 @@ fn a_yaml_bomb_is_refused_quickly() {
     let started = std::time::Instant::now();
     let e = one_error(&text);
     assert!(e.starts_with("(yaml): "), "{e}");
+    // The message says what is wrong in the file's terms.
+    assert!(e.contains("aliases") && e.contains("billion laughs"), "{e}");
     // Bounded work: refused long before expanding 10^12 nodes.
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[test]
+fn substitution_cannot_multiply_the_file_past_the_bound() {
+    // 64 references to a 1 MiB variable: a 1 KiB file that would parse as
+    // 64 MiB of text.
+    let big = "x".repeat(1 << 20);
+    let env = |name: &str| (name == "BIG").then(|| big.clone());
+    let text = format!("origins: {{}}\n{}", "# ${BIG}\n".repeat(64));
+    let interpolated = interpolate_report(&text, &env);
+    assert!(interpolated.oversized);
+    assert!(interpolated.text.len() as u64 <= MAX_CONFIG_BYTES);
+    let problems = parse_interpolated(&interpolated).unwrap_err();
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0]
+            .message
+            .starts_with("larger than 16 MiB once ${VAR} references are substituted"),
+        "{}",
+        problems[0].message
+    );
+    // Under the bound, substitution works as before.
+    let text = format!("origins: {{}}\n{}", "# ${BIG}\n".repeat(8));
+    let interpolated = interpolate_report(&text, &env);
+    assert!(!interpolated.oversized);
+    assert!(parse_interpolated(&interpolated).is_ok());
+}
+
+#[test]
+fn many_unresolved_references_are_located_in_one_pass() {
+    // A 1 MiB ConfigMap of unset references: each is located from the
+    // previous one. (Locating each from the start of the file took over
+    // two minutes here; the bound below only catches such a hang.)
+    let lines = 80_000;
+    let text = format!("origins: {{}}\n{}", "# é ${UNSET_X}\n".repeat(lines));
+    let started = std::time::Instant::now();
+    let interpolated = interpolate_report(&text, &|_| None);
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!(interpolated.unresolved.len(), lines);
+    let last = interpolated.unresolved.last().unwrap();
+    assert_eq!((last.line, last.column), (lines + 1, 5));
+    let first = &interpolated.unresolved[0];
+    assert_eq!((first.line, first.column), (2, 5));
 }
 
 #[test]

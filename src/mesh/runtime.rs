@@ -204,6 +204,8 @@ pub struct Mesh {
     shared: Arc<Shared>,
     local: Arc<NodeIdentity>,
     sealer: Arc<Sealer>,
+    /// The sealer's ring as it changes, for the store's at-rest ring.
+    rings: Arc<tokio::sync::watch::Sender<Arc<KeyRing>>>,
 }
 
 impl Mesh {
@@ -221,6 +223,7 @@ impl Mesh {
             ));
         }
         let ring = KeyRing::new(cfg.keys.clone()).map_err(|e| MeshError::Key(e.to_string()))?;
+        let rings = Arc::new(tokio::sync::watch::Sender::new(Arc::new(ring.clone())));
         let sealer = Arc::new(Sealer::new(&cfg.cluster_id, ring));
 
         let udp_addr = SocketAddr::new(cfg.bind, cfg.gossip_port);
@@ -280,7 +283,12 @@ impl Mesh {
         ));
         tokio::spawn(seed_loop(cfg.seeds.clone(), cmd_tx.clone(), shared.clone()));
         if let Some(path) = cfg.key_file.clone() {
-            tokio::spawn(key_file_loop(path, sealer.clone(), cmd_tx.downgrade()));
+            tokio::spawn(key_file_loop(
+                path,
+                sealer.clone(),
+                rings.clone(),
+                cmd_tx.downgrade(),
+            ));
         }
 
         let local_record = MetaRecord {
@@ -324,6 +332,7 @@ impl Mesh {
             shared,
             local: Arc::new(local),
             sealer,
+            rings,
         })
     }
 
@@ -360,8 +369,16 @@ impl Mesh {
     /// Replaces the key ring (the key file does this by itself).
     pub fn set_keys(&self, keys: Vec<[u8; 32]>) -> Result<(), MeshError> {
         let ring = KeyRing::new(keys).map_err(|e| MeshError::Key(e.to_string()))?;
-        self.sealer.set_ring(ring);
+        self.sealer.set_ring(ring.clone());
+        self.rings.send_replace(Arc::new(ring));
         Ok(())
+    }
+
+    /// The key ring, now and at every change ([`Mesh::set_keys`], the key
+    /// file): what the store's at-rest ring follows
+    /// ([`crate::store::sealed::AtRestRing::following`]).
+    pub fn key_rings(&self) -> tokio::sync::watch::Receiver<Arc<KeyRing>> {
+        self.rings.subscribe()
     }
 
     /// Publishes new metadata for this node (at most 64 KiB as JSON).
@@ -1175,7 +1192,12 @@ async fn seed_loop(src: SeedSource, cmd: mpsc::Sender<Command>, shared: Arc<Shar
     }
 }
 
-async fn key_file_loop(path: PathBuf, sealer: Arc<Sealer>, alive: mpsc::WeakSender<Command>) {
+async fn key_file_loop(
+    path: PathBuf,
+    sealer: Arc<Sealer>,
+    rings: Arc<tokio::sync::watch::Sender<Arc<KeyRing>>>,
+    alive: mpsc::WeakSender<Command>,
+) {
     let mut last: Option<Vec<u8>> = None;
     loop {
         if alive.upgrade().is_none() {
@@ -1189,7 +1211,8 @@ async fn key_file_loop(path: PathBuf, sealer: Arc<Sealer>, alive: mpsc::WeakSend
                         if last.is_some() {
                             info!(path = %path.display(), keys = ring.len(), "cluster key ring reloaded");
                         }
-                        sealer.set_ring(ring);
+                        sealer.set_ring(ring.clone());
+                        rings.send_replace(Arc::new(ring));
                     }
                     Ok(Err(e)) => warn!(path = %path.display(), error = %e, "key file ignored"),
                     Err(e) => warn!(path = %path.display(), error = %e, "key file ignored"),

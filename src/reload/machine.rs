@@ -11,7 +11,10 @@
 //! - invalid content is never POSTed and leaves the delivered hash as it was;
 //! - `200` delivered; `409` retry after [`BUSY_RETRY`]; `400` refused, no
 //!   retry until the content changes; anything else retries with an
-//!   exponential backoff from [`BACKOFF_START`] up to [`BACKOFF_MAX`].
+//!   exponential backoff from [`BACKOFF_START`] up to [`BACKOFF_MAX`];
+//! - every certificate change reloads, refused content or not: the proxy
+//!   is asked once more (it may have been fixed meanwhile, and a proxy that
+//!   re-reads its certificates on reload needs that POST to serve them).
 
 use std::time::{Duration, Instant};
 
@@ -218,7 +221,7 @@ impl Machine {
             return None;
         }
         let (sha, valid) = self.current.as_ref()?;
-        if !valid || self.refused.as_ref() == Some(sha) {
+        if !valid || (self.refused.as_ref() == Some(sha) && !self.forced) {
             return None;
         }
         if self.delivered.as_ref() == Some(sha) && !self.forced {
@@ -456,15 +459,50 @@ mod tests {
         assert_eq!(m.refused(), Some("a"));
         assert!(m.step(seen("a"), t0 + ms(30_000)).is_empty());
         assert!(m.step(Input::Tick, t0 + ms(60_000)).is_empty());
-        assert!(
-            m.step(Input::CertificatesChanged, t0 + ms(60_000))
-                .is_empty()
-        );
         assert_eq!(m.step(seen("b"), t0 + ms(60_001)), vec![post("b")]);
         assert_eq!(m.refused(), None);
         assert_eq!(m.step(ok(), t0 + ms(60_002)), vec![delivered("b")]);
-        // The certificate change owed while refused rode on the POST of b.
         assert!(m.step(Input::Tick, t0 + ms(60_003)).is_empty());
+    }
+
+    #[test]
+    fn certificate_change_reloads_while_the_content_is_refused() {
+        let t0 = Instant::now();
+        let mut m = Machine::new(None);
+        m.step(seen("a"), t0);
+        m.step(Input::PostResult(PostOutcome::Refused), t0);
+        assert_eq!(m.refused(), Some("a"));
+        // SPEC 7: every certificate change reloads; exactly one POST.
+        assert_eq!(
+            m.step(Input::CertificatesChanged, t0 + ms(1_000)),
+            vec![post("a")]
+        );
+        assert!(
+            m.step(Input::CertificatesChanged, t0 + ms(1_001))
+                .is_empty()
+        );
+        assert_eq!(
+            m.step(Input::PostResult(PostOutcome::Refused), t0 + ms(1_002)),
+            vec![
+                Action::Report(Report::Refused),
+                // The second change came while the first POST was in flight.
+                post("a")
+            ]
+        );
+        assert_eq!(
+            m.step(Input::PostResult(PostOutcome::Refused), t0 + ms(1_003)),
+            vec![Action::Report(Report::Refused)]
+        );
+        // Refused again: config-only events still do not retry it.
+        assert!(m.step(seen("a"), t0 + ms(30_000)).is_empty());
+        assert!(m.step(Input::Tick, t0 + ms(60_000)).is_empty());
+        // A later certificate change that the proxy accepts delivers it.
+        assert_eq!(
+            m.step(Input::CertificatesChanged, t0 + ms(61_000)),
+            vec![post("a")]
+        );
+        assert_eq!(m.step(ok(), t0 + ms(61_001)), vec![delivered("a")]);
+        assert!(m.step(Input::Tick, t0 + ms(61_002)).is_empty());
     }
 
     #[test]

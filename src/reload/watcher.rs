@@ -15,11 +15,10 @@ use std::time::Duration;
 
 use notify::event::{AccessKind, AccessMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
-use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 
 use super::machine::Input;
-use crate::config::{self, MAX_CONFIG_BYTES, Problem, SbConfig, SidecarPorts};
+use crate::config::{self, Problem, ReadError, SbConfig, SidecarPorts};
 
 /// What one read of the config file found.
 #[derive(Debug)]
@@ -42,18 +41,25 @@ pub enum Observation {
 /// (interpolating `${VAR}` from the process environment); with `ports`, a
 /// conflict with the sidecar's mesh or ACME makes the content invalid too.
 pub async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
-    let raw = match read_bounded(path).await {
-        Ok(raw) => raw,
+    // The same bounded read as `validate` and start-up.
+    let owned = path.to_path_buf();
+    let read = tokio::task::spawn_blocking(move || config::read_bounded(&owned)).await;
+    let raw = match read {
+        Ok(Ok(raw)) => raw,
+        Ok(Err(ReadError::TooLarge {
+            message,
+            sha256_of_prefix,
+        })) => {
+            return Observation::Content {
+                sha256: sha256_of_prefix,
+                problems: vec![Problem::error(path.display().to_string(), message)],
+                config: None,
+            };
+        }
+        Ok(Err(e)) => return Observation::Unreadable(format!("{}: {e}", path.display())),
         Err(e) => return Observation::Unreadable(format!("{}: {e}", path.display())),
     };
     let sha256 = config::sha256_hex(&raw);
-    if let Some(message) = config::oversized(raw.len()) {
-        return Observation::Content {
-            sha256,
-            problems: vec![Problem::error(path.display().to_string(), message)],
-            config: None,
-        };
-    }
     match config::parse_bytes(&raw, &|name| std::env::var(name).ok()) {
         Ok(cfg) => {
             let conflicts = ports
@@ -79,16 +85,6 @@ pub async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
             config: None,
         },
     }
-}
-
-/// Reads at most one byte more than [`MAX_CONFIG_BYTES`].
-async fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
-    let file = tokio::fs::File::open(path).await?;
-    let mut raw = Vec::new();
-    file.take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut raw)
-        .await?;
-    Ok(raw)
 }
 
 /// Starts an inotify watch of the directory `dir` (not recursive); every
@@ -255,7 +251,7 @@ mod tests {
             (vec![], true)
         );
         // Too large: invalid, named by the file.
-        std::fs::write(&path, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+        std::fs::write(&path, vec![b'#'; config::MAX_CONFIG_BYTES as usize + 1]).unwrap();
         let (problems, valid) = content(observe(&path, None).await);
         assert!(
             !valid && problems[0].contains("larger than"),

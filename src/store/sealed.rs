@@ -29,6 +29,13 @@
 //! has been rewritten (certificates are rewritten at each renewal; a record
 //! can be resealed explicitly by opening and sealing it again).
 //!
+//! The ring used here is an [`AtRestRing`]: it follows the mesh's key ring
+//! (and with it `--cluster-key-file`), so a replica that was not restarted
+//! opens what a restarted one sealed under the new primary. A record sealed
+//! under a key that left the ring is reported once a minute per key id at
+//! warn ([`AtRestRing::report`]) and counted in
+//! `store_unseal_failures_total{reason="missing_key"}`.
+//!
 //! # Plain records when a ring exists
 //!
 //! A plain record is accepted even when the reader has a ring: that is how
@@ -39,10 +46,18 @@
 //! capability an attacker with store write access lacks; it only means the
 //! encryption protects confidentiality, not provenance.
 
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use aws_lc_rs::rand;
+use tokio::sync::watch;
+use tracing::{debug, warn};
 
 use crate::mesh::seal::KeyRing;
+use crate::metrics::Metrics;
 
 use super::StoreError;
 
@@ -63,6 +78,108 @@ const CRYPTO: &str = "at-rest encryption";
 
 /// Bytes a sealed record adds to its plaintext (format, key id, nonce, tag).
 pub const SEALED_OVERHEAD: usize = SEALED_HEADER_LEN + TAG_LEN;
+
+/// How often a record sealed under one missing key id is logged at warn;
+/// in between it is logged at debug (still counted), so a store full of
+/// such records cannot flood the log.
+pub const MISSING_KEY_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// The key ring records are sealed and opened with, as it is now: `None`
+/// (plain records, no cluster key), a fixed ring, or one that follows the
+/// mesh's ring ([`crate::mesh::Mesh::key_rings`]) so that a rotation of
+/// the key file reaches the store too. Cheap to clone; clones share the
+/// ring and the warn rate limit.
+#[derive(Clone, Default)]
+pub struct AtRestRing {
+    ring: Option<watch::Receiver<Arc<KeyRing>>>,
+    warned: Arc<Mutex<WarnLimit>>,
+}
+
+impl AtRestRing {
+    /// No cluster key: records are written plain.
+    pub fn plain() -> Self {
+        Self::default()
+    }
+
+    /// Always `ring` (an embedder's fixed key, tests).
+    pub fn fixed(ring: KeyRing) -> Self {
+        // The sender is dropped: the receiver keeps the last value.
+        let (_, rx) = watch::channel(Arc::new(ring));
+        Self::following(rx)
+    }
+
+    /// Whatever ring `rings` holds at each use.
+    pub fn following(rings: watch::Receiver<Arc<KeyRing>>) -> Self {
+        Self {
+            ring: Some(rings),
+            warned: Arc::default(),
+        }
+    }
+
+    /// The ring to seal or open with now.
+    pub fn current(&self) -> Option<Arc<KeyRing>> {
+        self.ring.as_ref().map(|rx| Arc::clone(&rx.borrow()))
+    }
+
+    /// Counts and logs a read that failed because the record is sealed
+    /// under a key id the ring lacks; other errors are left to the caller.
+    /// Warn at most once per [`MISSING_KEY_WARN_EVERY`] per key id.
+    pub fn report(&self, error: &StoreError, metrics: &Metrics) {
+        let StoreError::MissingKey { key, key_id } = error else {
+            return;
+        };
+        metrics.store.unseal_failed("missing_key");
+        let ring = self
+            .current()
+            .map(|r| format!("{r:?}"))
+            .unwrap_or_else(|| "none (no cluster key)".to_owned());
+        let first = self
+            .warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .allow(*key_id, Instant::now());
+        let key_id = format!("{key_id:08x}");
+        if first {
+            warn!(
+                store_key = %key, %key_id, %ring,
+                "store record sealed under a key that is not in the cluster key ring: \
+                 it cannot be opened; put that key back in the key file (after the primary), \
+                 or delete the record to have it written anew"
+            );
+        } else {
+            debug!(store_key = %key, %key_id, "store record sealed under a missing key");
+        }
+    }
+}
+
+impl fmt::Debug for AtRestRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AtRestRing").field(&self.current()).finish()
+    }
+}
+
+/// When each key id was last warned about.
+#[derive(Default)]
+struct WarnLimit {
+    last: HashMap<u32, Instant>,
+}
+
+impl WarnLimit {
+    /// Whether a warning for `key_id` may be logged at `now`.
+    fn allow(&mut self, key_id: u32, now: Instant) -> bool {
+        match self.last.get(&key_id) {
+            Some(at) if now.saturating_duration_since(*at) < MISSING_KEY_WARN_EVERY => false,
+            _ => {
+                // Key ids come from store bytes: bound the map.
+                if self.last.len() >= 1024 {
+                    self.last.clear();
+                }
+                self.last.insert(key_id, now);
+                true
+            }
+        }
+    }
+}
 
 /// Seals `plaintext` for storage at `key_name`: under the ring's primary
 /// key when `ring` is given, else as a plain record.
@@ -288,6 +405,60 @@ mod tests {
             open_record(Some(&after), "k", &sealed_old),
             Err(StoreError::MissingKey { .. })
         ));
+    }
+
+    #[test]
+    fn at_rest_ring_follows_its_source() {
+        assert!(AtRestRing::plain().current().is_none());
+        let (tx, rx) = watch::channel(Arc::new(ring(&[OLD])));
+        let follower = AtRestRing::following(rx);
+        let sealed_old = seal_record(follower.current().as_deref(), "k", b"v").unwrap();
+        tx.send_replace(Arc::new(ring(&[NEW, OLD])));
+        let now = follower.current().unwrap();
+        assert_eq!(now.primary_id(), ring(&[NEW]).primary_id());
+        let sealed_new = seal_record(Some(&now), "k", b"v").unwrap();
+        assert_eq!(sealed_key_id(&sealed_new), Some(now.primary_id()));
+        assert_eq!(open_record(Some(&now), "k", &sealed_old).unwrap(), b"v");
+        // A clone sees the same source.
+        tx.send_replace(Arc::new(ring(&[NEW])));
+        let clone = follower.clone();
+        assert!(matches!(
+            open_record(clone.current().as_deref(), "k", &sealed_old),
+            Err(StoreError::MissingKey { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_keys_are_counted_and_warned_once_a_minute_per_key() {
+        let metrics = Metrics::new();
+        let r = AtRestRing::fixed(ring(&[NEW]));
+        let missing = StoreError::MissingKey {
+            key: "certs/a".to_owned(),
+            key_id: 7,
+        };
+        r.report(&missing, &metrics);
+        r.report(&missing, &metrics);
+        r.report(
+            &StoreError::Corrupt {
+                key: "k".to_owned(),
+                message: "x".to_owned(),
+            },
+            &metrics,
+        );
+        assert!(
+            metrics
+                .encode()
+                .contains(r#"store_unseal_failures_total{reason="missing_key"} 2"#),
+            "{}",
+            metrics.encode()
+        );
+
+        let mut limit = WarnLimit::default();
+        let t0 = Instant::now();
+        assert!(limit.allow(7, t0));
+        assert!(!limit.allow(7, t0 + Duration::from_secs(59)));
+        assert!(limit.allow(8, t0 + Duration::from_secs(59)));
+        assert!(limit.allow(7, t0 + MISSING_KEY_WARN_EVERY));
     }
 
     #[test]
