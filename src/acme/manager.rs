@@ -521,6 +521,12 @@ const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
 /// Pause before a unit's store record is read again after a failed read.
 const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 
+/// Least time between two reseals of one replica: after a key rotation
+/// every record is rewritten once, by whichever replica gets to it first,
+/// spread out so that the store sees a trickle (a reseal is about six
+/// operations), not a burst.
+const RESEAL_PACE: Duration = Duration::from_secs(1);
+
 /// How an order task ended.
 enum OrderOutcome {
     /// A certificate was issued and stored.
@@ -703,6 +709,8 @@ struct Runner {
     acme: Option<AcmeSection>,
     issuer: Arc<Mutex<Option<Arc<Issuer>>>>,
     slots: Arc<Semaphore>,
+    /// One reseal at a time, [`RESEAL_PACE`] apart (see `spawn_read`).
+    reseals: Arc<Semaphore>,
     events_tx: mpsc::UnboundedSender<Event>,
     events_rx: mpsc::UnboundedReceiver<Event>,
     started: Instant,
@@ -739,6 +747,7 @@ impl Runner {
             acme: None,
             issuer: Arc::new(Mutex::new(None)),
             slots,
+            reseals: Arc::new(Semaphore::new(1)),
             events_tx,
             events_rx,
             started: Instant::now(),
@@ -1379,35 +1388,44 @@ impl Runner {
         let ring = self.cfg.key_ring.clone();
         let metrics = self.metrics.clone();
         let events = self.events_tx.clone();
-        // The reseal takes the order lock under this process's holder id, so
-        // that this node's own orders recognise it.
+        // Any replica that can reseal does (the owner's key file may lag),
+        // under this process's holder id so that this node's own orders
+        // recognise the lease; paced, so a rotation is a trickle.
         let (holder, lock_ttl) = (self.cfg.holder_id(), self.cfg.order_lock_ttl);
+        let reseals = self.reseals.clone();
         tokio::spawn(async move {
             let current = ring.current();
             let result = read_record_sealed(store.as_ref(), current.as_deref(), &unit).await;
-            if let (Ok(Some((_, Some(key_id)))), Some(current)) = (&result, &current)
-                && *key_id != current.primary_id()
-            {
-                let reseal = Reseal {
-                    store: &store,
-                    ring: current,
-                    unit: &unit,
-                    holder: &holder,
-                    lock_ttl,
-                    metrics: &metrics,
-                };
-                if let Err(e) = reseal.run().await {
-                    debug!(unit = %unit.id, error = %e, "certificate record not resealed; tried again at the next read");
-                }
-            }
+            let stale_key = match (&result, &current) {
+                (Ok(Some((_, Some(key_id)))), Some(current)) => *key_id != current.primary_id(),
+                _ => false,
+            };
             let result = result.map(|r| r.map(|(record, _)| record)).map_err(|e| {
                 ring.report(&e, &metrics);
                 e.to_string()
             });
             let _ = events.send(Event::Stored {
-                id: unit.id,
+                id: unit.id.clone(),
                 result,
             });
+            let Some(current) = current.filter(|_| stale_key) else {
+                return;
+            };
+            let Ok(_permit) = reseals.acquire().await else {
+                return;
+            };
+            let reseal = Reseal {
+                store: &store,
+                ring: &current,
+                unit: &unit,
+                holder: &holder,
+                lock_ttl,
+                metrics: &metrics,
+            };
+            if let Err(e) = reseal.run().await {
+                debug!(unit = %unit.id, error = %e, "certificate record not resealed; tried again at the next read");
+            }
+            tokio::time::sleep(RESEAL_PACE).await;
         });
     }
 }
