@@ -291,7 +291,10 @@ const SECTION_10_KEYS: &[(&str, &str)] = &[
 ];
 
 /// Whether the stand-in sbproxy starts on `config` (its data port
-/// answers) rather than refusing it (exits).
+/// answers) rather than refusing it (exits). The admin API binds
+/// `proxy.admin.bind` (127.0.0.1:9090 by default), which a test running
+/// beside this one may hold for a moment: a start that failed only
+/// because an address was in use is tried again.
 fn standin_accepts(config: &Path, ip: std::net::Ipv4Addr) -> bool {
     let bin = sidecar_bin().with_file_name("sbproxy");
     assert!(
@@ -299,23 +302,31 @@ fn standin_accepts(config: &Path, ip: std::net::Ipv4Addr) -> bool {
         "{} is missing: cargo build -p sbmesh-standin",
         bin.display()
     );
-    let mut child = Command::new(bin)
-        .arg("-f")
-        .arg(config)
-        .env("SBPROXY_STANDIN_BIND", ip.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("stand-in runs");
-    let addr = std::net::SocketAddr::from((ip, 8080));
-    let accepted = common::poll_until(common::deadline(), || {
-        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200)).is_ok()
-            || child.try_wait().ok().flatten().is_some()
-    }) && child.try_wait().ok().flatten().is_none();
-    let _ = child.kill();
-    let _ = child.wait();
-    accepted
+    for _ in 0..20 {
+        let mut child = Command::new(&bin)
+            .arg("-f")
+            .arg(config)
+            .env("SBPROXY_STANDIN_BIND", ip.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("stand-in runs");
+        let addr = std::net::SocketAddr::from((ip, 8080));
+        let accepted = common::poll_until(common::deadline(), || {
+            std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200))
+                .is_ok()
+                || child.try_wait().ok().flatten().is_some()
+        }) && child.try_wait().ok().flatten().is_none();
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("stand-in output");
+        let stderr = String::from_utf8_lossy(&output.stderr).to_lowercase();
+        if accepted || !stderr.contains("address already in use") {
+            return accepted;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    false
 }
 
 #[test]
