@@ -1,0 +1,932 @@
+//! The ACME manager's scheduling as a pure state machine: which store
+//! records to read, which units to order, when to ask the CA for a renewal
+//! window, which placeholders to write, and what a task's answer means.
+//!
+//! Sans-IO like [`crate::reload::machine`]: every input comes with [`Now`]
+//! (the monotonic instant for timers, the unix time for certificate times),
+//! the outputs say what to do, and the async shell
+//! ([`crate::acme::manager`]) only gathers inputs (the mesh's members and
+//! their announced serials, the configuration, the answers of its store,
+//! CA and disk tasks) and executes the actions. No mesh, store or clock in
+//! here, so the rules below are unit-tested with a fake clock.
+//!
+//! Rules:
+//! - a unit is ordered only by the rendezvous owner among the alive
+//!   members, once that set has held still for [`VIEW_STABLE_FOR`] (and,
+//!   alone, once [`Settings::settle`] passed since start), never while this
+//!   node is cut off by clock skew, never with a pod-local store and peers,
+//!   at most [`Settings::max_concurrent_orders`] at once;
+//! - a busy order lock is left alone for the wait its task reported;
+//!   failures (this replica's, or the shared ones another replica or an
+//!   earlier process recorded) back off, honouring the CA's `Retry-After`
+//!   (see [`due_for_order`]);
+//! - a unit's record is read when it appears, when a peer announces a
+//!   serial we have not read, every [`Settings::missing_check_every`] while
+//!   it has no real certificate on disk, at every full check, and not again
+//!   for [`READ_RETRY_AFTER_ERROR`] after a failed read;
+//! - a read record newer than the files is installed; a placeholder is
+//!   written where nothing usable is on disk (see [`needs_placeholder`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::acme::certs::CertRecord;
+use crate::acme::manager::{
+    AcmeStatus, CertUnit, HostView, StoredCert, UnitFiles, due_for_order, local_store_refusal,
+};
+use crate::acme::ownership::owner;
+use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
+use crate::acme::schedule::{AriWindow, CertTimes, Failures, renew_before_ignored};
+use crate::mesh::CertificateInfo;
+
+/// How long the set of alive members must hold still before orders start.
+pub const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
+
+/// How often the owner of a unit asks the CA for its renewal window when
+/// the directory offers ARI (RFC 9773 suggests a few times a day).
+pub const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
+
+/// Pause before a unit's store record is read again after a failed read.
+pub const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+
+/// The time of a step, passed in: the monotonic instant drives the
+/// machine's timers, the wall-clock time is compared with certificate
+/// times, lock waits and backoffs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic time.
+    pub mono: Instant,
+    /// Wall-clock time, unix milliseconds.
+    pub unix_ms: u64,
+}
+
+impl Now {
+    /// The wall-clock time in unix seconds.
+    pub fn unix(&self) -> u64 {
+        self.unix_ms / 1000
+    }
+}
+
+/// The machine's fixed settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This replica's node id, as the mesh lists it among the members.
+    pub node_id: String,
+    /// Orders this replica runs at once.
+    pub max_concurrent_orders: usize,
+    /// Alone, no order before this long after start.
+    pub settle: Duration,
+    /// Every unit's record is read this often.
+    pub full_check_every: Duration,
+    /// Units without a real certificate on disk are looked up this often.
+    pub missing_check_every: Duration,
+    /// The store's backend name, for the refusal message.
+    pub store_backend: String,
+    /// Whether the store is shared between replicas.
+    pub store_shared: bool,
+}
+
+/// The certificate on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Local {
+    /// Serial, lowercase hex.
+    pub serial: String,
+    /// End of validity, unix seconds.
+    pub not_after_unix: u64,
+    /// Its DNS names.
+    pub names: Vec<String>,
+    /// A self-signed placeholder of ours, not the CA's.
+    pub placeholder: bool,
+}
+
+impl Local {
+    /// Whether this is a real certificate for `unit`'s names (not a
+    /// placeholder, not the certificate of an older SAN set).
+    pub fn is_real_for(&self, unit: &CertUnit) -> bool {
+        !self.placeholder && unit.names_fit(&self.names)
+    }
+}
+
+/// Whether a placeholder must be written for `unit`, given what is on disk
+/// (`local`) at `now`: when nothing is, or when a placeholder is there for
+/// other names or about to expire. Never over a real certificate, even one
+/// for another origin set (it is served until the new one arrives).
+pub fn needs_placeholder(unit: &CertUnit, local: Option<&Local>, now: u64) -> bool {
+    match local {
+        None => true,
+        Some(l) if l.placeholder => {
+            !unit.names_fit(&l.names) || now + PLACEHOLDER_REFRESH_SECS >= l.not_after_unix
+        }
+        Some(_) => false,
+    }
+}
+
+/// How an order task ended.
+#[derive(Clone, Debug)]
+pub enum OrderOutcome {
+    /// A certificate was issued and stored.
+    Issued(Box<CertRecord>),
+    /// The store already held a valid certificate (another replica's).
+    AlreadyValid(Box<CertRecord>),
+    /// Another holder has the unit's lock: leave it alone this long.
+    Busy {
+        /// Until the lease's expiry, or a re-check to notice a release.
+        wait: Duration,
+    },
+    /// The shared failures of the unit (another replica's or an earlier
+    /// process's attempts) say to wait: nothing was tried.
+    BackingOff(Failures),
+    /// Not allowed before this time: duplicate or order limits.
+    Deferred {
+        /// Unix seconds.
+        until: u64,
+        /// Which limit.
+        why: String,
+        /// The failures as now shared in the store (`None`: not stored).
+        shared: Option<Failures>,
+    },
+    /// It failed.
+    Failed {
+        /// What went wrong, one line.
+        error: String,
+        /// The CA's `Retry-After`, seconds.
+        retry_after_secs: Option<u64>,
+        /// The failures as now shared in the store (`None`: not stored).
+        shared: Option<Failures>,
+    },
+}
+
+/// The ACME part of the configuration the machine needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ordering {
+    /// `renew_before_days` of the `acme` section.
+    pub renew_before_days: Option<u32>,
+}
+
+/// An input of the machine.
+#[derive(Clone, Debug)]
+pub enum Input {
+    /// The configuration (re)read: the units it asks for, each with what
+    /// is on disk for it (used for units not known yet), the wildcards
+    /// that are not eligible, and whether (and how) to order at all.
+    ConfigChanged {
+        /// The wanted units, with their files on disk.
+        units: Vec<(CertUnit, Option<Local>)>,
+        /// Wildcard origins, not ordered.
+        not_eligible: Vec<String>,
+        /// `None`: no `acme` section, nothing is ordered.
+        ordering: Option<Ordering>,
+    },
+    /// The mesh's view: the alive members (this node included), whether
+    /// it has peers, and whether clock skew cuts this node off.
+    Members {
+        /// Node ids of the alive members.
+        alive: Vec<String>,
+        /// Whether the mesh has peers.
+        has_peers: bool,
+        /// Whether this node is cut off from the mesh by clock skew.
+        skew_isolated: bool,
+    },
+    /// The certificates the peers announce in their metadata.
+    PeerCerts(Vec<CertificateInfo>),
+    /// Whether the CA offers renewal information (ARI); known once the
+    /// account is loaded.
+    AriOffered(bool),
+    /// A [`Action::ReadRecord`] finished.
+    RecordRead {
+        /// The unit id.
+        id: String,
+        /// The record, `None` when there is none, or why it is unusable.
+        result: Result<Option<CertRecord>, String>,
+    },
+    /// A [`Action::InstallRecord`] finished.
+    Installed {
+        /// The unit id.
+        id: String,
+        /// What is on disk now and whether the files changed, or why they
+        /// could not be written.
+        result: Result<(Local, bool), String>,
+    },
+    /// A [`Action::WritePlaceholder`] finished.
+    PlaceholderWritten {
+        /// The unit id.
+        id: String,
+        /// The placeholder on disk now, or why it could not be written.
+        result: Result<Local, String>,
+    },
+    /// A [`Action::PlaceOrder`] finished.
+    OrderFinished {
+        /// The unit id.
+        id: String,
+        /// How it ended.
+        outcome: OrderOutcome,
+    },
+    /// The CA's renewal window for the certificate `serial` of `id`, and
+    /// when to ask again (unix seconds).
+    AriAnswered {
+        /// The unit id.
+        id: String,
+        /// The certificate asked about.
+        serial: String,
+        /// The window, when the CA gave one.
+        window: Option<AriWindow>,
+        /// Not asked again before this (unix seconds).
+        next_check_unix: u64,
+    },
+    /// Time passed: decide what is due. The shell sends it after each
+    /// batch of other inputs, and at least every few hundred milliseconds.
+    Tick,
+}
+
+/// Something a step reports, for logs and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Report {
+    /// A unit left the configuration: its certificate is not renewed.
+    UnitRemoved(CertUnit),
+    /// A unit appeared.
+    UnitAdded(CertUnit),
+    /// The certificate of these names ends at this time (unix seconds).
+    Expiry {
+        /// The names.
+        names: Vec<String>,
+        /// End of validity.
+        not_after_unix: u64,
+    },
+    /// Why this node does not order changed (`None`: it orders again).
+    Refusal(Option<String>),
+    /// An order failed (or was deferred); the unit backs off like this.
+    OrderFailed {
+        /// The unit id.
+        id: String,
+        /// Deferred by a limit, rather than failed.
+        deferred: bool,
+        /// The failures the backoff goes by.
+        failures: Failures,
+        /// What went wrong.
+        error: String,
+    },
+    /// `renew_before_days` is set aside for this certificate (at least
+    /// half of its lifetime).
+    RenewBeforeIgnored {
+        /// The unit.
+        unit: CertUnit,
+        /// The certificate.
+        serial: String,
+        /// The configured days.
+        days: u32,
+        /// Its lifetime, seconds.
+        lifetime_secs: u64,
+    },
+}
+
+/// What the shell must do after a step.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// Record this (logs, metrics).
+    Report(Report),
+    /// Read the unit's record from the store; answer with
+    /// [`Input::RecordRead`].
+    ReadRecord(CertUnit),
+    /// Write this record's certificate as the unit's files; answer with
+    /// [`Input::Installed`].
+    InstallRecord {
+        /// The unit.
+        unit: CertUnit,
+        /// The record read or issued.
+        record: Box<CertRecord>,
+    },
+    /// Write a placeholder for the unit; answer with
+    /// [`Input::PlaceholderWritten`].
+    WritePlaceholder(CertUnit),
+    /// Order the unit; answer with [`Input::OrderFinished`].
+    PlaceOrder {
+        /// The unit.
+        unit: CertUnit,
+        /// The certificate the machine knew when it decided.
+        known: Option<StoredCert>,
+        /// The renewal setting to order under.
+        renew_before_days: Option<u32>,
+    },
+    /// Ask the CA for the renewal window of the unit's certificate
+    /// `serial`; answer with [`Input::AriAnswered`] (or nothing).
+    AskAri {
+        /// The unit.
+        unit: CertUnit,
+        /// The certificate.
+        serial: String,
+    },
+    /// Move the ACME account record to the primary cluster key.
+    ResealAccount,
+    /// Certificate files changed: hand them to the proxy.
+    CertificatesChanged,
+    /// Publish this status.
+    PublishStatus(AcmeStatus),
+}
+
+/// What the machine knows of one unit.
+#[derive(Clone, Debug)]
+struct UnitState {
+    unit: CertUnit,
+    view: HostView,
+    local: Option<Local>,
+    /// Serial announced by a peer that we have not read from the store yet.
+    wanted_serial: Option<String>,
+    fetching: bool,
+    /// After a failed store read, no read before this: a record that
+    /// cannot be opened (or a store that fails) must not be read again at
+    /// every wake-up while a peer keeps announcing its serial.
+    read_retry_at: Option<Instant>,
+    next_check: Option<Instant>,
+    /// Not before this time (unix seconds) is the CA asked again for the
+    /// renewal window of the certificate with this serial.
+    ari_next: Option<(u64, String)>,
+    /// The serial last reported for an ignored `renew_before_days`.
+    renew_warned: Option<String>,
+    /// Writing a placeholder failed; not tried again for this unit.
+    placeholder_failed: bool,
+    /// A placeholder write is under way (its answer not in yet).
+    placeholder_pending: bool,
+    /// Certificate installs under way: no placeholder over them.
+    installing: u32,
+}
+
+impl UnitState {
+    fn new(unit: CertUnit, local: Option<Local>) -> Self {
+        Self {
+            unit,
+            view: HostView::default(),
+            local,
+            wanted_serial: None,
+            fetching: false,
+            read_retry_at: None,
+            next_check: None,
+            ari_next: None,
+            renew_warned: None,
+            placeholder_failed: false,
+            placeholder_pending: false,
+            installing: 0,
+        }
+    }
+
+    /// Whether the proxy has a real certificate for this unit's names (not
+    /// a placeholder, not the certificate of an older SAN set).
+    fn has_real(&self) -> bool {
+        self.local.as_ref().is_some_and(|l| l.is_real_for(&self.unit))
+    }
+}
+
+/// The scheduling state machine. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    settings: Settings,
+    /// By unit id.
+    units: BTreeMap<String, UnitState>,
+    not_eligible: Vec<String>,
+    ordering: Option<Ordering>,
+    started: Instant,
+    last_full_check: Instant,
+    /// The alive members at the last [`Input::Members`], and since when
+    /// they are so.
+    alive: Vec<String>,
+    view_changed: Instant,
+    has_peers: bool,
+    skew_isolated: bool,
+    ari_offered: bool,
+    refusal: Option<String>,
+    /// What the status shows changed: published once per step.
+    status_dirty: bool,
+}
+
+impl Machine {
+    /// Whether the configuration asks for no certificate at all.
+    pub fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    /// A machine started at `now`, knowing no unit and no member yet.
+    pub fn new(settings: Settings, now: Now) -> Self {
+        Self {
+            settings,
+            units: BTreeMap::new(),
+            not_eligible: Vec::new(),
+            ordering: None,
+            started: now.mono,
+            last_full_check: now.mono,
+            alive: Vec::new(),
+            view_changed: now.mono,
+            has_peers: false,
+            skew_isolated: false,
+            ari_offered: false,
+            refusal: None,
+            status_dirty: false,
+        }
+    }
+
+    /// The failures a unit's backoff goes by (for tests and diagnostics).
+    pub fn failures(&self, id: &str) -> Option<&Failures> {
+        self.units.get(id).map(|s| &s.view.failures)
+    }
+
+    /// Feeds one input at `now`; returns what to do. Answers and view
+    /// updates only change the state: what is due (reads, renewal window
+    /// questions, orders) is decided at [`Input::Tick`], once per pass of
+    /// the shell over a batch of inputs, so that thousands of answers do
+    /// not cost thousands of passes over every unit.
+    pub fn step(&mut self, input: Input, now: Now) -> Vec<Action> {
+        let mut out = Vec::new();
+        match input {
+            Input::ConfigChanged {
+                units,
+                not_eligible,
+                ordering,
+            } => {
+                self.config_changed(units, not_eligible, ordering, now, &mut out);
+                self.publish(&mut out);
+            }
+            Input::Members {
+                alive,
+                has_peers,
+                skew_isolated,
+            } => {
+                if alive != self.alive {
+                    self.alive = alive;
+                    self.view_changed = now.mono;
+                }
+                self.has_peers = has_peers;
+                self.skew_isolated = skew_isolated;
+            }
+            Input::PeerCerts(certs) => self.peer_certs(&certs),
+            Input::AriOffered(offered) => self.ari_offered = offered,
+            Input::RecordRead { id, result } => self.record_read(&id, result, now, &mut out),
+            Input::Installed { id, result } => self.installed(&id, result, &mut out),
+            Input::PlaceholderWritten { id, result } => {
+                if let Some(state) = self.units.get_mut(&id) {
+                    state.placeholder_pending = false;
+                    match result {
+                        Ok(local) => state.local = Some(local),
+                        // Not tried again for this unit (the shell warns).
+                        Err(_) => state.placeholder_failed = true,
+                    }
+                    self.status_dirty = true;
+                }
+            }
+            Input::OrderFinished { id, outcome } => {
+                self.order_finished(&id, outcome, now, &mut out)
+            }
+            Input::AriAnswered {
+                id,
+                serial,
+                window,
+                next_check_unix,
+            } => {
+                if let Some(state) = self.units.get_mut(&id) {
+                    if state.ari_next.as_ref().is_some_and(|(_, s)| *s == serial) {
+                        state.ari_next = Some((next_check_unix, serial.clone()));
+                    }
+                    if let Some(stored) = state.view.stored.as_mut().filter(|s| s.serial == serial)
+                    {
+                        stored.ari = window;
+                    }
+                }
+            }
+            Input::Tick => {
+                self.plan(now, &mut out);
+                self.publish(&mut out);
+            }
+        }
+        out
+    }
+
+    /// The status, when what it shows changed: once per tick (and at a
+    /// config change), not at every answer, which with thousands of units
+    /// would rebuild it thousands of times per pass.
+    fn publish(&mut self, out: &mut Vec<Action>) {
+        if std::mem::take(&mut self.status_dirty) {
+            out.push(Action::PublishStatus(self.status()));
+        }
+    }
+
+    /// The status of what is on disk now.
+    pub fn status(&self) -> AcmeStatus {
+        let certificates = self
+            .units
+            .values()
+            .filter_map(|s| {
+                let l = s.local.as_ref()?;
+                let mut names = l.names.clone();
+                names.sort();
+                names.dedup();
+                let (host, names) = match &s.unit.files {
+                    // A per-host certificate lists its names only when it
+                    // has more than the host (keeps metadata small).
+                    UnitFiles::Host(host) => {
+                        let only_host = names.len() == 1 && names[0] == *host;
+                        (host.clone(), if only_host { Vec::new() } else { names })
+                    }
+                    UnitFiles::San => (
+                        names
+                            .first()
+                            .cloned()
+                            .unwrap_or_else(|| s.unit.record_host().to_owned()),
+                        names,
+                    ),
+                };
+                Some(CertificateInfo {
+                    host,
+                    not_after_unix: l.not_after_unix,
+                    serial: l.serial.clone(),
+                    names,
+                    placeholder: l.placeholder,
+                })
+            })
+            .collect();
+        AcmeStatus {
+            certificates,
+            not_eligible: self.not_eligible.clone(),
+            refusal: self.refusal.clone(),
+        }
+    }
+
+    fn config_changed(
+        &mut self,
+        wanted: Vec<(CertUnit, Option<Local>)>,
+        not_eligible: Vec<String>,
+        ordering: Option<Ordering>,
+        now: Now,
+        out: &mut Vec<Action>,
+    ) {
+        self.not_eligible = not_eligible;
+        let wanted_ids: BTreeSet<&str> = wanted.iter().map(|(u, _)| u.id.as_str()).collect();
+        let removed: Vec<String> = self
+            .units
+            .keys()
+            .filter(|id| !wanted_ids.contains(id.as_str()))
+            .cloned()
+            .collect();
+        for id in removed {
+            if let Some(state) = self.units.remove(&id) {
+                out.push(Action::Report(Report::UnitRemoved(state.unit)));
+            }
+        }
+        for (unit, local) in wanted {
+            if self.units.contains_key(&unit.id) {
+                continue;
+            }
+            if let Some(l) = local.as_ref().filter(|l| !l.placeholder) {
+                out.push(Action::Report(Report::Expiry {
+                    names: unit.names.clone(),
+                    not_after_unix: l.not_after_unix,
+                }));
+            }
+            out.push(Action::Report(Report::UnitAdded(unit.clone())));
+            self.units
+                .insert(unit.id.clone(), UnitState::new(unit, local));
+        }
+        self.write_placeholders(now, out);
+        self.ordering = ordering;
+        // A pod that starts after a rotation moves the account to the new
+        // primary at once (then once per full check).
+        if self.ordering.is_some() {
+            out.push(Action::ResealAccount);
+        }
+        self.status_dirty = true;
+    }
+
+    /// Peers announce the certificates they wrote: a serial we do not have
+    /// is a reason to read the store now.
+    fn peer_certs(&mut self, certs: &[CertificateInfo]) {
+        for cert in certs {
+            // Per host the unit id is the host; a SAN entry lists its
+            // names, whose set id names the unit.
+            let san_id = (!cert.names.is_empty()).then(|| {
+                crate::acme::keys::san_unit_id(&crate::acme::keys::hostname_set_id(&cert.names))
+            });
+            let id = san_id
+                .filter(|id| self.units.contains_key(id))
+                .unwrap_or_else(|| cert.host.clone());
+            if let Some(state) = self
+                .units
+                .get_mut(&id)
+                .filter(|s| s.unit.announced_by(cert))
+            {
+                let have = state.local.as_ref().map(|l| l.serial.as_str());
+                let known = state.view.stored.as_ref().map(|s| s.serial.as_str());
+                if have != Some(cert.serial.as_str()) && known != Some(cert.serial.as_str()) {
+                    state.wanted_serial = Some(cert.serial.clone());
+                }
+            }
+        }
+    }
+
+    fn record_read(
+        &mut self,
+        id: &str,
+        result: Result<Option<CertRecord>, String>,
+        now: Now,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(state) = self.units.get_mut(id) else {
+            return;
+        };
+        state.fetching = false;
+        state.read_retry_at = result
+            .is_err()
+            .then(|| now.mono + READ_RETRY_AFTER_ERROR);
+        match result {
+            Ok(Some(record)) => self.take_record(id, record, out),
+            Ok(None) => {
+                state.view.checked = true;
+                state.view.stored = None;
+            }
+            // The shell logs it; the files stay as they are.
+            Err(_) => {}
+        }
+    }
+
+    /// A record read from the store (or just issued): remember it, and
+    /// install it when it is newer than what the proxy has (always over a
+    /// placeholder or the certificate of another SAN set).
+    fn take_record(&mut self, id: &str, record: CertRecord, out: &mut Vec<Action>) {
+        let Some(state) = self.units.get_mut(id) else {
+            return;
+        };
+        state.view.checked = true;
+        // The CA's window stays with the certificate it was given for.
+        let ari = state
+            .view
+            .stored
+            .as_ref()
+            .filter(|s| s.serial == record.serial)
+            .and_then(|s| s.ari);
+        state.view.stored = Some(StoredCert {
+            serial: record.serial.clone(),
+            times: CertTimes {
+                not_before_unix: record.not_before_unix,
+                not_after_unix: record.not_after_unix,
+            },
+            ari,
+        });
+        if state.wanted_serial.as_deref() == Some(record.serial.as_str()) {
+            state.wanted_serial = None;
+        }
+        let newer = match &state.local {
+            None => true,
+            Some(_) if !state.has_real() => true,
+            Some(local) => {
+                local.serial != record.serial && record.not_after_unix >= local.not_after_unix
+            }
+        };
+        if newer {
+            state.installing += 1;
+            out.push(Action::InstallRecord {
+                unit: state.unit.clone(),
+                record: Box::new(record),
+            });
+        }
+    }
+
+    fn installed(
+        &mut self,
+        id: &str,
+        result: Result<(Local, bool), String>,
+        out: &mut Vec<Action>,
+    ) {
+        let Some(state) = self.units.get_mut(id) else {
+            return;
+        };
+        state.installing = state.installing.saturating_sub(1);
+        // A failed write is tried again at the next read (the shell warns).
+        if let Ok((local, changed)) = result {
+            out.push(Action::Report(Report::Expiry {
+                names: state.unit.names.clone(),
+                not_after_unix: local.not_after_unix,
+            }));
+            if changed {
+                out.push(Action::CertificatesChanged);
+            }
+            state.local = Some(local);
+        }
+        self.status_dirty = true;
+    }
+
+    fn order_finished(&mut self, id: &str, outcome: OrderOutcome, now: Now, out: &mut Vec<Action>) {
+        let Some(state) = self.units.get_mut(id) else {
+            return;
+        };
+        state.view.in_flight = false;
+        let now_ms = now.unix_ms;
+        let now = now.unix();
+        match outcome {
+            OrderOutcome::Issued(record) => {
+                state.view.failures.clear();
+                self.take_record(id, *record, out);
+            }
+            OrderOutcome::AlreadyValid(record) => self.take_record(id, *record, out),
+            OrderOutcome::Busy { wait } => {
+                // Not before the lease's expiry (or a re-check a few
+                // seconds on): every wake-up must not send another attempt
+                // to the store.
+                let until_ms = now_ms.saturating_add(wait.as_millis() as u64);
+                state.view.lock_busy_until = until_ms.div_ceil(1000);
+            }
+            OrderOutcome::BackingOff(failures) => state.view.failures = failures,
+            OrderOutcome::Deferred { until, why, shared } => {
+                match shared {
+                    Some(f) => state.view.failures = f,
+                    None => state
+                        .view
+                        .failures
+                        .record(now, Some(until.saturating_sub(now))),
+                }
+                out.push(Action::Report(Report::OrderFailed {
+                    id: id.to_owned(),
+                    deferred: true,
+                    failures: state.view.failures.clone(),
+                    error: why,
+                }));
+            }
+            OrderOutcome::Failed {
+                error,
+                retry_after_secs,
+                shared,
+            } => {
+                match shared {
+                    Some(f) => state.view.failures = f,
+                    None => state.view.failures.record(now, retry_after_secs),
+                }
+                out.push(Action::Report(Report::OrderFailed {
+                    id: id.to_owned(),
+                    deferred: false,
+                    failures: state.view.failures.clone(),
+                    error,
+                }));
+            }
+        }
+    }
+
+    /// A placeholder for every unit that has nothing usable on disk yet.
+    /// Ordering goes by the store alone, and the proxy is not asked to
+    /// reload for it (a proxy reads it at start-up; reloading a running
+    /// one for it would only disturb).
+    fn write_placeholders(&mut self, now: Now, out: &mut Vec<Action>) {
+        for state in self.units.values_mut() {
+            if state.placeholder_failed
+                || state.placeholder_pending
+                || state.installing > 0
+                || !needs_placeholder(&state.unit, state.local.as_ref(), now.unix())
+            {
+                continue;
+            }
+            state.placeholder_pending = true;
+            out.push(Action::WritePlaceholder(state.unit.clone()));
+        }
+    }
+
+    /// What is due now: reads, then (when this node may order) renewal
+    /// window questions and orders.
+    fn plan(&mut self, now: Now, out: &mut Vec<Action>) {
+        if self.units.is_empty() {
+            return;
+        }
+        let full = now.mono.saturating_duration_since(self.last_full_check)
+            >= self.settings.full_check_every;
+        if full {
+            self.last_full_check = now.mono;
+            // New units got theirs with the config; this renews the ones
+            // close to expiry while the CA's certificate is still missing.
+            self.write_placeholders(now, out);
+            if self.ordering.is_some() {
+                out.push(Action::ResealAccount);
+            }
+        }
+        let missing_every = self.settings.missing_check_every;
+        for state in self.units.values_mut() {
+            if state.fetching || state.read_retry_at.is_some_and(|t| now.mono < t) {
+                continue;
+            }
+            // A placeholder or an older SAN set's certificate is as good
+            // as missing: look for the real one often.
+            let missing = !state.has_real();
+            let due_check = state.next_check.is_none_or(|t| now.mono >= t);
+            let want = full
+                || !state.view.checked
+                || state.wanted_serial.is_some()
+                || (missing && due_check)
+                || (state.next_check.is_some() && due_check);
+            if want {
+                state.fetching = true;
+                state.next_check = missing.then(|| now.mono + missing_every);
+                out.push(Action::ReadRecord(state.unit.clone()));
+            }
+        }
+
+        let Some(ordering) = self.ordering.clone() else {
+            return;
+        };
+        self.report_ignored_renew_before(ordering.renew_before_days, out);
+        let refusal = local_store_refusal(
+            &self.settings.store_backend,
+            self.settings.store_shared,
+            self.has_peers,
+        );
+        if refusal != self.refusal {
+            self.refusal = refusal.clone();
+            self.status_dirty = true;
+            out.push(Action::Report(Report::Refusal(refusal)));
+        }
+        // Cut off by clock skew, this node sees no peers and would think it
+        // owns every hostname; the mesh logs the skew and /readyz says it.
+        if self.refusal.is_some() || self.skew_isolated {
+            return;
+        }
+        // Ownership is only as good as the view: order once the set of
+        // alive members has held still for a moment (members joining at
+        // start, or one going down), so that replicas agree on owners.
+        let stable = now.mono.saturating_duration_since(self.view_changed) >= VIEW_STABLE_FOR;
+        let settled = self.has_peers
+            || now.mono.saturating_duration_since(self.started) >= self.settings.settle;
+        if !(stable && settled) {
+            return;
+        }
+        let members: Vec<&str> = self.alive.iter().map(String::as_str).collect();
+        let me = self.settings.node_id.as_str();
+        if self.ari_offered {
+            for (id, state) in &mut self.units {
+                let Some(stored) = &state.view.stored else {
+                    continue;
+                };
+                if owner(id, &members) != Some(me) {
+                    continue;
+                }
+                let fresh = state
+                    .ari_next
+                    .as_ref()
+                    .is_some_and(|(at, serial)| *serial == stored.serial && now.unix() < *at);
+                if fresh {
+                    continue;
+                }
+                // Until the answer says otherwise (it says when to ask
+                // again): one question at a time.
+                state.ari_next = Some((now.unix() + ARI_EVERY.as_secs(), stored.serial.clone()));
+                out.push(Action::AskAri {
+                    unit: state.unit.clone(),
+                    serial: stored.serial.clone(),
+                });
+            }
+        }
+        let mut in_flight = self.units.values().filter(|s| s.view.in_flight).count();
+        for (id, state) in &mut self.units {
+            if in_flight >= self.settings.max_concurrent_orders.max(1) {
+                break;
+            }
+            let is_owner = owner(id, &members) == Some(me);
+            if due_for_order(
+                id,
+                &state.view,
+                is_owner,
+                ordering.renew_before_days,
+                now.unix(),
+            )
+            .is_ok()
+            {
+                state.view.in_flight = true;
+                in_flight += 1;
+                out.push(Action::PlaceOrder {
+                    unit: state.unit.clone(),
+                    known: state.view.stored.clone(),
+                    renew_before_days: ordering.renew_before_days,
+                });
+            }
+        }
+    }
+
+    /// Reports, once per certificate serial, when `renew_before_days` is
+    /// set aside for a stored certificate because it is at least half of
+    /// its lifetime (the one-third rule applies then, see
+    /// [`crate::acme::schedule::renew_at`]).
+    fn report_ignored_renew_before(&mut self, renew_before_days: Option<u32>, out: &mut Vec<Action>) {
+        let Some(days) = renew_before_days else {
+            return;
+        };
+        for state in self.units.values_mut() {
+            let Some(stored) = &state.view.stored else {
+                continue;
+            };
+            if state.renew_warned.as_deref() == Some(stored.serial.as_str())
+                || !renew_before_ignored(stored.times, renew_before_days)
+            {
+                continue;
+            }
+            out.push(Action::Report(Report::RenewBeforeIgnored {
+                unit: state.unit.clone(),
+                serial: stored.serial.clone(),
+                days,
+                lifetime_secs: stored
+                    .times
+                    .not_after_unix
+                    .saturating_sub(stored.times.not_before_unix),
+            }));
+            state.renew_warned = Some(stored.serial.clone());
+        }
+    }
+}
