@@ -493,7 +493,6 @@ fn read_local(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
     })
 }
 
-
 /// Failed orders are logged at warn at most once per this interval: one
 /// line with the count and a few examples (each unit's at debug), so a CA
 /// that is down does not write one line per origin.
@@ -714,6 +713,9 @@ impl Runner {
             not_eligible: wildcards,
             ordering,
         });
+        // A pass right away: new units are read, and the status shows
+        // their placeholders at once.
+        self.feed(Input::Tick);
     }
 
     /// Logs and counts an answer of a task, then feeds it.

@@ -371,7 +371,9 @@ impl UnitState {
     /// Whether the proxy has a real certificate for this unit's names (not
     /// a placeholder, not the certificate of an older SAN set).
     fn has_real(&self) -> bool {
-        self.local.as_ref().is_some_and(|l| l.is_real_for(&self.unit))
+        self.local
+            .as_ref()
+            .is_some_and(|l| l.is_real_for(&self.unit))
     }
 }
 
@@ -629,9 +631,7 @@ impl Machine {
             return;
         };
         state.fetching = false;
-        state.read_retry_at = result
-            .is_err()
-            .then(|| now.mono + READ_RETRY_AFTER_ERROR);
+        state.read_retry_at = result.is_err().then(|| now.mono + READ_RETRY_AFTER_ERROR);
         match result {
             Ok(Some(record)) => self.take_record(id, record, out),
             Ok(None) => {
@@ -904,7 +904,11 @@ impl Machine {
     /// set aside for a stored certificate because it is at least half of
     /// its lifetime (the one-third rule applies then, see
     /// [`crate::acme::schedule::renew_at`]).
-    fn report_ignored_renew_before(&mut self, renew_before_days: Option<u32>, out: &mut Vec<Action>) {
+    fn report_ignored_renew_before(
+        &mut self,
+        renew_before_days: Option<u32>,
+        out: &mut Vec<Action>,
+    ) {
         let Some(days) = renew_before_days else {
             return;
         };
@@ -928,5 +932,636 @@ impl Machine {
             }));
             state.renew_warned = Some(stored.serial.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const START_UNIX: u64 = 1_800_000_000;
+    const DAY: u64 = 86_400;
+
+    /// A fake clock: both times move together, only when told.
+    struct Clock {
+        start: Instant,
+        elapsed: Duration,
+    }
+
+    impl Clock {
+        fn new() -> Self {
+            Self {
+                start: Instant::now(),
+                elapsed: Duration::ZERO,
+            }
+        }
+
+        fn now(&self) -> Now {
+            Now {
+                mono: self.start + self.elapsed,
+                unix_ms: START_UNIX * 1000 + self.elapsed.as_millis() as u64,
+            }
+        }
+
+        fn unix(&self) -> u64 {
+            self.now().unix()
+        }
+
+        fn advance(&mut self, by: Duration) {
+            self.elapsed += by;
+        }
+    }
+
+    /// A machine for node `me`, with the production cadences, a shared
+    /// store, and the clock.
+    struct Rig {
+        machine: Machine,
+        clock: Clock,
+    }
+
+    fn settings(me: &str) -> Settings {
+        Settings {
+            node_id: me.into(),
+            max_concurrent_orders: 8,
+            settle: Duration::from_secs(3),
+            full_check_every: Duration::from_secs(60),
+            missing_check_every: Duration::from_secs(2),
+            store_backend: "redis".into(),
+            store_shared: true,
+        }
+    }
+
+    impl Rig {
+        fn with(settings: Settings, hosts: &[&str]) -> Self {
+            let clock = Clock::new();
+            let mut machine = Machine::new(settings, clock.now());
+            machine.step(
+                Input::ConfigChanged {
+                    units: hosts
+                        .iter()
+                        .map(|h| (CertUnit::per_host(h), None))
+                        .collect(),
+                    not_eligible: Vec::new(),
+                    ordering: Some(Ordering {
+                        renew_before_days: None,
+                    }),
+                },
+                clock.now(),
+            );
+            Self { machine, clock }
+        }
+
+        fn new(me: &str, hosts: &[&str]) -> Self {
+            Self::with(settings(me), hosts)
+        }
+
+        fn step(&mut self, input: Input) -> Vec<Action> {
+            self.machine.step(input, self.clock.now())
+        }
+
+        fn members(&mut self, alive: &[&str], skew_isolated: bool) -> Vec<Action> {
+            self.step(Input::Members {
+                alive: alive.iter().map(|s| s.to_string()).collect(),
+                has_peers: alive.len() > 1,
+                skew_isolated,
+            })
+        }
+
+        /// One pass of the shell: a tick, every store read it asks for
+        /// answered with "nothing stored"; the actions of the tick.
+        fn tick(&mut self) -> Vec<Action> {
+            let actions = self.step(Input::Tick);
+            for id in reads(&actions) {
+                self.step(Input::RecordRead {
+                    id,
+                    result: Ok(None),
+                });
+            }
+            actions
+        }
+
+        /// Passes the shell makes over `total`, one every 250 ms, with the
+        /// mesh view fed before each (as the shell does); the units ordered
+        /// meanwhile.
+        fn run_for(&mut self, total: Duration, alive: &[&str], skewed: bool) -> Vec<String> {
+            let mut ordered = Vec::new();
+            let end = self.clock.elapsed + total;
+            while self.clock.elapsed < end {
+                self.clock.advance(Duration::from_millis(250));
+                self.members(alive, skewed);
+                self.step(Input::PeerCerts(Vec::new()));
+                ordered.extend(orders(&self.tick()));
+            }
+            ordered
+        }
+
+        fn finish(&mut self, id: &str, outcome: OrderOutcome) -> Vec<Action> {
+            self.step(Input::OrderFinished {
+                id: id.into(),
+                outcome,
+            })
+        }
+    }
+
+    fn orders(actions: &[Action]) -> Vec<String> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::PlaceOrder { unit, .. } => Some(unit.id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn reads(actions: &[Action]) -> Vec<String> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::ReadRecord(unit) => Some(unit.id.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn record(host: &str, serial: &str, not_before: u64, not_after: u64) -> CertRecord {
+        CertRecord {
+            host: host.into(),
+            hosts: vec![host.into()],
+            chain_pem: "chain".into(),
+            key_pem: "key".into(),
+            not_before_unix: not_before,
+            not_after_unix: not_after,
+            serial: serial.into(),
+            issued_at_unix: not_before,
+            issued_by: "b".into(),
+        }
+    }
+
+    /// A host owned by `who` among `members`.
+    fn host_owned_by(who: &str, members: &[&str]) -> String {
+        (0..)
+            .map(|i| format!("h{i}.example.com"))
+            .find(|h| owner(h, members) == Some(who))
+            .unwrap_or_default()
+    }
+
+    /// A single node past its settle time, whose unit is being ordered.
+    fn ordering_alone(host: &str) -> Rig {
+        let mut rig = Rig::new("a", &[host]);
+        let ordered = rig.run_for(Duration::from_secs(4), &["a"], false);
+        assert_eq!(
+            ordered,
+            vec![host.to_owned()],
+            "ordered once, alone, after settling"
+        );
+        rig
+    }
+
+    #[test]
+    fn a_busy_lock_is_left_alone_until_its_wait_passed() {
+        let host = "a.example.com";
+        let mut rig = ordering_alone(host);
+        let busy = Duration::from_secs(5);
+        rig.finish(host, OrderOutcome::Busy { wait: busy });
+        // Twenty passes with views, peer lists and read answers in between:
+        // no new attempt while the lease holder may still be at it.
+        let early = rig.run_for(busy - Duration::from_millis(500), &["a"], false);
+        assert!(
+            early.is_empty(),
+            "ordered again while the lock is busy: {early:?}"
+        );
+        let later = rig.run_for(Duration::from_secs(2), &["a"], false);
+        assert_eq!(
+            later,
+            vec![host.to_owned()],
+            "tried again once the wait passed"
+        );
+    }
+
+    #[test]
+    fn a_skew_isolated_node_orders_nothing_until_it_is_healthy() {
+        let hosts = ["a.example.com", "b.example.com", "c.example.com"];
+        let mut rig = Rig::new("a", &hosts);
+        // Cut off by skew, it sees itself alone and would own everything.
+        let ordered = rig.run_for(Duration::from_secs(30), &["a"], true);
+        assert!(ordered.is_empty(), "ordered while isolated: {ordered:?}");
+        // Healthy again: its view (alone) holds still, then it orders.
+        let ordered = rig.run_for(Duration::from_secs(2), &["a"], false);
+        assert_eq!(ordered.len(), hosts.len(), "{ordered:?}");
+    }
+
+    #[test]
+    fn skew_isolation_stops_orders_of_a_node_with_peers_too() {
+        let members = ["a", "b"];
+        let mine = host_owned_by("a", &members);
+        let mut rig = Rig::new("a", &[&mine]);
+        let ordered = rig.run_for(Duration::from_secs(10), &members, true);
+        assert!(ordered.is_empty(), "{ordered:?}");
+        let ordered = rig.run_for(Duration::from_secs(2), &members, false);
+        assert_eq!(ordered, vec![mine]);
+    }
+
+    #[test]
+    fn a_shared_backoff_read_by_the_next_owner_is_honoured() {
+        let host = "a.example.com";
+        // Another replica failed three times, the last just now: this
+        // replica's order task read that from the shared state.
+        let mut rig = ordering_alone(host);
+        let shared = Failures {
+            count: 3,
+            last_failure_unix: rig.clock.unix(),
+            retry_after_unix: None,
+        };
+        let next = shared.next_attempt_unix();
+        assert_eq!(next, rig.clock.unix() + 240);
+        rig.finish(host, OrderOutcome::BackingOff(shared.clone()));
+        assert_eq!(rig.machine.failures(host), Some(&shared));
+        let early = rig.run_for(Duration::from_secs(239), &["a"], false);
+        assert!(
+            early.is_empty(),
+            "ordered inside the shared backoff: {early:?}"
+        );
+        let later = rig.run_for(Duration::from_secs(2), &["a"], false);
+        assert_eq!(later, vec![host.to_owned()]);
+    }
+
+    #[test]
+    fn retry_after_is_honoured_beyond_the_backoff() {
+        let host = "a.example.com";
+        let mut rig = ordering_alone(host);
+        // The CA said "Retry-After: 1800" on the first failure, whose own
+        // backoff would be 60 s; the store did not take the failure, so
+        // this replica records it itself.
+        rig.finish(
+            host,
+            OrderOutcome::Failed {
+                error: "rate limited".into(),
+                retry_after_secs: Some(1800),
+                shared: None,
+            },
+        );
+        let early = rig.run_for(Duration::from_secs(1790), &["a"], false);
+        assert!(early.is_empty(), "ordered before Retry-After: {early:?}");
+        let later = rig.run_for(Duration::from_secs(20), &["a"], false);
+        assert_eq!(later, vec![host.to_owned()]);
+    }
+
+    #[test]
+    fn a_failure_reports_the_shared_backoff() {
+        let host = "a.example.com";
+        let mut rig = ordering_alone(host);
+        let shared = Failures {
+            count: 2,
+            last_failure_unix: rig.clock.unix(),
+            retry_after_unix: Some(rig.clock.unix() + 600),
+        };
+        let actions = rig.finish(
+            host,
+            OrderOutcome::Failed {
+                error: "CA down".into(),
+                retry_after_secs: Some(600),
+                shared: Some(shared.clone()),
+            },
+        );
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Report(Report::OrderFailed { id, deferred: false, failures, .. })
+                if id == host && *failures == shared
+        )));
+        let early = rig.run_for(Duration::from_secs(590), &["a"], false);
+        assert!(early.is_empty(), "{early:?}");
+        assert_eq!(
+            rig.run_for(Duration::from_secs(20), &["a"], false),
+            vec![host.to_owned()]
+        );
+    }
+
+    #[test]
+    fn only_the_owner_orders_and_only_once_the_view_holds_still() {
+        let both = ["a", "b"];
+        let mine = host_owned_by("a", &both);
+        let theirs = host_owned_by("b", &both);
+        let mut rig = Rig::new("a", &[&mine, &theirs]);
+        let ordered = rig.run_for(Duration::from_secs(5), &both, false);
+        assert_eq!(ordered, vec![mine.clone()], "only its own unit");
+        rig.finish(
+            &mine,
+            OrderOutcome::Issued(Box::new(record(
+                &mine,
+                "01",
+                rig.clock.unix(),
+                rig.clock.unix() + 90 * DAY,
+            ))),
+        );
+        // b goes: its unit moves to a, but not before the new view held
+        // still for VIEW_STABLE_FOR.
+        rig.members(&["a"], false);
+        let right_after = rig.run_for(VIEW_STABLE_FOR - Duration::from_millis(250), &["a"], false);
+        assert!(
+            right_after.is_empty(),
+            "ordered on an unsettled view: {right_after:?}"
+        );
+        let ordered = rig.run_for(Duration::from_millis(500), &["a"], false);
+        assert_eq!(ordered, vec![theirs.clone()]);
+        // A view that keeps changing never orders.
+        let mut rig = Rig::new("a", &[&mine]);
+        let mut ordered = Vec::new();
+        for round in 0..40 {
+            let alive: &[&str] = if round % 2 == 0 { &both } else { &["a", "c"] };
+            ordered.extend(rig.run_for(Duration::from_millis(500), alive, false));
+        }
+        assert!(ordered.is_empty(), "{ordered:?}");
+    }
+
+    #[test]
+    fn a_pod_local_store_with_peers_orders_nothing() {
+        let mut settings = settings("a");
+        settings.store_backend = "redb".into();
+        settings.store_shared = false;
+        let both = ["a", "b"];
+        let mine = host_owned_by("a", &both);
+        let mut rig = Rig::with(settings, &[&mine]);
+        rig.members(&both, false);
+        let actions = rig.tick();
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Report(Report::Refusal(Some(r))) if r.contains("redb")
+        )));
+        assert!(
+            rig.run_for(Duration::from_secs(10), &both, false)
+                .is_empty()
+        );
+        assert!(rig.machine.status().refusal.is_some());
+    }
+
+    #[test]
+    fn a_missing_certificate_is_looked_up_at_its_cadence_and_a_real_one_is_not() {
+        let host = "a.example.com";
+        let mut rig = Rig::new("a", &[host]);
+        // At once (unchecked), then every missing_check_every.
+        let first = rig.tick();
+        assert_eq!(reads(&first), vec![host.to_owned()]);
+        let mut read_at = Vec::new();
+        for _ in 0..40 {
+            rig.clock.advance(Duration::from_millis(250));
+            if !reads(&rig.tick()).is_empty() {
+                read_at.push(rig.clock.elapsed.as_millis());
+            }
+        }
+        assert_eq!(read_at, vec![2000, 4000, 6000, 8000, 10000]);
+        // A store read in flight is not repeated.
+        rig.clock.advance(Duration::from_secs(2));
+        assert_eq!(reads(&rig.step(Input::Tick)).len(), 1);
+        rig.clock.advance(Duration::from_secs(2));
+        assert!(
+            reads(&rig.step(Input::Tick)).is_empty(),
+            "a second read while one runs"
+        );
+        // A real certificate arrives: installed, then read only at the
+        // full check.
+        let now = rig.clock.unix();
+        let got = rig.step(Input::RecordRead {
+            id: host.into(),
+            result: Ok(Some(record(host, "01", now, now + 90 * DAY))),
+        });
+        let installed = got.iter().any(|a| {
+            matches!(a, Action::InstallRecord { unit, record } if unit.id == host && record.serial == "01")
+        });
+        assert!(installed, "{got:?}");
+        let answer = rig.step(Input::Installed {
+            id: host.into(),
+            result: Ok((
+                Local {
+                    serial: "01".into(),
+                    not_after_unix: now + 90 * DAY,
+                    names: vec![host.into()],
+                    placeholder: false,
+                },
+                true,
+            )),
+        });
+        assert!(
+            answer
+                .iter()
+                .any(|a| matches!(a, Action::CertificatesChanged))
+        );
+        let mut read_at = Vec::new();
+        while rig.clock.elapsed < Duration::from_secs(130) {
+            rig.clock.advance(Duration::from_millis(250));
+            if !reads(&rig.tick()).is_empty() {
+                read_at.push(rig.clock.elapsed.as_secs());
+            }
+        }
+        // The check already scheduled while it was missing, then only the
+        // full checks.
+        assert_eq!(read_at, vec![14, 60, 120]);
+    }
+
+    #[test]
+    fn a_peer_announcement_is_read_at_once_but_a_failed_read_waits() {
+        let host = "a.example.com";
+        let mut rig = Rig::new("a", &[host]);
+        let now = rig.clock.unix();
+        rig.step(Input::RecordRead {
+            id: host.into(),
+            result: Ok(Some(record(host, "01", now, now + 90 * DAY))),
+        });
+        rig.step(Input::Installed {
+            id: host.into(),
+            result: Ok((
+                Local {
+                    serial: "01".into(),
+                    not_after_unix: now + 90 * DAY,
+                    names: vec![host.into()],
+                    placeholder: false,
+                },
+                true,
+            )),
+        });
+        assert!(reads(&rig.tick()).is_empty());
+        let announce = |serial: &str| {
+            Input::PeerCerts(vec![CertificateInfo {
+                host: host.into(),
+                not_after_unix: now + 90 * DAY,
+                serial: serial.into(),
+                names: Vec::new(),
+                placeholder: false,
+            }])
+        };
+        // What we have already: nothing to read.
+        rig.step(announce("01"));
+        assert!(reads(&rig.tick()).is_empty());
+        // A new serial: read at the next pass.
+        rig.step(announce("02"));
+        assert_eq!(reads(&rig.step(Input::Tick)), vec![host.to_owned()]);
+        // The record cannot be opened: not read again for a while, however
+        // often the peer announces it.
+        rig.step(Input::RecordRead {
+            id: host.into(),
+            result: Err("sealed under a key not in the ring".into()),
+        });
+        let mut read_at = Vec::new();
+        for _ in 0..24 {
+            rig.clock.advance(Duration::from_millis(250));
+            rig.step(announce("02"));
+            let actions = rig.step(Input::Tick);
+            if !reads(&actions).is_empty() {
+                read_at.push(rig.clock.elapsed.as_millis());
+                rig.step(Input::RecordRead {
+                    id: host.into(),
+                    result: Err("still not".into()),
+                });
+            }
+        }
+        assert_eq!(read_at, vec![5000]);
+    }
+
+    #[test]
+    fn placeholders_are_written_where_nothing_usable_is_on_disk() {
+        let clock = Clock::new();
+        let mut machine = Machine::new(settings("a"), clock.now());
+        let now = clock.unix();
+        let real = Local {
+            serial: "01".into(),
+            not_after_unix: now + 90 * DAY,
+            names: vec!["b.example.com".into()],
+            placeholder: false,
+        };
+        let actions = machine.step(
+            Input::ConfigChanged {
+                units: vec![
+                    (CertUnit::per_host("a.example.com"), None),
+                    (CertUnit::per_host("b.example.com"), Some(real)),
+                ],
+                not_eligible: vec!["*.example.com".into()],
+                ordering: None,
+            },
+            clock.now(),
+        );
+        let written: Vec<&str> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::WritePlaceholder(u) => Some(u.id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(written, vec!["a.example.com"], "only where nothing real is");
+        assert!(
+            actions.iter().all(|a| !matches!(a, Action::ResealAccount)),
+            "no acme section: no account"
+        );
+        let status = actions.iter().find_map(|a| match a {
+            Action::PublishStatus(s) => Some(s),
+            _ => None,
+        });
+        assert_eq!(
+            status.map(|s| s.not_eligible.clone()),
+            Some(vec!["*.example.com".to_owned()])
+        );
+        // The write fails: not tried again, not even at the full check.
+        machine.step(
+            Input::PlaceholderWritten {
+                id: "a.example.com".into(),
+                result: Err("read-only file system".into()),
+            },
+            clock.now(),
+        );
+        let mut later = clock.now();
+        later.mono += Duration::from_secs(61);
+        later.unix_ms += 61_000;
+        let actions = machine.step(Input::Tick, later);
+        assert!(
+            actions
+                .iter()
+                .all(|a| !matches!(a, Action::WritePlaceholder(_))),
+            "{actions:?}"
+        );
+        // Nothing is ordered without an acme section.
+        assert!(orders(&actions).is_empty());
+    }
+
+    #[test]
+    fn a_placeholder_about_to_expire_is_renewed_at_the_full_check() {
+        let clock = Clock::new();
+        let mut machine = Machine::new(settings("a"), clock.now());
+        let now = clock.unix();
+        let unit = CertUnit::per_host("a.example.com");
+        let old = Local {
+            serial: "p1".into(),
+            not_after_unix: now + PLACEHOLDER_REFRESH_SECS + 30,
+            names: unit.names.clone(),
+            placeholder: true,
+        };
+        let actions = machine.step(
+            Input::ConfigChanged {
+                units: vec![(unit.clone(), Some(old))],
+                not_eligible: Vec::new(),
+                ordering: None,
+            },
+            clock.now(),
+        );
+        assert!(
+            actions
+                .iter()
+                .all(|a| !matches!(a, Action::WritePlaceholder(_)))
+        );
+        let mut later = clock.now();
+        later.mono += Duration::from_secs(60);
+        later.unix_ms += 60_000;
+        let actions = machine.step(Input::Tick, later);
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::WritePlaceholder(u) if *u == unit)),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn no_placeholder_over_a_certificate_being_installed() {
+        let host = "a.example.com";
+        let mut rig = Rig::new("a", &[host]);
+        rig.step(Input::PlaceholderWritten {
+            id: host.into(),
+            result: Ok(Local {
+                serial: "p1".into(),
+                not_after_unix: rig.clock.unix() + 60,
+                names: vec![host.into()],
+                placeholder: true,
+            }),
+        });
+        // At the full check, the real certificate's read answer and the
+        // placeholder renewal meet: the install wins.
+        rig.clock.advance(Duration::from_secs(60));
+        let now = rig.clock.unix();
+        rig.step(Input::RecordRead {
+            id: host.into(),
+            result: Ok(Some(record(host, "01", now, now + 90 * DAY))),
+        });
+        let actions = rig.step(Input::Tick);
+        assert!(
+            actions
+                .iter()
+                .all(|a| !matches!(a, Action::WritePlaceholder(_))),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn at_most_max_concurrent_orders_run_at_once() {
+        let hosts: Vec<String> = (0..5).map(|i| format!("h{i}.example.com")).collect();
+        let refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        let mut settings = settings("a");
+        settings.max_concurrent_orders = 2;
+        let mut rig = Rig::with(settings, &refs);
+        let ordered = rig.run_for(Duration::from_secs(10), &["a"], false);
+        assert_eq!(ordered.len(), 2, "{ordered:?}");
+        let now = rig.clock.unix();
+        rig.finish(
+            &ordered[0],
+            OrderOutcome::Issued(Box::new(record(&ordered[0], "01", now, now + 90 * DAY))),
+        );
+        let more = rig.run_for(Duration::from_secs(1), &["a"], false);
+        assert_eq!(more.len(), 1, "{more:?}");
     }
 }
