@@ -26,9 +26,14 @@
 //!   certificate another replica stored meanwhile is used instead of
 //!   ordered twice.
 //!
-//! The decisions are pure ([`wanted_units`], [`due_for_order`],
-//! [`CertUnit::names_fit`], `needs_placeholder`); the async shell only
-//! moves records between the store, the CA and the disk.
+//! The decisions are pure: what to read, order, ask the CA about and
+//! write as a placeholder is decided by the state machine in
+//! [`crate::acme::plan`] (from the mesh's members and announced serials,
+//! the configuration, the answers of the store, CA and disk tasks, and a
+//! clock passed in), with [`wanted_units`], [`due_for_order`] and
+//! [`CertUnit::names_fit`]. The async shell here gathers those inputs and
+//! executes the machine's actions: it moves records between the store,
+//! the CA and the disk.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -47,10 +52,11 @@ use crate::acme::deliver::{host_dir, read_pair, write_pair};
 use crate::acme::issuer::{Issuer, certificate_identifier};
 use crate::acme::keys;
 use crate::acme::placeholder::is_placeholder;
-pub(crate) use crate::acme::plan::needs_placeholder;
 use crate::acme::plan::{
     Action, Input, Local, Machine, Now, OrderOutcome, Ordering, Report, Settings,
 };
+pub use crate::acme::plan::{Hold, HostView, StoredCert, due_for_order};
+use crate::acme::plan::{jitter, needs_placeholder};
 use crate::acme::schedule::{
     AriCheck, AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, UnitOrderState,
     ari_next_check, renew_at,
@@ -211,100 +217,6 @@ impl AcmeManager {
 
 // ---------------------------------------------------------------------------
 // Pure decisions
-
-/// Why a host is not ordered now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hold {
-    /// Its certificate is valid until the renewal time (unix seconds).
-    Valid(u64),
-    /// Failures: the next attempt is at this time (unix seconds).
-    BackingOff(u64),
-    /// The store has not been read for it yet.
-    Unchecked,
-    /// Another replica owns it.
-    NotOwner,
-    /// An order is in flight.
-    InFlight,
-    /// Another holder has the unit's order lock: look again at this time
-    /// (unix seconds; its expiry, or sooner to notice a release).
-    LockBusy(u64),
-}
-
-/// What the scheduler knows of one host.
-#[derive(Clone, Debug, Default)]
-pub struct HostView {
-    /// The certificate in the store, when one was read.
-    pub stored: Option<StoredCert>,
-    /// Whether the store was read at least once since the host appeared.
-    pub checked: bool,
-    /// The failure history of this replica's orders for it.
-    pub failures: Failures,
-    /// Whether this replica is ordering it now.
-    pub in_flight: bool,
-    /// The order lock was busy: not tried again before this time (unix
-    /// seconds; 0: no wait).
-    pub lock_busy_until: u64,
-}
-
-/// Facts of a stored certificate the scheduler needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredCert {
-    /// Serial, lowercase hex.
-    pub serial: String,
-    /// Validity.
-    pub times: CertTimes,
-    /// The CA's renewal window, when it offers ARI.
-    pub ari: Option<AriWindow>,
-}
-
-/// Whether `host` should be ordered by this replica at `now`: `Ok(())` to
-/// order, else why not. `is_owner` is the rendezvous verdict.
-pub fn due_for_order(
-    host: &str,
-    view: &HostView,
-    is_owner: bool,
-    renew_before_days: Option<u32>,
-    now: u64,
-) -> Result<(), Hold> {
-    if view.in_flight {
-        return Err(Hold::InFlight);
-    }
-    if !view.checked {
-        return Err(Hold::Unchecked);
-    }
-    if now < view.lock_busy_until {
-        return Err(Hold::LockBusy(view.lock_busy_until));
-    }
-    if let Some(stored) = &view.stored {
-        let at = renew_at(
-            stored.times,
-            renew_before_days,
-            stored.ari,
-            jitter(host, &stored.serial),
-        );
-        if now < at {
-            return Err(Hold::Valid(at));
-        }
-    }
-    if view.failures.count > 0 {
-        let next = view.failures.next_attempt_unix();
-        if now < next {
-            return Err(Hold::BackingOff(next));
-        }
-    }
-    if !is_owner {
-        return Err(Hold::NotOwner);
-    }
-    Ok(())
-}
-
-/// Every replica computes the same jitter for a certificate, so they agree
-/// on when it is due and only its owner acts.
-fn jitter(host: &str, serial: &str) -> f64 {
-    let digest = crate::config::sha256_hex(format!("{host}\n{serial}").as_bytes());
-    let n = u64::from_str_radix(&digest[..13], 16).unwrap_or(0);
-    n as f64 / (1u64 << 52) as f64
-}
 
 /// Where a unit's files go.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,12 +31,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::acme::certs::CertRecord;
-use crate::acme::manager::{
-    AcmeStatus, CertUnit, HostView, StoredCert, UnitFiles, due_for_order, local_store_refusal,
-};
+use crate::acme::manager::{AcmeStatus, CertUnit, UnitFiles, local_store_refusal};
 use crate::acme::ownership::owner;
 use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
-use crate::acme::schedule::{AriWindow, CertTimes, Failures, renew_before_ignored};
+use crate::acme::schedule::{AriWindow, CertTimes, Failures, renew_at, renew_before_ignored};
 use crate::mesh::CertificateInfo;
 
 /// How long the set of alive members must hold still before orders start.
@@ -48,6 +46,100 @@ pub const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
 
 /// Pause before a unit's store record is read again after a failed read.
 pub const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+
+/// Why a host is not ordered now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Its certificate is valid until the renewal time (unix seconds).
+    Valid(u64),
+    /// Failures: the next attempt is at this time (unix seconds).
+    BackingOff(u64),
+    /// The store has not been read for it yet.
+    Unchecked,
+    /// Another replica owns it.
+    NotOwner,
+    /// An order is in flight.
+    InFlight,
+    /// Another holder has the unit's order lock: look again at this time
+    /// (unix seconds; its expiry, or sooner to notice a release).
+    LockBusy(u64),
+}
+
+/// What the scheduler knows of one host.
+#[derive(Clone, Debug, Default)]
+pub struct HostView {
+    /// The certificate in the store, when one was read.
+    pub stored: Option<StoredCert>,
+    /// Whether the store was read at least once since the host appeared.
+    pub checked: bool,
+    /// The failure history of this replica's orders for it.
+    pub failures: Failures,
+    /// Whether this replica is ordering it now.
+    pub in_flight: bool,
+    /// The order lock was busy: not tried again before this time (unix
+    /// seconds; 0: no wait).
+    pub lock_busy_until: u64,
+}
+
+/// Facts of a stored certificate the scheduler needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredCert {
+    /// Serial, lowercase hex.
+    pub serial: String,
+    /// Validity.
+    pub times: CertTimes,
+    /// The CA's renewal window, when it offers ARI.
+    pub ari: Option<AriWindow>,
+}
+
+/// Whether `host` should be ordered by this replica at `now`: `Ok(())` to
+/// order, else why not. `is_owner` is the rendezvous verdict.
+pub fn due_for_order(
+    host: &str,
+    view: &HostView,
+    is_owner: bool,
+    renew_before_days: Option<u32>,
+    now: u64,
+) -> Result<(), Hold> {
+    if view.in_flight {
+        return Err(Hold::InFlight);
+    }
+    if !view.checked {
+        return Err(Hold::Unchecked);
+    }
+    if now < view.lock_busy_until {
+        return Err(Hold::LockBusy(view.lock_busy_until));
+    }
+    if let Some(stored) = &view.stored {
+        let at = renew_at(
+            stored.times,
+            renew_before_days,
+            stored.ari,
+            jitter(host, &stored.serial),
+        );
+        if now < at {
+            return Err(Hold::Valid(at));
+        }
+    }
+    if view.failures.count > 0 {
+        let next = view.failures.next_attempt_unix();
+        if now < next {
+            return Err(Hold::BackingOff(next));
+        }
+    }
+    if !is_owner {
+        return Err(Hold::NotOwner);
+    }
+    Ok(())
+}
+
+/// Every replica computes the same jitter for a certificate, so they agree
+/// on when it is due and only its owner acts.
+pub(crate) fn jitter(host: &str, serial: &str) -> f64 {
+    let digest = crate::config::sha256_hex(format!("{host}\n{serial}").as_bytes());
+    let n = u64::from_str_radix(&digest[..13], 16).unwrap_or(0);
+    n as f64 / (1u64 << 52) as f64
+}
 
 /// The time of a step, passed in: the monotonic instant drives the
 /// machine's timers, the wall-clock time is compared with certificate
