@@ -1656,4 +1656,63 @@ mod tests {
         let more = rig.run_for(Duration::from_secs(1), &["a"], false);
         assert_eq!(more.len(), 1, "{more:?}");
     }
+
+    #[test]
+    fn the_owner_asks_the_ca_for_a_renewal_window_once_until_told_to_ask_again() {
+        let both = ["a", "b"];
+        let mine = host_owned_by("a", &both);
+        let theirs = host_owned_by("b", &both);
+        let mut rig = Rig::new("a", &[&mine, &theirs]);
+        let now = rig.clock.unix();
+        for host in [&mine, &theirs] {
+            rig.step(Input::RecordRead {
+                id: host.clone(),
+                result: Ok(Some(record(host, "01", now, now + 90 * DAY))),
+            });
+        }
+        let asked = |actions: &[Action]| -> Vec<String> {
+            actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::AskAri { unit, serial } => Some(format!("{}#{serial}", unit.id)),
+                    _ => None,
+                })
+                .collect()
+        };
+        // No ARI at the CA (or no account yet): nothing asked.
+        let mut got = Vec::new();
+        for _ in 0..20 {
+            rig.clock.advance(Duration::from_millis(250));
+            rig.members(&both, false);
+            got.extend(asked(&rig.step(Input::Tick)));
+        }
+        assert!(got.is_empty(), "{got:?}");
+        rig.step(Input::AriOffered(true));
+        let first = asked(&rig.step(Input::Tick));
+        assert_eq!(first, vec![format!("{mine}#01")], "the owner's unit only");
+        // The answer says when to ask again: not before.
+        let window = AriWindow {
+            start_unix: now + 10 * DAY,
+            end_unix: now + 11 * DAY,
+        };
+        rig.step(Input::AriAnswered {
+            id: mine.clone(),
+            serial: "01".into(),
+            window: Some(window),
+            next_check_unix: rig.clock.unix() + 3600,
+        });
+        let mut got = Vec::new();
+        for _ in 0..3599 {
+            rig.clock.advance(Duration::from_secs(1));
+            got.extend(asked(&rig.step(Input::Tick)));
+        }
+        assert!(got.is_empty(), "{got:?}");
+        rig.clock.advance(Duration::from_secs(2));
+        assert_eq!(asked(&rig.step(Input::Tick)), vec![format!("{mine}#01")]);
+        // The window moved the renewal inside it: ordered there, not at
+        // two thirds of the lifetime.
+        rig.clock.advance(Duration::from_secs(11 * DAY));
+        let ordered = rig.run_for(Duration::from_secs(1), &both, false);
+        assert_eq!(ordered, vec![mine.clone()]);
+    }
 }
