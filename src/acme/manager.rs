@@ -26,11 +26,16 @@
 //!   certificate another replica stored meanwhile is used instead of
 //!   ordered twice.
 //!
-//! The decisions are pure ([`wanted_units`], [`due_for_order`],
-//! [`CertUnit::names_fit`], `needs_placeholder`); the async shell only
-//! moves records between the store, the CA and the disk.
+//! The decisions are pure: what to read, order, ask the CA about and
+//! write as a placeholder is decided by the state machine in
+//! [`crate::acme::plan`] (from the mesh's members and announced serials,
+//! the configuration, the answers of the store, CA and disk tasks, and a
+//! clock passed in), with [`wanted_units`], [`due_for_order`] and
+//! [`CertUnit::names_fit`]. The async shell here gathers those inputs and
+//! executes the machine's actions: it moves records between the store,
+//! the CA and the disk.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,11 +51,15 @@ use crate::acme::challenge::ChallengeBook;
 use crate::acme::deliver::{host_dir, read_pair, write_pair};
 use crate::acme::issuer::{Issuer, certificate_identifier};
 use crate::acme::keys;
-use crate::acme::ownership::owner;
-use crate::acme::placeholder::{PLACEHOLDER_REFRESH_SECS, is_placeholder};
+use crate::acme::placeholder::is_placeholder;
+use crate::acme::plan::{
+    Action, Input, Local, Machine, Now, OrderOutcome, Ordering, Report, Settings,
+};
+pub use crate::acme::plan::{Hold, HostView, StoredCert, due_for_order};
+use crate::acme::plan::{jitter, needs_placeholder};
 use crate::acme::schedule::{
     AriCheck, AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, UnitOrderState,
-    ari_next_check, renew_at, renew_before_ignored,
+    ari_next_check, renew_at,
 };
 use crate::config::{AcmeSection, CertificateMode, SbConfig};
 use crate::mesh::seal::KeyRing;
@@ -209,100 +218,6 @@ impl AcmeManager {
 // ---------------------------------------------------------------------------
 // Pure decisions
 
-/// Why a host is not ordered now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hold {
-    /// Its certificate is valid until the renewal time (unix seconds).
-    Valid(u64),
-    /// Failures: the next attempt is at this time (unix seconds).
-    BackingOff(u64),
-    /// The store has not been read for it yet.
-    Unchecked,
-    /// Another replica owns it.
-    NotOwner,
-    /// An order is in flight.
-    InFlight,
-    /// Another holder has the unit's order lock: look again at this time
-    /// (unix seconds; its expiry, or sooner to notice a release).
-    LockBusy(u64),
-}
-
-/// What the scheduler knows of one host.
-#[derive(Clone, Debug, Default)]
-pub struct HostView {
-    /// The certificate in the store, when one was read.
-    pub stored: Option<StoredCert>,
-    /// Whether the store was read at least once since the host appeared.
-    pub checked: bool,
-    /// The failure history of this replica's orders for it.
-    pub failures: Failures,
-    /// Whether this replica is ordering it now.
-    pub in_flight: bool,
-    /// The order lock was busy: not tried again before this time (unix
-    /// seconds; 0: no wait).
-    pub lock_busy_until: u64,
-}
-
-/// Facts of a stored certificate the scheduler needs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredCert {
-    /// Serial, lowercase hex.
-    pub serial: String,
-    /// Validity.
-    pub times: CertTimes,
-    /// The CA's renewal window, when it offers ARI.
-    pub ari: Option<AriWindow>,
-}
-
-/// Whether `host` should be ordered by this replica at `now`: `Ok(())` to
-/// order, else why not. `is_owner` is the rendezvous verdict.
-pub fn due_for_order(
-    host: &str,
-    view: &HostView,
-    is_owner: bool,
-    renew_before_days: Option<u32>,
-    now: u64,
-) -> Result<(), Hold> {
-    if view.in_flight {
-        return Err(Hold::InFlight);
-    }
-    if !view.checked {
-        return Err(Hold::Unchecked);
-    }
-    if now < view.lock_busy_until {
-        return Err(Hold::LockBusy(view.lock_busy_until));
-    }
-    if let Some(stored) = &view.stored {
-        let at = renew_at(
-            stored.times,
-            renew_before_days,
-            stored.ari,
-            jitter(host, &stored.serial),
-        );
-        if now < at {
-            return Err(Hold::Valid(at));
-        }
-    }
-    if view.failures.count > 0 {
-        let next = view.failures.next_attempt_unix();
-        if now < next {
-            return Err(Hold::BackingOff(next));
-        }
-    }
-    if !is_owner {
-        return Err(Hold::NotOwner);
-    }
-    Ok(())
-}
-
-/// Every replica computes the same jitter for a certificate, so they agree
-/// on when it is due and only its owner acts.
-fn jitter(host: &str, serial: &str) -> f64 {
-    let digest = crate::config::sha256_hex(format!("{host}\n{serial}").as_bytes());
-    let n = u64::from_str_radix(&digest[..13], 16).unwrap_or(0);
-    n as f64 / (1u64 << 52) as f64
-}
-
 /// Where a unit's files go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UnitFiles {
@@ -430,20 +345,6 @@ pub fn wanted_units(config: &SbConfig) -> (Vec<CertUnit>, Vec<String>) {
     (units, wildcards)
 }
 
-/// Whether a placeholder must be written for `unit`, given what is on disk
-/// (`local`) at `now`: when nothing is, or when a placeholder is there for
-/// other names or about to expire. Never over a real certificate, even one
-/// for another origin set (it is served until the new one arrives).
-fn needs_placeholder(unit: &CertUnit, local: Option<&Local>, now: u64) -> bool {
-    match local {
-        None => true,
-        Some(l) if l.placeholder => {
-            !unit.names_fit(&l.names) || now + PLACEHOLDER_REFRESH_SECS >= l.not_after_unix
-        }
-        Some(_) => false,
-    }
-}
-
 /// Writes a self-signed placeholder for `unit` into `cert_dir`.
 fn write_placeholder(unit: &CertUnit, cert_dir: &Path, now: u64) -> Result<Local, String> {
     let (chain, key) =
@@ -469,7 +370,7 @@ pub fn write_startup_placeholders(config: &SbConfig, cert_dir: &Path) -> Result<
     let now = now_unix_ms() / 1000;
     let mut written = 0;
     for unit in wanted_units(config).0 {
-        if needs_placeholder(&unit, Local::read(&unit, cert_dir).as_ref(), now) {
+        if needs_placeholder(&unit, read_local(&unit, cert_dir).as_ref(), now) {
             write_placeholder(&unit, cert_dir, now).map_err(|e| format!("{}: {e}", unit.id))?;
             written += 1;
         }
@@ -492,91 +393,22 @@ pub fn local_store_refusal(backend: &str, shared: bool, has_peers: bool) -> Opti
 // ---------------------------------------------------------------------------
 // The async shell
 
-/// What the tasks report to the loop.
-enum Event {
-    /// A store read for the unit `id` finished.
-    Stored {
-        id: String,
-        result: Result<Option<CertRecord>, String>,
-    },
-    /// An order task ended.
-    Ordered { id: String, outcome: OrderOutcome },
-    /// The CA's renewal window (ARI) for the certificate `serial` of `id`,
-    /// and when to ask again (unix seconds).
-    Ari {
-        id: String,
-        serial: String,
-        window: Option<AriWindow>,
-        next_check_unix: u64,
-    },
-}
-
-/// How long the set of alive members must hold still before orders start.
-const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
-
-/// How often the owner of a host asks the CA for its renewal window when
-/// the directory offers ARI (RFC 9773 suggests a few times a day).
-const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
-
-/// Pause before a unit's store record is read again after a failed read.
-const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
-
 /// Least time between two reseals of one replica: after a key rotation
 /// every record is rewritten once, by whichever replica gets to it first,
 /// spread out so that the store sees a trickle (a reseal is about six
 /// operations), not a burst.
 const RESEAL_PACE: Duration = Duration::from_secs(1);
 
-/// How an order task ended.
-enum OrderOutcome {
-    /// A certificate was issued and stored.
-    Issued(Box<CertRecord>),
-    /// The store already held a valid certificate (another replica's).
-    AlreadyValid(Box<CertRecord>),
-    /// Another replica holds the unit's lock: leave it alone this long.
-    Busy { wait: Duration },
-    /// The shared failures of the unit (another replica's or an earlier
-    /// process's attempts) say to wait: nothing was tried.
-    BackingOff(Failures),
-    /// Not allowed before this time: duplicate or order limits.
-    Deferred {
-        until: u64,
-        why: String,
-        /// The failures as now shared in the store (`None`: not stored).
-        shared: Option<Failures>,
-    },
-    /// It failed.
-    Failed {
-        error: String,
-        retry_after_secs: Option<u64>,
-        /// The failures as now shared in the store (`None`: not stored).
-        shared: Option<Failures>,
-    },
-}
-
-/// The certificate on disk.
-#[derive(Clone, Debug)]
-struct Local {
-    serial: String,
-    not_after_unix: u64,
-    /// Its DNS names.
-    names: Vec<String>,
-    /// A self-signed placeholder of ours, not the CA's.
-    placeholder: bool,
-}
-
-impl Local {
-    /// Reads what is on disk for `unit`.
-    fn read(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
-        let (chain, _key) = read_pair(&unit.dir(cert_dir).ok()?)?;
-        let facts = parse_chain(&chain).ok()?;
-        Some(Local {
-            placeholder: is_placeholder(&chain),
-            serial: facts.serial,
-            not_after_unix: facts.not_after_unix,
-            names: facts.dns_names,
-        })
-    }
+/// Reads what is on disk for `unit`.
+fn read_local(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
+    let (chain, _key) = read_pair(&unit.dir(cert_dir).ok()?)?;
+    let facts = parse_chain(&chain).ok()?;
+    Some(Local {
+        placeholder: is_placeholder(&chain),
+        serial: facts.serial,
+        not_after_unix: facts.not_after_unix,
+        names: facts.dns_names,
+    })
 }
 
 /// Failed orders are logged at warn at most once per this interval: one
@@ -648,52 +480,10 @@ impl FailedOrders {
     }
 }
 
-struct UnitState {
-    unit: CertUnit,
-    view: HostView,
-    local: Option<Local>,
-    /// Serial announced by a peer that we have not read from the store yet.
-    wanted_serial: Option<String>,
-    fetching: bool,
-    /// After a failed store read, no read before this: a record that
-    /// cannot be opened (or a store that fails) must not be read again at
-    /// every wake-up while a peer keeps announcing its serial.
-    read_retry_at: Option<Instant>,
-    next_check: Option<Instant>,
-    /// Not before this time (unix seconds) is the CA asked again for the
-    /// renewal window of the certificate with this serial.
-    ari_next: Option<(u64, String)>,
-    /// The serial last warned about for an ignored `renew_before_days`.
-    renew_warned: Option<String>,
-    /// Writing a placeholder failed; not tried again for this unit.
-    placeholder_failed: bool,
-}
-
-impl UnitState {
-    fn new(unit: CertUnit, local: Option<Local>) -> Self {
-        Self {
-            unit,
-            view: HostView::default(),
-            local,
-            wanted_serial: None,
-            fetching: false,
-            read_retry_at: None,
-            next_check: None,
-            ari_next: None,
-            renew_warned: None,
-            placeholder_failed: false,
-        }
-    }
-
-    /// Whether the proxy has a real certificate for this unit's names (not
-    /// a placeholder, not the certificate of an older SAN set).
-    fn has_real(&self) -> bool {
-        self.local
-            .as_ref()
-            .is_some_and(|l| !l.placeholder && self.unit.names_fit(&l.names))
-    }
-}
-
+/// The async shell around [`Machine`]: it gathers the machine's inputs
+/// (the mesh's view, the configuration, the answers of its tasks), feeds
+/// them in, and executes the actions (store reads, orders, ARI questions,
+/// file writes, status, logs and metrics).
 struct Runner {
     cfg: AcmeManagerConfig,
     store: Arc<dyn Store>,
@@ -703,27 +493,27 @@ struct Runner {
     certificates_changed: CertificatesChanged,
     book: Arc<ChallengeBook>,
     status_tx: watch::Sender<AcmeStatus>,
-    /// By unit id.
-    units: BTreeMap<String, UnitState>,
+    machine: Machine,
     not_eligible: Vec<String>,
     acme: Option<AcmeSection>,
     issuer: Arc<Mutex<Option<Arc<Issuer>>>>,
-    slots: Arc<Semaphore>,
     /// One reseal at a time, [`RESEAL_PACE`] apart (see `spawn_read`).
     reseals: Arc<Semaphore>,
-    events_tx: mpsc::UnboundedSender<Event>,
-    events_rx: mpsc::UnboundedReceiver<Event>,
-    started: Instant,
-    refusal: Option<String>,
+    /// What the machine was last told about ARI.
+    ari_offered: bool,
+    events_tx: mpsc::UnboundedSender<Input>,
+    events_rx: mpsc::UnboundedReceiver<Input>,
     reload_pending: bool,
-    /// What `publish_status` shows changed: published once per pass.
-    status_dirty: bool,
-    last_full_check: Instant,
-    /// The alive members at the last step, and since when they are so.
-    last_alive: Vec<String>,
-    view_changed: Instant,
     failed_orders: FailedOrders,
     deferred_orders: FailedOrders,
+}
+
+/// The shell's clock, read once per input.
+fn now() -> Now {
+    Now {
+        mono: Instant::now(),
+        unix_ms: now_unix_ms(),
+    }
 }
 
 impl Runner {
@@ -733,7 +523,15 @@ impl Runner {
         status_tx: watch::Sender<AcmeStatus>,
     ) -> Self {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let slots = Arc::new(Semaphore::new(cfg.max_concurrent_orders.max(1)));
+        let settings = Settings {
+            node_id: cfg.node_id.clone(),
+            max_concurrent_orders: cfg.max_concurrent_orders.max(1),
+            settle: cfg.settle,
+            full_check_every: cfg.full_check_every,
+            missing_check_every: cfg.missing_check_every,
+            store_backend: inputs.store.backend().to_owned(),
+            store_shared: inputs.store.is_shared(),
+        };
         Self {
             store: inputs.store,
             mesh: inputs.mesh,
@@ -742,21 +540,15 @@ impl Runner {
             certificates_changed: inputs.certificates_changed,
             book: inputs.book,
             status_tx,
-            units: BTreeMap::new(),
+            machine: Machine::new(settings, now()),
             not_eligible: Vec::new(),
             acme: None,
             issuer: Arc::new(Mutex::new(None)),
-            slots,
             reseals: Arc::new(Semaphore::new(1)),
+            ari_offered: false,
             events_tx,
             events_rx,
-            started: Instant::now(),
-            refusal: None,
             reload_pending: false,
-            status_dirty: false,
-            last_full_check: Instant::now(),
-            last_alive: Vec::new(),
-            view_changed: Instant::now(),
             failed_orders: FailedOrders::new("failed"),
             deferred_orders: FailedOrders::new("deferred"),
             cfg,
@@ -776,22 +568,30 @@ impl Runner {
                     }
                     self.apply_config();
                 }
-                Some(event) = self.events_rx.recv() => self.handle(event),
+                Some(input) = self.events_rx.recv() => self.answer(input),
             }
-            // Drain whatever else arrived, so one reload covers a batch.
-            while let Ok(event) = self.events_rx.try_recv() {
-                self.handle(event);
+            // Drain whatever else arrived, so one pass covers a batch.
+            while let Ok(input) = self.events_rx.try_recv() {
+                self.answer(input);
             }
             self.failed_orders.summarise(Instant::now());
             self.deferred_orders.summarise(Instant::now());
+            self.observe_mesh().await;
+            self.feed(Input::Tick);
             if self.reload_pending {
                 self.reload_pending = false;
                 (self.certificates_changed)();
             }
-            self.step().await;
-            if self.status_dirty {
-                self.status_dirty = false;
-                self.publish_status();
+        }
+    }
+
+    /// Feeds `input` and executes the actions; the answers of the actions
+    /// done in place (file writes) are fed right after.
+    fn feed(&mut self, input: Input) {
+        let mut queue = VecDeque::from([input]);
+        while let Some(input) = queue.pop_front() {
+            for action in self.machine.step(input, now()) {
+                queue.extend(self.execute(action));
             }
         }
     }
@@ -810,52 +610,7 @@ impl Runner {
                 );
             }
         }
-        self.not_eligible = wildcards;
-        let wanted_ids: BTreeSet<&str> = wanted.iter().map(|u| u.id.as_str()).collect();
-        let removed: Vec<String> = self
-            .units
-            .keys()
-            .filter(|id| !wanted_ids.contains(id.as_str()))
-            .cloned()
-            .collect();
-        for id in removed {
-            let Some(state) = self.units.remove(&id) else {
-                continue;
-            };
-            match state.unit.files {
-                UnitFiles::Host(host) => {
-                    info!(host = %host, "origin removed: its certificate is no longer renewed");
-                }
-                UnitFiles::San => info!(
-                    unit = %id,
-                    names = state.unit.names.len(),
-                    "origin set changed: the SAN certificate of the old set is no longer renewed; \
-                     its files are served until the new set's certificate is written"
-                ),
-            }
-            for name in &state.unit.names {
-                self.metrics.acme.forget_host(name);
-            }
-        }
-        for unit in wanted {
-            if self.units.contains_key(&unit.id) {
-                continue;
-            }
-            let local = Local::read(&unit, &self.cfg.cert_dir);
-            if let Some(l) = local.as_ref().filter(|l| !l.placeholder) {
-                for name in &unit.names {
-                    self.metrics
-                        .acme
-                        .set_expiry(name, seconds_left(l.not_after_unix));
-                }
-            }
-            if let UnitFiles::San = unit.files {
-                info!(unit = %unit.id, names = ?unit.names, "SAN certificate unit");
-            }
-            self.units
-                .insert(unit.id.clone(), UnitState::new(unit, local));
-        }
-        self.write_placeholders();
+        self.not_eligible = wildcards.clone();
         let acme = config.acme().cloned();
         if acme.as_ref().map(issuer_identity) != self.acme.as_ref().map(issuer_identity) {
             // A new directory, contact or trust: the next order builds a new issuer.
@@ -863,501 +618,315 @@ impl Runner {
                 *issuer = None;
             }
         }
-        self.acme = acme;
-        // A pod that starts after a rotation moves the account to the new
-        // primary at once (then once per full check).
-        self.spawn_account_reseal();
-        self.publish_status();
-    }
-
-    fn handle(&mut self, event: Event) {
-        match event {
-            Event::Stored { id, result } => {
-                let Some(state) = self.units.get_mut(&id) else {
-                    return;
-                };
-                state.fetching = false;
-                state.read_retry_at = result
-                    .is_err()
-                    .then(|| Instant::now() + READ_RETRY_AFTER_ERROR);
-                match result {
-                    Ok(Some(record)) => self.take_record(&id, record),
-                    Ok(None) => {
-                        state.view.checked = true;
-                        state.view.stored = None;
-                    }
-                    Err(e) => {
-                        debug!(unit = %id, error = %e, "certificate store read failed; files left as they are");
-                    }
-                }
-            }
-            Event::Ari {
-                id,
-                serial,
-                window,
-                next_check_unix,
-            } => {
-                let Some(state) = self.units.get_mut(&id) else {
-                    return;
-                };
-                if state.ari_next.as_ref().is_some_and(|(_, s)| *s == serial) {
-                    state.ari_next = Some((next_check_unix, serial.clone()));
-                }
-                if let Some(stored) = state.view.stored.as_mut().filter(|s| s.serial == serial) {
-                    if stored.ari != window {
-                        debug!(unit = %id, ?window, "renewal window from the CA");
-                    }
-                    stored.ari = window;
-                }
-            }
-            Event::Ordered { id, outcome } => {
-                let Some(state) = self.units.get_mut(&id) else {
-                    return;
-                };
-                state.view.in_flight = false;
-                let now = now_unix_ms() / 1000;
-                match outcome {
-                    OrderOutcome::Issued(record) => {
-                        self.metrics.acme.order("issued");
-                        info!(unit = %id, names = state.unit.names.len(), serial = %record.serial, not_after = record.not_after_unix, "certificate issued");
-                        state.view.failures.clear();
-                        self.take_record(&id, *record);
-                    }
-                    OrderOutcome::AlreadyValid(record) => {
-                        self.metrics.acme.order("skipped");
-                        debug!(unit = %id, "another replica stored a valid certificate meanwhile");
-                        self.take_record(&id, *record);
-                    }
-                    OrderOutcome::Busy { wait } => {
-                        // Not before the lease's expiry (or a re-check a
-                        // few seconds on): every wake-up of the loop must
-                        // not send another attempt to the store.
-                        let until_ms = now_unix_ms().saturating_add(wait.as_millis() as u64);
-                        state.view.lock_busy_until = until_ms.div_ceil(1000);
-                        debug!(unit = %id, wait_ms = wait.as_millis() as u64, "another replica holds the order lock");
-                    }
-                    OrderOutcome::BackingOff(failures) => {
-                        debug!(
-                            unit = %id,
-                            failures = failures.count,
-                            next_attempt_unix = failures.next_attempt_unix(),
-                            "backing off as the shared failure record says"
-                        );
-                        state.view.failures = failures;
-                    }
-                    OrderOutcome::Deferred { until, why, shared } => {
-                        self.metrics.acme.order("skipped");
-                        match shared {
-                            Some(f) => state.view.failures = f,
-                            None => state
-                                .view
-                                .failures
-                                .record(now, Some(until.saturating_sub(now))),
-                        }
-                        debug!(unit = %id, until, "order deferred: {why}");
-                        self.deferred_orders.note(&id, &state.view.failures, &why);
-                    }
-                    OrderOutcome::Failed {
-                        error,
-                        retry_after_secs,
-                        shared,
-                    } => {
-                        self.metrics.acme.order("failed");
-                        match shared {
-                            Some(f) => state.view.failures = f,
-                            None => state.view.failures.record(now, retry_after_secs),
-                        }
-                        let failures = &state.view.failures;
-                        debug!(
-                            unit = %id,
-                            failures = failures.count,
-                            next_attempt_unix = failures.next_attempt_unix(),
-                            "order failed: {error}"
-                        );
-                        self.failed_orders.note(&id, failures, &error);
-                    }
-                }
-            }
-        }
-    }
-
-    /// A record read from the store (or just issued): remember it, and
-    /// write it to disk when it is newer than what the proxy has (always
-    /// over a placeholder or the certificate of another SAN set).
-    fn take_record(&mut self, id: &str, record: CertRecord) {
-        let Some(state) = self.units.get_mut(id) else {
-            return;
-        };
-        state.view.checked = true;
-        // The CA's window stays with the certificate it was given for.
-        let ari = state
-            .view
-            .stored
-            .as_ref()
-            .filter(|s| s.serial == record.serial)
-            .and_then(|s| s.ari);
-        state.view.stored = Some(StoredCert {
-            serial: record.serial.clone(),
-            times: CertTimes {
-                not_before_unix: record.not_before_unix,
-                not_after_unix: record.not_after_unix,
-            },
-            ari,
+        let ordering = acme.as_ref().map(|a| Ordering {
+            renew_before_days: a.renew_before_days,
         });
-        if state.wanted_serial.as_deref() == Some(record.serial.as_str()) {
-            state.wanted_serial = None;
-        }
-        let newer = match &state.local {
-            None => true,
-            Some(_) if !state.has_real() => true,
-            Some(local) => {
-                local.serial != record.serial && record.not_after_unix >= local.not_after_unix
-            }
-        };
-        if !newer {
-            return;
-        }
-        let written = state
-            .unit
-            .dir(&self.cfg.cert_dir)
-            .and_then(|dir| write_pair(&dir, &record.chain_pem, &record.key_pem));
-        match written {
-            Ok(changed) => {
-                state.local = Some(Local {
-                    serial: record.serial.clone(),
-                    not_after_unix: record.not_after_unix,
-                    names: record.hosts.clone(),
-                    placeholder: false,
-                });
-                for name in &state.unit.names {
-                    self.metrics
-                        .acme
-                        .set_expiry(name, seconds_left(record.not_after_unix));
-                }
-                if changed {
-                    info!(unit = %id, serial = %record.serial, "certificate written for the proxy");
-                    self.reload_pending = true;
-                }
-            }
-            Err(e) => {
-                warn!(unit = %id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write certificate files");
-            }
-        }
-        self.status_dirty = true;
-    }
-
-    /// Writes a self-signed placeholder for every unit that has nothing
-    /// usable on disk yet (see `needs_placeholder`). It does not call
-    /// `certificates_changed` (a proxy reads it at start-up; reloading or
-    /// restarting a running proxy for it would only disturb) and orders
-    /// nothing: ordering goes by the store alone.
-    fn write_placeholders(&mut self) {
-        let now = now_unix_ms() / 1000;
-        let mut wrote = false;
-        for (id, state) in &mut self.units {
-            if state.placeholder_failed
-                || !needs_placeholder(&state.unit, state.local.as_ref(), now)
-            {
-                continue;
-            }
-            let written = write_placeholder(&state.unit, &self.cfg.cert_dir, now);
-            match written {
-                Ok(local) => {
-                    info!(unit = %id, names = state.unit.names.len(), "placeholder certificate written until the CA's arrives");
-                    state.local = Some(local);
-                    wrote = true;
-                }
-                Err(e) => {
-                    warn!(unit = %id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write a placeholder certificate");
-                    state.placeholder_failed = true;
-                }
-            }
-        }
-        if wrote {
-            self.status_dirty = true;
-        }
-    }
-
-    fn publish_status(&self) {
-        let certificates = self
-            .units
-            .values()
-            .filter_map(|s| {
-                let l = s.local.as_ref()?;
-                let mut names = l.names.clone();
-                names.sort();
-                names.dedup();
-                let (host, names) = match &s.unit.files {
-                    // A per-host certificate lists its names only when it
-                    // has more than the host (keeps metadata small).
-                    UnitFiles::Host(host) => {
-                        let only_host = names.len() == 1 && names[0] == *host;
-                        (host.clone(), if only_host { Vec::new() } else { names })
-                    }
-                    UnitFiles::San => (
-                        names
-                            .first()
-                            .cloned()
-                            .unwrap_or_else(|| s.unit.names[0].clone()),
-                        names,
-                    ),
-                };
-                Some(CertificateInfo {
-                    host,
-                    not_after_unix: l.not_after_unix,
-                    serial: l.serial.clone(),
-                    names,
-                    placeholder: l.placeholder,
-                })
+        self.acme = acme;
+        let units = wanted
+            .into_iter()
+            .map(|unit| {
+                let local = read_local(&unit, &self.cfg.cert_dir);
+                (unit, local)
             })
             .collect();
-        let status = AcmeStatus {
-            certificates,
-            not_eligible: self.not_eligible.clone(),
-            refusal: self.refusal.clone(),
-        };
-        self.status_tx.send_if_modified(|s| {
-            if *s == status {
-                false
-            } else {
-                *s = status;
-                true
-            }
+        self.feed(Input::ConfigChanged {
+            units,
+            not_eligible: wildcards,
+            ordering,
         });
+        // A pass right away: new units are read, and the status shows
+        // their placeholders at once.
+        self.feed(Input::Tick);
     }
 
-    /// One pass: learn from the mesh, read the store where due, order
-    /// what this replica owns and is due.
-    async fn step(&mut self) {
-        if self.units.is_empty() {
+    /// Logs and counts an answer of a task, then feeds it.
+    fn answer(&mut self, input: Input) {
+        match &input {
+            Input::RecordRead { id, result: Err(e) } => {
+                debug!(unit = %id, error = %e, "certificate store read failed; files left as they are");
+            }
+            Input::AriAnswered { id, window, .. } => {
+                debug!(unit = %id, ?window, "renewal window from the CA");
+            }
+            Input::OrderFinished { id, outcome } => match outcome {
+                OrderOutcome::Issued(record) => {
+                    self.metrics.acme.order("issued");
+                    info!(unit = %id, names = record.hosts.len(), serial = %record.serial, not_after = record.not_after_unix, "certificate issued");
+                }
+                OrderOutcome::AlreadyValid(_) => {
+                    self.metrics.acme.order("skipped");
+                    debug!(unit = %id, "another replica stored a valid certificate meanwhile");
+                }
+                OrderOutcome::Busy { wait } => {
+                    debug!(unit = %id, wait_ms = wait.as_millis() as u64, "another replica holds the order lock");
+                }
+                OrderOutcome::BackingOff(failures) => debug!(
+                    unit = %id,
+                    failures = failures.count,
+                    next_attempt_unix = failures.next_attempt_unix(),
+                    "backing off as the shared failure record says"
+                ),
+                OrderOutcome::Deferred { until, why, .. } => {
+                    self.metrics.acme.order("skipped");
+                    debug!(unit = %id, until, "order deferred: {why}");
+                }
+                OrderOutcome::Failed { error, .. } => {
+                    self.metrics.acme.order("failed");
+                    debug!(unit = %id, "order failed: {error}");
+                }
+            },
+            _ => {}
+        }
+        self.feed(input);
+    }
+
+    /// Tells the machine what the mesh sees: the alive members, the
+    /// certificates the peers announce, whether clock skew cuts this node
+    /// off; and whether the CA offers renewal information.
+    async fn observe_mesh(&mut self) {
+        if let Some(offered) = self
+            .issuer
+            .try_lock()
+            .ok()
+            .map(|i| i.as_ref().is_some_and(|i| i.offers_ari()))
+            .filter(|offered| *offered != self.ari_offered)
+        {
+            self.ari_offered = offered;
+            self.feed(Input::AriOffered(offered));
+        }
+        if self.machine.is_empty() {
             return;
         }
         let Some(status) = self.mesh.status().await else {
             return;
         };
-        // Peers announce the certificates they wrote: a serial we do not
-        // have is a reason to read the store now.
-        for node in status.nodes.iter().filter(|n| !n.local) {
-            for cert in &node.certificates {
-                // Per host the unit id is the host; a SAN entry lists its
-                // names, whose set id names the unit.
-                let san_id = (!cert.names.is_empty())
-                    .then(|| keys::san_unit_id(&keys::hostname_set_id(&cert.names)));
-                let id = san_id
-                    .filter(|id| self.units.contains_key(id))
-                    .unwrap_or_else(|| cert.host.clone());
-                if let Some(state) = self
-                    .units
-                    .get_mut(&id)
-                    .filter(|s| s.unit.announced_by(cert))
-                {
-                    let have = state.local.as_ref().map(|l| l.serial.as_str());
-                    let known = state.view.stored.as_ref().map(|s| s.serial.as_str());
-                    if have != Some(cert.serial.as_str()) && known != Some(cert.serial.as_str()) {
-                        state.wanted_serial = Some(cert.serial.clone());
-                    }
-                }
-            }
-        }
-        let now_instant = Instant::now();
-        let full = now_instant.duration_since(self.last_full_check) >= self.cfg.full_check_every;
-        if full {
-            self.last_full_check = now_instant;
-            // New units got theirs in apply_config; this renews the ones
-            // close to expiry while the CA's certificate is still missing.
-            self.write_placeholders();
-            self.spawn_account_reseal();
-        }
-        let missing_every = self.cfg.missing_check_every;
-        let mut reads = Vec::new();
-        for state in self.units.values_mut() {
-            if state.fetching || state.read_retry_at.is_some_and(|t| now_instant < t) {
-                continue;
-            }
-            // A placeholder or an older SAN set's certificate is as good
-            // as missing: look for the real one often.
-            let missing = !state.has_real();
-            let due_check = state.next_check.is_none_or(|t| now_instant >= t);
-            let want = full
-                || !state.view.checked
-                || state.wanted_serial.is_some()
-                || (missing && due_check)
-                || (state.next_check.is_some() && due_check);
-            if want {
-                state.fetching = true;
-                state.next_check = missing.then(|| now_instant + missing_every);
-                reads.push(state.unit.clone());
-            }
-        }
-        for unit in reads {
-            self.spawn_read(unit);
-        }
-
-        // Ordering.
-        let Some(acme) = self.acme.clone() else {
-            return;
-        };
-        self.warn_ignored_renew_before(acme.renew_before_days);
-        let has_peers = self.mesh.has_peers();
-        let refusal = local_store_refusal(self.store.backend(), self.store.is_shared(), has_peers);
-        if refusal != self.refusal {
-            if let Some(r) = &refusal {
-                warn!("{r}");
-                self.metrics.acme.order("skipped");
-            }
-            self.refusal = refusal;
-            self.publish_status();
-        }
-        if self.refusal.is_some() {
-            return;
-        }
-        // Cut off by clock skew, this node sees no peers and would think it
-        // owns every hostname; the mesh logs the skew and /readyz says it.
-        if let Some(isolation) = self.mesh.clock_skew_isolation() {
-            debug!(
-                ?isolation,
-                "not ordering: this node is cut off from the mesh by clock skew"
-            );
-            return;
-        }
-        let alive: Vec<String> = status
+        let alive = status
             .nodes
             .iter()
             .filter(|n| n.membership_state == MemberState::Alive)
             .map(|n| n.node_id.clone())
             .collect();
-        // Ownership is only as good as the view: order once the set of
-        // alive members has held still for a moment (members joining at
-        // start, or one going down), so that replicas agree on owners.
-        if alive != self.last_alive {
-            self.last_alive = alive.clone();
-            self.view_changed = Instant::now();
+        let isolation = self.mesh.clock_skew_isolation();
+        if let Some(isolation) = &isolation {
+            debug!(
+                ?isolation,
+                "not ordering: this node is cut off from the mesh by clock skew"
+            );
         }
-        let stable = self.view_changed.elapsed() >= VIEW_STABLE_FOR;
-        let settled = has_peers || self.started.elapsed() >= self.cfg.settle;
-        if !(stable && settled) {
-            return;
-        }
-        let members: Vec<&str> = alive.iter().map(String::as_str).collect();
-        let now = now_unix_ms() / 1000;
-        self.ask_ari(&members);
-        let mut to_order = Vec::new();
-        for (id, state) in &self.units {
-            let is_owner = owner(id, &members) == Some(self.cfg.node_id.as_str());
-            if due_for_order(id, &state.view, is_owner, acme.renew_before_days, now).is_ok() {
-                to_order.push(id.clone());
-            }
-        }
-        for id in to_order {
-            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-                break;
-            };
-            let Some(state) = self.units.get_mut(&id) else {
-                continue;
-            };
-            state.view.in_flight = true;
-            let job = OrderJob {
-                known: state.view.stored.clone(),
-                unit: state.unit.clone(),
-                node_id: self.cfg.node_id.clone(),
-                holder: self.cfg.holder_id(),
-                store: self.store.clone(),
-                metrics: self.metrics.clone(),
-                ring: self.cfg.key_ring.clone(),
-                lock_ttl: self.cfg.order_lock_ttl,
-                budget: (self.cfg.max_orders_per_interval, self.cfg.order_interval),
-                renew_before_days: acme.renew_before_days,
-                acme: acme.clone(),
-                issuer: self.issuer.clone(),
-                book: self.book.clone(),
-            };
-            let events = self.events_tx.clone();
-            tokio::spawn(async move {
-                let outcome = job.run().await;
-                drop(permit);
-                let _ = events.send(Event::Ordered { id, outcome });
-            });
-        }
+        self.feed(Input::Members {
+            alive,
+            has_peers: self.mesh.has_peers(),
+            skew_isolated: isolation.is_some(),
+        });
+        let certs = status
+            .nodes
+            .into_iter()
+            .filter(|n| !n.local)
+            .flat_map(|n| n.certificates)
+            .collect();
+        self.feed(Input::PeerCerts(certs));
     }
 
-    /// Warns, once per certificate serial, when `renew_before_days` is set
-    /// aside for a stored certificate because it is at least half of its
-    /// lifetime (the one-third rule applies then, see
-    /// [`crate::acme::schedule::renew_at`]).
-    fn warn_ignored_renew_before(&mut self, renew_before_days: Option<u32>) {
-        let Some(days) = renew_before_days else {
-            return;
-        };
-        for (id, state) in &mut self.units {
-            let Some(stored) = &state.view.stored else {
-                continue;
-            };
-            if state.renew_warned.as_deref() == Some(stored.serial.as_str())
-                || !renew_before_ignored(stored.times, renew_before_days)
-            {
-                continue;
+    /// Does what the machine asked; the answer of what is done in place.
+    fn execute(&mut self, action: Action) -> Option<Input> {
+        match action {
+            Action::Report(report) => self.report(report),
+            Action::ReadRecord(unit) => self.spawn_read(unit),
+            Action::InstallRecord { unit, record } => return Some(self.install(&unit, &record)),
+            Action::WritePlaceholder(unit) => {
+                let result = write_placeholder(&unit, &self.cfg.cert_dir, now_unix_ms() / 1000);
+                match &result {
+                    Ok(_) => {
+                        info!(unit = %unit.id, names = unit.names.len(), "placeholder certificate written until the CA's arrives");
+                    }
+                    Err(e) => {
+                        warn!(unit = %unit.id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write a placeholder certificate");
+                    }
+                }
+                return Some(Input::PlaceholderWritten {
+                    id: unit.id,
+                    result,
+                });
             }
-            let lifetime = stored
-                .times
-                .not_after_unix
-                .saturating_sub(stored.times.not_before_unix);
-            warn!(
-                host = %state.unit.record_host(),
-                unit = %id,
-                serial = %stored.serial,
+            Action::PlaceOrder {
+                unit,
+                known,
+                renew_before_days,
+            } => self.spawn_order(unit, known, renew_before_days),
+            Action::AskAri { unit, serial } => self.spawn_ari(unit, serial),
+            Action::ResealAccount => self.spawn_account_reseal(),
+            Action::CertificatesChanged => self.reload_pending = true,
+            Action::PublishStatus(status) => {
+                self.status_tx.send_if_modified(|s| {
+                    if *s == status {
+                        false
+                    } else {
+                        *s = status;
+                        true
+                    }
+                });
+            }
+        }
+        None
+    }
+
+    fn report(&mut self, report: Report) {
+        match report {
+            Report::UnitRemoved(unit) => {
+                match &unit.files {
+                    UnitFiles::Host(host) => {
+                        info!(host = %host, "origin removed: its certificate is no longer renewed");
+                    }
+                    UnitFiles::San => info!(
+                        unit = %unit.id,
+                        names = unit.names.len(),
+                        "origin set changed: the SAN certificate of the old set is no longer renewed; \
+                         its files are served until the new set's certificate is written"
+                    ),
+                }
+                for name in &unit.names {
+                    self.metrics.acme.forget_host(name);
+                }
+            }
+            Report::UnitAdded(unit) => {
+                if let UnitFiles::San = unit.files {
+                    info!(unit = %unit.id, names = ?unit.names, "SAN certificate unit");
+                }
+            }
+            Report::Expiry {
+                names,
+                not_after_unix,
+            } => {
+                for name in &names {
+                    self.metrics
+                        .acme
+                        .set_expiry(name, seconds_left(not_after_unix));
+                }
+            }
+            Report::Refusal(refusal) => {
+                if let Some(r) = refusal {
+                    warn!("{r}");
+                    self.metrics.acme.order("skipped");
+                }
+            }
+            Report::OrderFailed {
+                id,
+                deferred,
+                failures,
+                error,
+            } => {
+                let orders = if deferred {
+                    &mut self.deferred_orders
+                } else {
+                    &mut self.failed_orders
+                };
+                orders.note(&id, &failures, &error);
+            }
+            Report::RenewBeforeIgnored {
+                unit,
+                serial,
+                days,
+                lifetime_secs,
+            } => warn!(
+                host = %unit.record_host(),
+                unit = %unit.id,
+                serial = %serial,
                 renew_before_days = days,
-                lifetime_days = lifetime as f64 / 86_400.0,
+                lifetime_days = lifetime_secs as f64 / 86_400.0,
                 "renew_before_days is at least half of this certificate's lifetime; \
                  renewing when one third of its lifetime remains instead"
-            );
-            state.renew_warned = Some(stored.serial.clone());
+            ),
         }
     }
 
-    /// The owner of a unit asks the CA for its renewal window (ARI) when
-    /// the directory offers it: at each new certificate, then every
-    /// [`ARI_EVERY`]. Only once an issuer exists (the account is loaded).
-    fn ask_ari(&mut self, members: &[&str]) {
+    /// Writes a record's certificate as the unit's files.
+    fn install(&self, unit: &CertUnit, record: &CertRecord) -> Input {
+        let written = unit
+            .dir(&self.cfg.cert_dir)
+            .and_then(|dir| write_pair(&dir, &record.chain_pem, &record.key_pem));
+        let result = match written {
+            Ok(changed) => {
+                if changed {
+                    info!(unit = %unit.id, serial = %record.serial, "certificate written for the proxy");
+                }
+                let local = Local {
+                    serial: record.serial.clone(),
+                    not_after_unix: record.not_after_unix,
+                    names: record.hosts.clone(),
+                    placeholder: false,
+                };
+                Ok((local, changed))
+            }
+            Err(e) => {
+                warn!(unit = %unit.id, dir = %self.cfg.cert_dir.display(), error = %e, "cannot write certificate files");
+                Err(e.to_string())
+            }
+        };
+        Input::Installed {
+            id: unit.id.clone(),
+            result,
+        }
+    }
+
+    fn spawn_order(
+        &self,
+        unit: CertUnit,
+        known: Option<StoredCert>,
+        renew_before_days: Option<u32>,
+    ) {
+        let id = unit.id.clone();
+        let events = self.events_tx.clone();
+        let Some(acme) = self.acme.clone() else {
+            // The machine orders only with an `acme` section; should the
+            // two ever disagree, the unit is free again at once.
+            let _ = events.send(Input::OrderFinished {
+                id,
+                outcome: failed("no acme section in the configuration".into(), None),
+            });
+            return;
+        };
+        let job = OrderJob {
+            known,
+            unit,
+            node_id: self.cfg.node_id.clone(),
+            holder: self.cfg.holder_id(),
+            store: self.store.clone(),
+            metrics: self.metrics.clone(),
+            ring: self.cfg.key_ring.clone(),
+            lock_ttl: self.cfg.order_lock_ttl,
+            budget: (self.cfg.max_orders_per_interval, self.cfg.order_interval),
+            renew_before_days,
+            acme,
+            issuer: self.issuer.clone(),
+            book: self.book.clone(),
+        };
+        tokio::spawn(async move {
+            let outcome = job.run().await;
+            let _ = events.send(Input::OrderFinished { id, outcome });
+        });
+    }
+
+    /// Asks the CA for a unit's renewal window (ARI), through the shared
+    /// state; only once an issuer exists (the account is loaded).
+    fn spawn_ari(&self, unit: CertUnit, serial: String) {
         let Some(issuer) = self.issuer.try_lock().ok().and_then(|i| i.clone()) else {
             return;
         };
-        if !issuer.offers_ari() {
-            return;
-        }
-        let now = now_unix_ms() / 1000;
         let Some(acme) = &self.acme else {
             return;
         };
         let dir_id = keys::directory_id(&acme.directory_url);
-        for (id, state) in &mut self.units {
-            let Some(stored) = &state.view.stored else {
-                continue;
-            };
-            if owner(id, members) != Some(self.cfg.node_id.as_str()) {
-                continue;
-            }
-            let fresh = state
-                .ari_next
-                .as_ref()
-                .is_some_and(|(at, serial)| *serial == stored.serial && now < *at);
-            if fresh {
-                continue;
-            }
-            // Until the answer says otherwise (the task reports when to
-            // ask again): one question at a time.
-            state.ari_next = Some((now + ARI_EVERY.as_secs(), stored.serial.clone()));
-            let task = AriTask {
-                store: self.store.clone(),
-                ring: self.cfg.key_ring.clone(),
-                events: self.events_tx.clone(),
-                state_key: keys::order_state(&dir_id, &keys::hostname_set_id(&state.unit.names)),
-                id: id.clone(),
-                unit: state.unit.clone(),
-                serial: stored.serial.clone(),
-                issuer: issuer.clone(),
-            };
-            tokio::spawn(task.run());
-        }
+        let task = AriTask {
+            store: self.store.clone(),
+            ring: self.cfg.key_ring.clone(),
+            events: self.events_tx.clone(),
+            state_key: keys::order_state(&dir_id, &keys::hostname_set_id(&unit.names)),
+            id: unit.id.clone(),
+            unit,
+            serial,
+            issuer,
+        };
+        tokio::spawn(task.run());
     }
 
     /// After a key rotation, moves the account record to the new primary
@@ -1404,7 +973,7 @@ impl Runner {
                 ring.report(&e, &metrics);
                 e.to_string()
             });
-            let _ = events.send(Event::Stored {
+            let _ = events.send(Input::RecordRead {
                 id: unit.id.clone(),
                 result,
             });
@@ -1437,7 +1006,7 @@ impl Runner {
 struct AriTask {
     store: Arc<dyn Store>,
     ring: AtRestRing,
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::UnboundedSender<Input>,
     state_key: String,
     id: String,
     unit: CertUnit,
@@ -1500,7 +1069,7 @@ impl AriTask {
     }
 
     fn report(&self, window: Option<AriWindow>, next_check_unix: u64) {
-        let _ = self.events.send(Event::Ari {
+        let _ = self.events.send(Input::AriAnswered {
             id: self.id.clone(),
             serial: self.serial.clone(),
             window,
@@ -2463,15 +2032,14 @@ mod tests {
         let (chain, key) =
             crate::acme::placeholder::generate(&san.names, now_unix_ms() / 1000).unwrap();
         write_pair(dir.path(), &chain, &key).unwrap();
-        let local = Local::read(&san, dir.path()).unwrap();
+        let local = read_local(&san, dir.path()).unwrap();
         assert!(local.placeholder);
-        let state = UnitState::new(san.clone(), Some(local));
         assert!(
-            !state.has_real(),
+            !local.is_real_for(&san),
             "a placeholder is not the CA's certificate"
         );
         // Per host: its own directory, nothing there yet.
-        assert!(Local::read(&CertUnit::per_host("a.example.com"), dir.path()).is_none());
+        assert!(read_local(&CertUnit::per_host("a.example.com"), dir.path()).is_none());
     }
 
     #[test]

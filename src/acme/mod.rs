@@ -20,4 +20,5 @@ pub mod issuer;
 pub mod manager;
 pub mod ownership;
 pub mod placeholder;
+pub mod plan;
 pub mod schedule;
