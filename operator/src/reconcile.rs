@@ -36,6 +36,7 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -125,6 +126,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Consecutive failures per SBProxy, for the error backoff.
     failures: Mutex<HashMap<ObjectRef<SBProxy>, u32>>,
+    /// Reconciles running now (see [`Context::in_flight`]).
+    in_flight: AtomicUsize,
 }
 
 impl Context {
@@ -141,13 +144,38 @@ impl Context {
             sidecar_image: sidecar_image.into(),
             metrics,
             failures: Mutex::new(HashMap::new()),
+            in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// How many reconciles are running now. A drain waits for this to be 0
+    /// rather than only for the controller's stream to end: a stop that
+    /// comes before the controller's caches are first filled leaves kube's
+    /// runner waiting for them forever, with nothing in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<SBProxy>, u32>> {
         // The map holds plain counters: a panic elsewhere cannot leave it
         // half-updated, so a poisoned lock is still usable.
         self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Counts one running reconcile for as long as it lives.
+struct InFlight<'a>(&'a Context);
+
+impl<'a> InFlight<'a> {
+    fn enter(ctx: &'a Context) -> Self {
+        ctx.in_flight.fetch_add(1, Ordering::SeqCst);
+        Self(ctx)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -252,6 +280,7 @@ enum Outcome {
 /// 60 s when refused, and waits for a change (making no call) while the
 /// SBProxy is being deleted; `Err` goes to [`error_policy`].
 pub async fn reconcile(proxy: Arc<SBProxy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _running = InFlight::enter(&ctx);
     let started = Instant::now();
     let outcome = reconcile_proxy(&proxy, &ctx).await;
     let result = match &outcome {

@@ -196,11 +196,20 @@ async fn lead_and_reconcile(
         }
     };
     info!(scope = ?plan.scope, "starting the controller");
+    let running = ctx.clone();
     let controller = reconcile::run(ctx, plan.scope, trigger);
     tokio::pin!(controller);
     let grace = plan.grace;
+    let mut stopped = stop_rx.clone();
     let drained = tokio::select! {
         _ = &mut controller => true,
+        // Stopped and nothing in flight (see `Context::in_flight`).
+        _ = async {
+            let _ = stopped.wait_for(Option::is_some).await;
+            while running.in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } => true,
         _ = async {
             let _ = stop_rx.wait_for(Option::is_some).await;
             tokio::time::sleep(grace).await;

@@ -321,3 +321,28 @@ async fn a_follower_exits_0_on_sigterm_and_leaves_the_lease_alone() {
         "a follower runs no controller"
     );
 }
+
+/// A stop that comes before the controller's caches were first filled
+/// (here: the SBProxy list hangs) has nothing to drain: the leader exits 0
+/// at once instead of waiting out its drain budget (kube's runner waits for
+/// the caches and would never end by itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_before_its_caches_filled_exits_0_without_waiting_the_budget() {
+    let fake = FakeApiServer::start().await;
+    fake.delay("sbproxies", Duration::from_secs(120));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = fake.write_kubeconfig(dir.path(), "test");
+    let d = Operator::start("op-d", &kubeconfig, dir.path());
+    eventually(Duration::from_secs(30), "op-d to lead", &[&d], || async {
+        (d.leader_gauge().await == Some(1)).then_some(())
+    })
+    .await;
+    d.sigterm();
+    let status = eventually(Duration::from_secs(30), "op-d to exit", &[&d], || {
+        let s = d.exited();
+        async move { s }
+    })
+    .await;
+    // Exit 1 would mean it waited out the drain budget with nothing in flight.
+    assert_eq!(status.code(), Some(0), "SIGTERM exits 0\n{}", d.logs());
+}
