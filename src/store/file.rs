@@ -873,25 +873,20 @@ impl Store for FileStore {
                 Some(KeyLock::acquire(second, root, "put_fenced")?)
             };
             let now = now_unix_ms();
-            let mut newest = 0;
-            if let Some((header, record)) = read_record(&lock_paths.record(), &lock_key)?
-                && header.live(now)
-            {
-                newest = lock::record_fence(&lock_key, &record)?;
-            }
+            let lock_record = read_record(&lock_paths.record(), &lock_key)?;
             let current = read_record(&paths.record(), &key)?;
-            if let Some((header, existing)) = &current
-                && header.live(now)
-            {
-                newest = newest.max(lock::value_fence(existing));
+            fn live(r: &Option<(Header, Vec<u8>)>, now: u64) -> Option<&[u8]> {
+                r.as_ref()
+                    .filter(|(header, _)| header.live(now))
+                    .map(|(_, bytes)| bytes.as_slice())
             }
-            if newest > fence {
-                return Err(StoreError::Fenced {
-                    key: key.clone(),
-                    fence,
-                    newest,
-                });
-            }
+            lock::check_fence(
+                &key,
+                &lock_key,
+                fence,
+                live(&lock_record, now),
+                live(&current, now),
+            )?;
             let header = Header::fresh(None);
             let placement = if current.is_some() {
                 Placement::Replace

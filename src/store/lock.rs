@@ -944,6 +944,32 @@ fn split_fenced_any(bytes: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_be_bytes(*fence), value))
 }
 
+/// The decision of an atomic fenced write, for a backend that reads both
+/// records under its own lock or transaction: refuses when the live lock
+/// record at `lock_key` or the live value at `key` carries a newer fence
+/// than `fence`.
+///
+/// # Errors
+/// [`StoreError::Fenced`] when a newer fence exists; [`StoreError::Corrupt`]
+/// when the lock record is not one.
+pub fn check_fence(
+    key: &str,
+    lock_key: &str,
+    fence: u64,
+    lock_record: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Result<(), StoreError> {
+    let newest = lock_record
+        .map(|bytes| record_fence(lock_key, bytes))
+        .transpose()?
+        .unwrap_or(0)
+        .max(value.map_or(0, value_fence));
+    if newest > fence {
+        return Err(fenced(key, fence, newest));
+    }
+    Ok(())
+}
+
 fn fenced(key: &str, fence: u64, newest: u64) -> StoreError {
     StoreError::Fenced {
         key: key.to_owned(),

@@ -184,22 +184,13 @@ impl Store for MemoryStore {
         validate_value(key, value)?;
         let now = now_unix_ms();
         let mut inner = self.lock();
-        let newest = match inner.live(lock_key, now) {
-            Some(r) => lock::record_fence(lock_key, &r.value)?,
-            None => 0,
-        };
-        let newest = newest.max(
-            inner
-                .live(key, now)
-                .map_or(0, |r| lock::value_fence(&r.value)),
-        );
-        if newest > fence {
-            return Err(StoreError::Fenced {
-                key: key.to_owned(),
-                fence,
-                newest,
-            });
-        }
+        lock::check_fence(
+            key,
+            lock_key,
+            fence,
+            inner.live(lock_key, now).map(|r| r.value.as_slice()),
+            inner.live(key, now).map(|r| r.value.as_slice()),
+        )?;
         Ok(inner.write(key, value, None))
     }
 }

@@ -395,26 +395,26 @@ impl Store for RedbStore {
         let (key, value, lock_key) = (key.to_owned(), value.to_vec(), lock_key.to_owned());
         self.write(move |records, meta| {
             let now = now_unix_ms();
-            let mut newest = 0;
-            if let Some(guard) = records.get(lock_key.as_str())? {
-                let record = decode(&lock_key, guard.value())?;
-                if record.live(now) {
-                    newest = lock::record_fence(&lock_key, record.value).map_err(Failure::Store)?;
-                }
-            }
-            if let Some(guard) = records.get(key.as_str())? {
-                let record = decode(&key, guard.value())?;
-                if record.live(now) {
-                    newest = newest.max(lock::value_fence(record.value));
-                }
-            }
-            if newest > fence {
-                return Err(Failure::Store(StoreError::Fenced {
-                    key: key.clone(),
-                    fence,
-                    newest,
-                }));
-            }
+            let lock_guard = records.get(lock_key.as_str())?;
+            let lock_record = match &lock_guard {
+                Some(guard) => Some(decode(&lock_key, guard.value())?),
+                None => None,
+            };
+            let value_guard = records.get(key.as_str())?;
+            let current = match &value_guard {
+                Some(guard) => Some(decode(&key, guard.value())?),
+                None => None,
+            };
+            lock::check_fence(
+                &key,
+                &lock_key,
+                fence,
+                lock_record.filter(|r| r.live(now)).map(|r| r.value),
+                current.filter(|r| r.live(now)).map(|r| r.value),
+            )
+            .map_err(Failure::Store)?;
+            drop(value_guard);
+            drop(lock_guard);
             Ok((insert(records, meta, &key, &value, None)?, true))
         })
         .await
