@@ -92,35 +92,42 @@ fn wait_installed(
 ) -> BTreeMap<String, String> {
     let root = pebble.root_pem();
     let mut agreed = BTreeMap::new();
-    cluster.wait_until("every replica installed every certificate", || {
-        let mut seen: BTreeMap<String, String> = BTreeMap::new();
-        for node in nodes.iter().map(|i| &cluster.nodes[*i]) {
-            let Some(status) = node.status() else {
-                return false;
-            };
-            let certs = own_certs(&status);
-            let dir = node.dir.join("certs");
-            for h in hosts {
-                let Some(serial) = certs.get(h) else {
+    // Generous: after a rotation, delivery waits for the paced reseals
+    // (one per second per replica), slower on a loaded machine.
+    cluster.wait_until_for(
+        "every replica installed every certificate",
+        Duration::from_secs(180),
+        || {
+            let mut seen: BTreeMap<String, String> = BTreeMap::new();
+            for node in nodes.iter().map(|i| &cluster.nodes[*i]) {
+                let Some(status) = node.status() else {
                     return false;
                 };
-                if seen.get(h).is_some_and(|s| s != serial) || handshake_ok(&dir, h, &root).is_err()
-                {
-                    return false;
+                let certs = own_certs(&status);
+                let dir = node.dir.join("certs");
+                for h in hosts {
+                    let Some(serial) = certs.get(h) else {
+                        return false;
+                    };
+                    if seen.get(h).is_some_and(|s| s != serial)
+                        || handshake_ok(&dir, h, &root).is_err()
+                    {
+                        return false;
+                    }
+                    let on_disk = std::fs::read_to_string(dir.join(h).join("tls.crt"))
+                        .ok()
+                        .and_then(|pem| sbmesh::acme::certs::parse_chain(&pem).ok())
+                        .map(|f| f.serial);
+                    if on_disk.as_ref() != Some(serial) {
+                        return false;
+                    }
+                    seen.insert(h.clone(), serial.clone());
                 }
-                let on_disk = std::fs::read_to_string(dir.join(h).join("tls.crt"))
-                    .ok()
-                    .and_then(|pem| sbmesh::acme::certs::parse_chain(&pem).ok())
-                    .map(|f| f.serial);
-                if on_disk.as_ref() != Some(serial) {
-                    return false;
-                }
-                seen.insert(h.clone(), serial.clone());
             }
-        }
-        agreed = seen;
-        true
-    });
+            agreed = seen;
+            true
+        },
+    );
     agreed
 }
 
