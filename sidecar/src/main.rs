@@ -15,6 +15,7 @@ use tracing_subscriber::EnvFilter;
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    fixed_mmap_threshold();
     // One crypto provider for every TLS client in the process (rediss://,
     // object stores, ACME): aws-lc-rs. Installing twice is harmless.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -79,11 +80,26 @@ fn code(c: i32) -> ExitCode {
     ExitCode::from(u8::try_from(c).unwrap_or(1))
 }
 
+/// One thread runs every task: an idle sidecar waits on timers and sockets,
+/// and a worker per core (plus its malloc arena and stack) only costs
+/// memory. Blocking work (redb, file reads, DNS) still goes to the blocking
+/// pool, so it never stalls the mesh.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
+}
+
+/// Allocations of 128 KiB and more get their own mapping, returned to the
+/// system when freed. glibc raises this threshold after the first such free,
+/// and then the ~1 MiB redb allocates and frees around each commit stays
+/// behind in the heap as free space (measured: 1.3 MiB of RssAnon).
+fn fixed_mmap_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a malloc parameter; called before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
 }
 
 fn init_logging(format: settings::LogFormat) {
