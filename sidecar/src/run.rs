@@ -228,6 +228,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
         challenge = %settings.challenge_listen,
         "sidecar running"
     );
+    // Start-up code runs once; its pages need not stay resident.
+    tokio::spawn(async {
+        tokio::time::sleep(crate::memory::STARTUP_SETTLE).await;
+        let _ = tokio::task::spawn_blocking(crate::memory::release_startup_pages).await;
+    });
 
     let signal = shutdown_signal().await;
     info!(
