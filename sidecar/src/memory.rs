@@ -24,21 +24,29 @@ pub fn fixed_mmap_threshold() {
     }
 }
 
-/// Asks the kernel to reclaim the pages of every read-only file mapping
-/// (the binary's code and read-only data, the shared libraries') and gives
-/// free heap back. Pages another process maps too are left alone by the
-/// kernel. Best effort: before Linux 5.4 (no MADV_PAGEOUT) it does nothing.
+/// Hands back the pages of every read-only file mapping (the binary's code
+/// and read-only data, the shared libraries') and free heap. Pages only this
+/// process maps are reclaimed (MADV_PAGEOUT); pages others map too (the
+/// same binary in another process, libc) are unmapped from this one
+/// (MADV_DONTNEED), which is safe only where the mapping holds no private
+/// copy (`Anonymous: 0 kB`, so not the relocated RELRO pages). Best effort:
+/// a kernel without MADV_PAGEOUT (before 5.4) just skips that step.
 pub fn release_startup_pages() {
     #[cfg(target_os = "linux")]
     {
-        let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
             return;
         };
-        for (start, len) in maps.lines().filter_map(read_only_file_mapping) {
-            // SAFETY: the range is a mapping of this process; paging out
-            // read-only file pages changes no content, only residency.
+        for m in read_only_file_mappings(&smaps) {
+            let addr = m.start as *mut libc::c_void;
+            // SAFETY: the range is a read-only mapping of this process.
+            // Paging out changes residency only; dropping pages of a mapping
+            // without private copies refaults the same file content.
             unsafe {
-                libc::madvise(start as *mut libc::c_void, len, libc::MADV_PAGEOUT);
+                libc::madvise(addr, m.len, libc::MADV_PAGEOUT);
+                if !m.private_copies {
+                    libc::madvise(addr, m.len, libc::MADV_DONTNEED);
+                }
             }
         }
     }
@@ -49,20 +57,54 @@ pub fn release_startup_pages() {
     }
 }
 
-/// `start` and length of a `/proc/self/maps` line that maps a file
-/// read-only (private or shared); `None` for anything else.
-fn read_only_file_mapping(line: &str) -> Option<(usize, usize)> {
+/// A read-only file mapping of `/proc/self/smaps`.
+#[derive(Debug, PartialEq, Eq)]
+struct Mapping {
+    start: usize,
+    len: usize,
+    /// Some page is a private (anonymous) copy, e.g. relocated at load.
+    private_copies: bool,
+}
+
+/// The mappings of a file that are readable and not writable, from the text
+/// of `/proc/self/smaps`; an `Anonymous:` line missing counts as copies.
+fn read_only_file_mappings(smaps: &str) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    let mut current: Option<Mapping> = None;
+    for line in smaps.lines() {
+        if let Some(m) = mapping_header(line) {
+            out.extend(current.take());
+            current = m;
+        } else if let Some(kib) = line.strip_prefix("Anonymous:")
+            && let Some(m) = current.as_mut()
+        {
+            m.private_copies = kib.trim() != "0 kB";
+        }
+    }
+    out.extend(current);
+    out
+}
+
+/// `Some(None)` for a mapping header line that is not a read-only file
+/// mapping, `None` for any other line (a `Key: value` line).
+fn mapping_header(line: &str) -> Option<Option<Mapping>> {
     let mut fields = line.split_whitespace();
     let (start, end) = fields.next()?.split_once('-')?;
-    let perms = fields.next()?;
-    // offset, device, inode, then the path.
-    let path = fields.nth(3)?;
-    if !path.starts_with('/') || !perms.starts_with('r') || perms.contains('w') {
-        return None;
-    }
     let start = usize::from_str_radix(start, 16).ok()?;
     let end = usize::from_str_radix(end, 16).ok()?;
-    Some((start, end.checked_sub(start).filter(|&len| len > 0)?))
+    let perms = fields.next()?;
+    // offset, device, inode, then the path.
+    let path = fields.nth(3).unwrap_or("");
+    let read_only_file = path.starts_with('/') && perms.starts_with('r') && !perms.contains('w');
+    Some(
+        end.checked_sub(start)
+            .filter(|&len| len > 0 && read_only_file)
+            .map(|len| Mapping {
+                start,
+                len,
+                private_copies: true,
+            }),
+    )
 }
 
 #[cfg(test)]
@@ -71,25 +113,52 @@ mod tests {
 
     #[test]
     fn only_read_only_file_mappings_are_released() {
-        let text = "55d0c0a00000-55d0c0b00000 r-xp 00001000 fd:01 123 /usr/bin/sbmesh-sidecar";
+        let smaps = "\
+55d0c0a00000-55d0c0b00000 r-xp 00001000 fd:01 123 /usr/bin/sbmesh-sidecar
+Rss:                9236 kB
+Anonymous:             0 kB
+55d0c0b00000-55d0c0c00000 r--p 00101000 fd:01 123 /usr/bin/sbmesh-sidecar
+Anonymous:           684 kB
+55d0c0c00000-55d0c0c05000 rw-p 00201000 fd:01 123 /usr/bin/sbmesh-sidecar
+Anonymous:            20 kB
+5566389cb000-556638a02000 rw-p 00000000 00:00 0                          [heap]
+Anonymous:           168 kB
+7f5e3c86f000-7f5e3ca6f000 ---p 00000000 00:00 0
+7f5e3ca6f000-7f5e3cc6f000 r--p 00000000 00:00 0
+Anonymous:             0 kB
+7f00-8000 r--p 0 fd:01 9 /var/lib/my lib.so
+Anonymous:             0 kB
+zz-10 r--p 0 0 0 /x
+20-10 r--p 0 0 0 /y
+7f5e3d503000-7f5e3d529000 r--p 00000000 fd:01 77 /usr/lib/libc.so.6
+";
         assert_eq!(
-            read_only_file_mapping(text),
-            Some((0x55d0c0a00000, 0x100000))
+            read_only_file_mappings(smaps),
+            [
+                Mapping {
+                    start: 0x55d0c0a00000,
+                    len: 0x100000,
+                    private_copies: false
+                },
+                Mapping {
+                    start: 0x55d0c0b00000,
+                    len: 0x100000,
+                    private_copies: true
+                },
+                Mapping {
+                    start: 0x7f00,
+                    len: 0x100,
+                    private_copies: false
+                },
+                // No Anonymous line: assume copies, page out only.
+                Mapping {
+                    start: 0x7f5e3d503000,
+                    len: 0x26000,
+                    private_copies: true
+                },
+            ]
         );
-        let with_space = "7f00-8000 r--p 0 fd:01 9 /var/lib/my lib.so";
-        assert_eq!(read_only_file_mapping(with_space), Some((0x7f00, 0x100)));
-        for line in [
-            "55d0c0a00000-55d0c0b00000 rw-p 00001000 fd:01 123 /usr/bin/sbmesh-sidecar",
-            "5566389cb000-556638a02000 rw-p 00000000 00:00 0 [heap]",
-            "7ffc18820000-7ffc18841000 r--p 00000000 00:00 0 [vvar]",
-            "7f5e3c86f000-7f5e3ca6f000 ---p 00000000 00:00 0",
-            "7f5e3c86f000-7f5e3ca6f000 r--p 00000000 00:00 0",
-            "zz-10 r--p 0 0 0 /x",
-            "20-10 r--p 0 0 0 /x",
-            "",
-        ] {
-            assert_eq!(read_only_file_mapping(line), None, "{line}");
-        }
+        assert!(read_only_file_mappings("").is_empty());
     }
 
     #[test]
