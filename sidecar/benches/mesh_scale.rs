@@ -69,7 +69,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -415,22 +415,26 @@ fn udp_rcvbuf_errors() -> Option<u64> {
     vals.split_whitespace().nth(k)?.parse().ok()
 }
 
-/// Per-socket drops of the gossip sockets (`/proc/net/udp`, last column),
-/// summed, and the largest.
-fn gossip_socket_drops() -> (u64, u64) {
-    let port = format!(":{GOSSIP_PORT:04X}");
+/// Drops per gossip socket (`/proc/net/udp`: local address, last column),
+/// largest first.
+fn gossip_socket_drops() -> Vec<(Ipv4Addr, u64)> {
     let s = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
-    let drops: Vec<u64> = s
+    let mut drops: Vec<(Ipv4Addr, u64)> = s
         .lines()
         .skip(1)
-        .filter(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .is_some_and(|a| a.ends_with(&port))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ip, port) = f.get(1)?.split_once(':')?;
+            if u16::from_str_radix(port, 16).ok()? != GOSSIP_PORT {
+                return None;
+            }
+            // The kernel prints the address in host byte order.
+            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.swap_bytes());
+            Some((ip, f.last()?.parse().ok()?))
         })
-        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
         .collect();
-    (drops.iter().sum(), drops.iter().copied().max().unwrap_or(0))
+    drops.sort_by_key(|&(_, d)| std::cmp::Reverse(d));
+    drops
 }
 
 fn main() {
@@ -516,6 +520,7 @@ fn main() {
         })
         .collect();
     let rcvbuf_before = udp_rcvbuf_errors();
+    let bench_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
     let t_first_start = Instant::now();
     let t_last_start = match start.as_str() {
         "spread" => {
@@ -550,6 +555,8 @@ fn main() {
         }
     };
     let start_span = t_last_start.saturating_duration_since(t_first_start);
+    let last_start_unix_ms =
+        now_unix_ms().saturating_sub(t_last_start.elapsed().as_millis() as u64);
     eprintln!("first to last start ({start}): {} s", secs(start_span));
     let ids: Vec<String> = c.nodes.iter().map(|x| x.id().to_string()).collect();
     let addrs: Vec<SocketAddr> = c.nodes.iter().map(Node::admin_addr).collect();
@@ -566,6 +573,22 @@ fn main() {
         |b| b.summary.total_nodes == nn,
     );
     let converge = summarize("converge", &conv, &ids, timeout);
+    let wall = t_first_start.elapsed().as_secs_f64();
+    let sidecar_cpu: f64 = c.nodes.iter().filter_map(|x| cpu_secs(x.pid()?)).sum();
+    let bench_cpu = cpu_secs(std::process::id()).unwrap_or(0.0) - bench_cpu0;
+    eprintln!(
+        "CPU from the first start to convergence ({wall:.2} s wall, {:.2} s on 2 cores): sidecars {sidecar_cpu:.2} s, the bench's pollers {bench_cpu:.2} s",
+        2.0 * wall
+    );
+    let from_logs = full_view_from_logs(&c, addrs.len());
+    let log_conv = if from_logs.iter().all(Option::is_some) {
+        let last = from_logs.iter().flatten().max().copied().unwrap_or(0);
+        let s = last.saturating_sub(last_start_unix_ms) as f64 / 1000.0;
+        eprintln!("converge from the nodes' logs (every node logged `member up` for all others): {s:.2} s after the last start");
+        format!("{s:.2}")
+    } else {
+        "n/a".to_string()
+    };
     print_laggards(&conv, &ids, &history.into_inner().unwrap());
     if let Some(k) = conv.iter().position(Option::is_none) {
         let v = fetch_status(addrs[k]);
@@ -580,9 +603,18 @@ fn main() {
         (Some(a), Some(b)) => format!("{}", b.saturating_sub(a)),
         _ => "n/a".to_string(),
     };
-    let (drops_sum, drops_max) = gossip_socket_drops();
+    let drops = gossip_socket_drops();
+    let top: Vec<String> = drops
+        .iter()
+        .take(8)
+        .map(|(ip, d)| format!("{ip} {d}"))
+        .collect();
     eprintln!(
-        "UDP receive-buffer errors during the start: {rcvbuf}; gossip socket drops: {drops_sum} (max {drops_max} on one socket)"
+        "UDP receive-buffer errors during the start: {rcvbuf}; gossip socket drops: {} on {} of {} sockets (most: {})",
+        drops.iter().map(|d| d.1).sum::<u64>(),
+        drops.iter().filter(|d| d.1 > 0).count(),
+        drops.len(),
+        top.join(", ")
     );
 
     // ---- steady state: bytes and RSS -------------------------------------------------
@@ -773,11 +805,11 @@ fn main() {
 
     println!();
     println!(
-        "| N | start (first to last) | converge after last start (s) | kill -9: all survivors see down (s) | SIGTERM: all see down (s) | bytes/node/s (mean / max) | RSS MiB (median / max) | config | UDP rcvbuf errors at start |"
+        "| N | start (first to last) | converge after last start (s), polled / from logs | kill -9: all survivors see down (s) | SIGTERM: all see down (s) | bytes/node/s (mean / max) | RSS MiB (median / max) | config | UDP rcvbuf errors at start |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {n} | {start} ({} s) | {converge} | {kill_detect} | {term_detect} | {bytes} | {rss_s} | {} | {rcvbuf} |",
+        "| {n} | {start} ({} s) | {converge} / {log_conv} | {kill_detect} | {term_detect} | {bytes} | {rss_s} | {} | {rcvbuf} |",
         secs(start_span),
         if full { "full" } else { "default" }
     );
@@ -935,4 +967,53 @@ fn starve_run(
         victim_suspect.into_inner().unwrap(),
         delta(victim),
     )
+}
+
+/// Unix ms of a log line's RFC 3339 UTC timestamp (`2026-12-01T15:17:49.398280Z`).
+fn log_time_ms(line: &str) -> Option<u64> {
+    let ts = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.splitn(3, ':');
+    let (h, min) = (t.next()?.parse::<u64>().ok()?, t.next()?.parse::<u64>().ok()?);
+    let sec: f64 = t.next()?.parse().ok()?;
+    // Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some((days * 86_400 + h * 3600 + min * 60) * 1000 + (sec * 1000.0) as u64)
+}
+
+/// From the nodes' own logs, independent of polling: per node, the unix ms
+/// at which it had logged `member up` for `n - 1` distinct others.
+fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
+    c.nodes
+        .iter()
+        .map(|node| {
+            let text = std::fs::read_to_string(&node.log_path).ok()?;
+            let mut seen = BTreeSet::new();
+            for line in text.lines().filter(|l| l.contains("member up")) {
+                let id = line.split("node_id=").nth(1)?.split_whitespace().next()?;
+                if seen.insert(id.to_string()) && seen.len() + 1 == n {
+                    return log_time_ms(line);
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// CPU seconds (user + system) a process used so far.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the comm.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Some(ticks as f64 / hz as f64)
 }
