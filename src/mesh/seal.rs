@@ -75,7 +75,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use aws_lc_rs::aead::{Aad, NONCE_LEN as GCM_NONCE_LEN, Nonce};
-use aws_lc_rs::{digest, rand};
+use aws_lc_rs::digest;
 
 use key_ring::prefix;
 pub use key_ring::{KeyRing, MESH_AEAD_LABEL};
@@ -395,7 +395,7 @@ impl Sealer {
             });
         }
         let mut nonce = [0u8; NONCE_LEN];
-        rand::fill(&mut nonce).map_err(|_| SealError::Random)?;
+        rand::fill(&mut nonce);
 
         let ring = self.current_ring();
         let (key_id, key) = match key_id.and_then(|id| ring.aead(id).map(|k| (id, k))) {
