@@ -584,7 +584,9 @@ fn main() {
     let log_conv = if from_logs.iter().all(Option::is_some) {
         let last = from_logs.iter().flatten().max().copied().unwrap_or(0);
         let s = last.saturating_sub(last_start_unix_ms) as f64 / 1000.0;
-        eprintln!("converge from the nodes' logs (every node logged `member up` for all others): {s:.2} s after the last start");
+        eprintln!(
+            "converge from the nodes' logs (every node logged `member up` for all others): {s:.2} s after the last start"
+        );
         format!("{s:.2}")
     } else {
         "n/a".to_string()
@@ -976,7 +978,10 @@ fn log_time_ms(line: &str) -> Option<u64> {
     let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>());
     let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
     let mut t = time.splitn(3, ':');
-    let (h, min) = (t.next()?.parse::<u64>().ok()?, t.next()?.parse::<u64>().ok()?);
+    let (h, min) = (
+        t.next()?.parse::<u64>().ok()?,
+        t.next()?.parse::<u64>().ok()?,
+    );
     let sec: f64 = t.next()?.parse().ok()?;
     // Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
     let y = if m <= 2 { y - 1 } else { y };
