@@ -236,6 +236,10 @@ impl Mesh {
                 addr: udp_addr,
                 source,
             })?;
+        // The driver sends with try_send_to, which fails with WouldBlock
+        // until tokio's reactor has seen the new socket writable: without
+        // this wait the first hello round, sent right away, is lost whole.
+        let _ = udp.writable().await;
         let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
         let tcp = TcpListener::bind(tcp_addr)
             .await
