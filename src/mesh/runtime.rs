@@ -1202,10 +1202,10 @@ async fn seed_loop(src: SeedSource, cmd: mpsc::Sender<Command>, shared: Arc<Shar
         if cmd.send(Command::Seeds(seeds)).await.is_err() {
             return;
         }
-        // A hello is lost when its seed was not up yet or when a 100+ node
-        // start filled a socket buffer (the send fails with EAGAIN); a
-        // member not greeted is otherwise learnt only at the next refresh
-        // or full-state exchange. A seed that stays unknown (a dead static
+        // A hello is lost when its seed was not up yet or a datagram was
+        // dropped (a full buffer during a 100+ node start, loss); a member
+        // not greeted is otherwise learnt only at the next refresh or
+        // full-state exchange. A seed that stays unknown (a dead static
         // seed) costs one hello per refresh, as before.
         let wait = if !shared.has_peers.load(Ordering::Relaxed) {
             SEED_RETRY_ALONE
