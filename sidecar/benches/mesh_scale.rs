@@ -35,6 +35,32 @@
 //! the increase of `mesh_member_state_changes_total{state="down"}` summed over
 //! all nodes (nobody is killed in that mode, so every one is false).
 //!
+//! Start patterns (`SBMESH_BENCH_START`):
+//! - `burst` (default): the bench spawns all N back to back;
+//! - `spread`: a separate spawner process (this bench re-executed with
+//!   `SBMESH_BENCH_SPAWNER` set) starts one every `SBMESH_BENCH_SPREAD_MS`
+//!   (10) ms, as a StatefulSet with `Parallel` pod management does, so the
+//!   bench's polling threads do not pace the spawns; it reports every PID,
+//!   keeps the processes unreaped (their PIDs stay theirs) and kills them all
+//!   when the bench closes its stdin or dies;
+//! - `ordered` (OrderedReady): each node is started once the previous one
+//!   answers `/readyz` 200; converge counts from the last one's 200.
+//!
+//! `SBMESH_BENCH_FULL=1` runs every node as in production: the ACME manager
+//! on (a shared `file` store, no origin, so nothing is due and the CA is
+//! never contacted), the store open and the reload watcher on. Without it
+//! the store (redb) and the reloader run too, but ACME is off.
+//!
+//! `SBMESH_BENCH_STARVE=1`: after the steady-state figures, one node is
+//! SIGSTOPped for 1.5 s every 10 s for `SBMESH_BENCH_SECS` (120); counts
+//! `down` transitions on the others (counter increase, per node) and which
+//! members were seen `down` (polled every second), and shows the starved
+//! node's incarnation everywhere before and after (it refutes by raising
+//! it).
+//!
+//! `SBMESH_BENCH_DEBUG_NODES=1,64,128` runs those nodes with
+//! `RUST_LOG=sbmesh=debug` and `SBMESH_KEEP_TMP=1` keeps their logs.
+//!
 //! Every wait is bounded (`SBMESH_BENCH_TIMEOUT_SECS`, 180 s) and every
 //! process started is killed at the end, by PID.
 
@@ -42,10 +68,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -128,6 +157,10 @@ fn fetch_brief(addr: SocketAddr) -> Option<Brief> {
     serde_json::from_slice(&r.body).ok()
 }
 
+/// Per node, each `(seconds since t0, total_nodes)` at which the count it
+/// showed changed.
+type History = Mutex<Vec<Vec<(f64, u64)>>>;
+
 /// Polls every address's status every `interval` (from up to 16 threads)
 /// until `pred` holds on it; returns per address the time since `t0` at
 /// which it was first seen to hold, or `None` if it never did before
@@ -137,6 +170,7 @@ fn poll_all(
     t0: Instant,
     interval: Duration,
     timeout: Duration,
+    history: Option<&History>,
     pred: impl Fn(&Brief) -> bool + Sync,
 ) -> Vec<Option<Duration>> {
     let results = Mutex::new(vec![None; addrs.len()]);
@@ -150,7 +184,15 @@ fn poll_all(
                 while !pending.is_empty() && Instant::now() < end {
                     let round = Instant::now();
                     pending.retain(|&i| {
-                        let ok = fetch_brief(addrs[i]).is_some_and(|b| pred(&b));
+                        let brief = fetch_brief(addrs[i]);
+                        if let (Some(h), Some(b)) = (history, &brief) {
+                            let mut h = h.lock().unwrap();
+                            let total = b.summary.total_nodes;
+                            if h[i].last().is_none_or(|&(_, t)| t != total) {
+                                h[i].push((t0.elapsed().as_secs_f64(), total));
+                            }
+                        }
+                        let ok = brief.is_some_and(|b| pred(&b));
                         if ok {
                             results.lock().unwrap()[i] = Some(t0.elapsed());
                         }
@@ -205,18 +247,220 @@ fn summarize(what: &str, r: &[Option<Duration>], ids: &[String], timeout: Durati
     }
 }
 
+/// The five nodes that converged last, with how their count grew.
+fn print_laggards(r: &[Option<Duration>], ids: &[String], history: &[Vec<(f64, u64)>]) {
+    let mut order: Vec<usize> = (0..r.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(r[i].unwrap_or(Duration::MAX)));
+    for &i in order.iter().take(5) {
+        let steps: Vec<String> = history[i]
+            .iter()
+            .map(|(t, k)| format!("{t:.2}s:{k}"))
+            .collect();
+        eprintln!(
+            "  slow: {} total_nodes over time: {}",
+            ids[i],
+            steps.join(" ")
+        );
+    }
+}
+
 fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)
 }
 
+/// Set (to the plan file) in the environment of the spawner child.
+const SPAWNER_ENV: &str = "SBMESH_BENCH_SPAWNER";
+
+/// One process for the spawner to start, as the bench prepared it.
+#[derive(serde::Serialize, Deserialize)]
+struct Planned {
+    bin: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+/// The spawner child: starts the planned processes one every `spread` on
+/// an absolute schedule, prints `pid <index> <pid>` for each and
+/// `last <unix ms>` after the last, then waits for its stdin to close and
+/// kills them all. It reaps nothing before that, so a PID the bench holds
+/// never belongs to another process.
+fn spawner(plan: &str) {
+    let plan: Vec<Planned> =
+        serde_json::from_slice(&std::fs::read(plan).expect("read the spawn plan"))
+            .expect("parse the spawn plan");
+    let spread = Duration::from_millis(env_or("SBMESH_BENCH_SPREAD_MS", 10));
+    let mut out = std::io::stdout().lock();
+    let mut children = Vec::new();
+    let t0 = Instant::now();
+    for (i, p) in plan.iter().enumerate() {
+        if let Some(wait) = (t0 + spread * i as u32).checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let child = node_command(&p.bin, &p.args, &p.log, &p.env, 1)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", p.bin.display()));
+        writeln!(out, "pid {i} {}", child.id()).expect("stdout");
+        out.flush().expect("stdout");
+        children.push(child);
+    }
+    writeln!(out, "last {}", now_unix_ms()).expect("stdout");
+    out.flush().expect("stdout");
+    drop(out);
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    for c in &mut children {
+        let _ = c.kill();
+    }
+    for c in &mut children {
+        let _ = c.wait();
+    }
+}
+
+/// The spawner process; dropping it closes its stdin, so it kills and
+/// reaps what it started.
+struct Spawner {
+    child: std::process::Child,
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the prepared nodes of `c` from a spawner child; returns it and
+/// the instant of the last spawn.
+fn spawn_spread(c: &mut Cluster) -> (Spawner, Instant) {
+    let plan: Vec<Planned> = c
+        .nodes
+        .iter()
+        .map(|n| Planned {
+            bin: c.bin.clone(),
+            args: n.args(),
+            log: n.log_path.clone(),
+            env: n.env.clone(),
+        })
+        .collect();
+    let plan_path = c.dir.join("spawn-plan.json");
+    std::fs::write(&plan_path, serde_json::to_vec(&plan).expect("plan")).expect("write plan");
+    let mut cmd = Command::new(std::env::current_exe().expect("current_exe"));
+    cmd.env(SPAWNER_ENV, &plan_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("start the spawner");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let spawner = Spawner { child };
+    let mut last = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("read the spawner");
+        let w: Vec<&str> = line.split_whitespace().collect();
+        match w.as_slice() {
+            ["pid", i, pid] => {
+                let (i, pid): (usize, u32) = (i.parse().expect("index"), pid.parse().expect("pid"));
+                c.nodes[i].adopt(pid);
+            }
+            ["last", ms] => {
+                let ms: u64 = ms.parse().expect("unix ms");
+                let ago = Duration::from_millis(now_unix_ms().saturating_sub(ms));
+                last = Some(Instant::now() - ago);
+                break;
+            }
+            _ => panic!("spawner said {line:?}"),
+        }
+    }
+    let last = last.expect("the spawner ended before its last spawn");
+    (spawner, last)
+}
+
+/// `/readyz` answers 200.
+fn ready(addr: SocketAddr) -> bool {
+    http_get(addr, "/readyz", None).is_ok_and(|r| r.status == 200)
+}
+
+/// The production-like `sb.yml` of `SBMESH_BENCH_FULL`: ACME on with a
+/// store every node shares and nothing to order.
+fn full_config(dir: &Path) -> String {
+    format!(
+        "proxy:\n  admin:\n    enabled: true\n    port: 9090\n  extensions:\n    sbmesh:\n      \
+         acme:\n        enabled: true\n        email: ops@example.com\n        \
+         directory_url: \"http://127.0.0.1:9/directory\"\n        storage_backend: file\n        \
+         storage_path: \"{}\"\norigins: {{}}\n",
+        dir.join("store").display()
+    )
+}
+
+/// UDP receive-buffer errors of the whole namespace (`/proc/net/snmp`).
+fn udp_rcvbuf_errors() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/net/snmp").ok()?;
+    let mut it = s.lines().filter(|l| l.starts_with("Udp:"));
+    let (head, vals) = (it.next()?, it.next()?);
+    let k = head.split_whitespace().position(|h| h == "RcvbufErrors")?;
+    vals.split_whitespace().nth(k)?.parse().ok()
+}
+
+/// Drops per gossip socket (`/proc/net/udp`: local address, last column),
+/// largest first.
+fn gossip_socket_drops() -> Vec<(Ipv4Addr, u64)> {
+    let s = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+    let mut drops: Vec<(Ipv4Addr, u64)> = s
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ip, port) = f.get(1)?.split_once(':')?;
+            if u16::from_str_radix(port, 16).ok()? != GOSSIP_PORT {
+                return None;
+            }
+            // The kernel prints the address in host byte order.
+            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.swap_bytes());
+            Some((ip, f.last()?.parse().ok()?))
+        })
+        .collect();
+    drops.sort_by_key(|&(_, d)| std::cmp::Reverse(d));
+    drops
+}
+
 fn main() {
+    if let Ok(plan) = std::env::var(SPAWNER_ENV) {
+        spawner(&plan);
+        return;
+    }
     let n: u8 = env_or("SBMESH_BENCH_N", 32);
     assert!((2..=250).contains(&n), "SBMESH_BENCH_N must be 2..=250");
+    let start: String = env_or("SBMESH_BENCH_START", "burst".to_string());
+    assert!(
+        ["burst", "spread", "ordered"].contains(&start.as_str()),
+        "SBMESH_BENCH_START is burst, spread or ordered"
+    );
+    let full = std::env::var_os("SBMESH_BENCH_FULL").is_some_and(|v| v == "1");
+    let starve = std::env::var_os("SBMESH_BENCH_STARVE").is_some_and(|v| v == "1");
+    let debug_nodes: BTreeSet<u8> = std::env::var("SBMESH_BENCH_DEBUG_NODES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
     let loss: Option<f64> = std::env::var("SBMESH_BENCH_LOSS").ok().map(|s| {
         s.parse()
             .expect("SBMESH_BENCH_LOSS is a probability like 0.10")
     });
-    let loss_secs: u64 = env_or("SBMESH_BENCH_SECS", 600);
+    let run_secs: u64 = env_or("SBMESH_BENCH_SECS", if starve { 120 } else { 600 });
     let steady_secs: u64 = env_or("SBMESH_BENCH_STEADY_SECS", 20);
     // Joining disseminates every member's metadata once; steady state is
     // what follows.
@@ -250,23 +494,104 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(sidecar_bin);
     eprintln!("sidecar binary: {}", bin.display());
+    eprintln!(
+        "N = {n}, start {start}, {} config",
+        if full { "full (ACME on)" } else { "default" }
+    );
 
+    // Declared before the cluster so that it is dropped after it: the
+    // cluster kills the adopted PIDs while the spawner still holds them.
+    let mut _spawner: Option<Spawner> = None;
     let mut c = Cluster::new(&prefix);
     c.bin = bin;
-    for i in 1..=n {
-        let o = c.default_opts(i, n);
-        c.spawn(o);
+    if full {
+        let config = c.dir.join("sb-full.yml");
+        std::fs::write(&config, full_config(&c.dir)).expect("write the full sb.yml");
+        c.config = config;
     }
-    let t_last_start = Instant::now();
+    let nodes: Vec<Node> = (1..=n)
+        .map(|i| {
+            let mut node = Node::prepare(&c.bin, &c.config, &c.dir, c.default_opts(i, n));
+            if debug_nodes.contains(&i) {
+                node.env
+                    .push(("RUST_LOG".into(), "info,sbmesh=debug".into()));
+            }
+            node
+        })
+        .collect();
+    let rcvbuf_before = udp_rcvbuf_errors();
+    let bench_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
+    let t_first_start = Instant::now();
+    let t_last_start = match start.as_str() {
+        "spread" => {
+            c.nodes = nodes;
+            let (sp, last) = spawn_spread(&mut c);
+            _spawner = Some(sp);
+            last
+        }
+        "ordered" => {
+            for mut node in nodes {
+                node.start();
+                let addr = node.admin_addr();
+                c.nodes.push(node);
+                let end = Instant::now() + timeout;
+                while !ready(addr) {
+                    assert!(
+                        Instant::now() < end,
+                        "{} not ready after {timeout:?}",
+                        c.nodes.last().map(Node::id).unwrap_or("?")
+                    );
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Instant::now()
+        }
+        _ => {
+            for mut node in nodes {
+                node.start();
+                c.nodes.push(node);
+            }
+            Instant::now()
+        }
+    };
+    let start_span = t_last_start.saturating_duration_since(t_first_start);
+    let last_start_unix_ms =
+        now_unix_ms().saturating_sub(t_last_start.elapsed().as_millis() as u64);
+    eprintln!("first to last start ({start}): {} s", secs(start_span));
     let ids: Vec<String> = c.nodes.iter().map(|x| x.id().to_string()).collect();
     let addrs: Vec<SocketAddr> = c.nodes.iter().map(Node::admin_addr).collect();
     let nn = u64::from(n);
 
     // ---- convergence -------------------------------------------------------------
-    let conv = poll_all(&addrs, t_last_start, interval, timeout, |b| {
-        b.summary.total_nodes == nn
-    });
+    let history = Mutex::new(vec![Vec::new(); addrs.len()]);
+    let conv = poll_all(
+        &addrs,
+        t_last_start,
+        interval,
+        timeout,
+        Some(&history),
+        |b| b.summary.total_nodes == nn,
+    );
     let converge = summarize("converge", &conv, &ids, timeout);
+    let wall = t_first_start.elapsed().as_secs_f64();
+    let sidecar_cpu: f64 = c.nodes.iter().filter_map(|x| cpu_secs(x.pid()?)).sum();
+    let bench_cpu = cpu_secs(std::process::id()).unwrap_or(0.0) - bench_cpu0;
+    eprintln!(
+        "CPU from the first start to convergence ({wall:.2} s wall, {:.2} s on 2 cores): sidecars {sidecar_cpu:.2} s, the bench's pollers {bench_cpu:.2} s",
+        2.0 * wall
+    );
+    let from_logs = full_view_from_logs(&c, addrs.len());
+    let log_conv = if from_logs.iter().all(Option::is_some) {
+        let last = from_logs.iter().flatten().max().copied().unwrap_or(0);
+        let s = last.saturating_sub(last_start_unix_ms) as f64 / 1000.0;
+        eprintln!(
+            "converge from the nodes' logs (every node logged `member up` for all others): {s:.2} s after the last start"
+        );
+        format!("{s:.2}")
+    } else {
+        "n/a".to_string()
+    };
+    print_laggards(&conv, &ids, &history.into_inner().unwrap());
     if let Some(k) = conv.iter().position(Option::is_none) {
         let v = fetch_status(addrs[k]);
         eprintln!(
@@ -276,6 +601,23 @@ fn main() {
             c.nodes[k].log_tail(20)
         );
     }
+    let rcvbuf = match (rcvbuf_before, udp_rcvbuf_errors()) {
+        (Some(a), Some(b)) => format!("{}", b.saturating_sub(a)),
+        _ => "n/a".to_string(),
+    };
+    let drops = gossip_socket_drops();
+    let top: Vec<String> = drops
+        .iter()
+        .take(8)
+        .map(|(ip, d)| format!("{ip} {d}"))
+        .collect();
+    eprintln!(
+        "UDP receive-buffer errors during the start: {rcvbuf}; gossip socket drops: {} on {} of {} sockets (most: {})",
+        drops.iter().map(|d| d.1).sum::<u64>(),
+        drops.iter().filter(|d| d.1 > 0).count(),
+        drops.len(),
+        top.join(", ")
+    );
 
     // ---- steady state: bytes and RSS -------------------------------------------------
     std::thread::sleep(Duration::from_secs(settle_secs));
@@ -350,8 +692,8 @@ fn main() {
         let mut add = vec!["-A"];
         add.extend(rule);
         iptables(&add);
-        eprintln!("{p} random loss on lo for {loss_secs} s");
-        let end = Instant::now() + Duration::from_secs(loss_secs);
+        eprintln!("{p} random loss on lo for {run_secs} s");
+        let end = Instant::now() + Duration::from_secs(run_secs);
         let seen_down = Mutex::new(BTreeSet::<(String, String)>::new());
         let suspect_obs = Mutex::new(0u64);
         while Instant::now() < end {
@@ -410,10 +752,22 @@ fn main() {
         );
         println!("|---|---|---|---|---|---|---|---|");
         println!(
-            "| {n} | {:.0} % | {loss_secs} s | {converge} | {bytes} | {rss_s} | {false_downs} | {} |",
+            "| {n} | {:.0} % | {run_secs} s | {converge} | {bytes} | {rss_s} | {false_downs} | {} |",
             p * 100.0,
             seen.len()
         );
+        return;
+    }
+
+    if starve {
+        let victim = usize::from(n) / 3;
+        let row = starve_run(&c, &ids, &addrs, victim, run_secs, interval, timeout);
+        println!();
+        println!(
+            "| N | start | starved node | duration | SIGSTOPs | false downs by the others (counter) | members seen down by the others (polled) | starved node seen down | starved node seen suspect (observations) | its incarnation before / after (min–max over the others) | downs counted by the starved node | alive everywhere again after the run (s) |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| {n} | {start} | {row} |");
         return;
     }
 
@@ -425,7 +779,7 @@ fn main() {
     c.nodes[victim].kill9();
     let sub: Vec<SocketAddr> = survivors.iter().map(|&i| addrs[i]).collect();
     let sub_ids: Vec<String> = survivors.iter().map(|&i| ids[i].clone()).collect();
-    let det = poll_all(&sub, t0, interval, timeout, |b| {
+    let det = poll_all(&sub, t0, interval, timeout, None, |b| {
         b.state_of(&victim_id) == Some("down")
     });
     let kill_detect = summarize("kill -9 detected", &det, &sub_ids, timeout);
@@ -438,21 +792,233 @@ fn main() {
     let sub_ids: Vec<String> = rest.iter().map(|&i| ids[i].clone()).collect();
     let t0 = Instant::now();
     c.nodes[leaver].sigterm();
-    let det = poll_all(&sub, t0, interval, timeout, |b| {
+    let det = poll_all(&sub, t0, interval, timeout, None, |b| {
         b.state_of(&leaver_id) == Some("down")
     });
     let term_detect = summarize("SIGTERM seen", &det, &sub_ids, timeout);
     let exit = match c.nodes[leaver].wait_exit(Duration::from_secs(40)) {
         Some(st) => describe_exit(st),
+        None if poll_until(Duration::from_secs(40), || !c.nodes[leaver].is_running()) => {
+            "exited (its status is the spawner's)".to_string()
+        }
         None => "still running after 40 s".to_string(),
     };
     eprintln!("SIGTERM'd node: {exit}");
 
     println!();
     println!(
-        "| N | converge after last start (s) | kill -9: all survivors see down (s) | SIGTERM: all see down (s) | bytes/node/s (mean / max) | RSS MiB (median / max) |"
+        "| N | start (first to last) | converge after last start (s), polled / from logs | kill -9: all survivors see down (s) | SIGTERM: all see down (s) | bytes/node/s (mean / max) | RSS MiB (median / max) | config | UDP rcvbuf errors at start |"
     );
-    println!("|---|---|---|---|---|---|");
-    println!("| {n} | {converge} | {kill_detect} | {term_detect} | {bytes} | {rss_s} |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {n} | {start} ({} s) | {converge} / {log_conv} | {kill_detect} | {term_detect} | {bytes} | {rss_s} | {} | {rcvbuf} |",
+        secs(start_span),
+        if full { "full" } else { "default" }
+    );
     drop(c); // kills every process by PID
+}
+
+/// The counter of `state` transitions on every node (`None` where
+/// `/metrics` did not answer).
+fn state_changes(addrs: &[SocketAddr], state: &str) -> Vec<Option<f64>> {
+    addrs
+        .iter()
+        .map(|&a| fetch_metric(a, "mesh_member_state_changes_total", &[("state", state)]))
+        .collect()
+}
+
+/// `min–max` of what `nodes` show as `victim`'s incarnation.
+fn incarnations(addrs: &[SocketAddr], nodes: &[usize], victim: &str) -> String {
+    let seen: Vec<u64> = nodes
+        .iter()
+        .filter_map(|&i| incarnation_of(&fetch_status(addrs[i])?, victim))
+        .collect();
+    match (seen.iter().min(), seen.iter().max()) {
+        (Some(a), Some(b)) => format!("{a}–{b} ({} nodes)", seen.len()),
+        _ => "n/a".to_string(),
+    }
+}
+
+/// Sends SIGCONT to the starved node however the run ends.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) by the PID of a node of ours, which is not reaped.
+        unsafe {
+            libc::kill(self.0 as libc::pid_t, libc::SIGCONT);
+        }
+    }
+}
+
+/// The CPU-starvation run: `victim` is stopped 1.5 s of every 10 s for
+/// `secs_total`, the others are polled every second. Returns the table
+/// cells after N and start.
+fn starve_run(
+    c: &Cluster,
+    ids: &[String],
+    addrs: &[SocketAddr],
+    victim: usize,
+    secs_total: u64,
+    interval: Duration,
+    timeout: Duration,
+) -> String {
+    const EVERY: Duration = Duration::from_secs(10);
+    const STOPPED: Duration = Duration::from_millis(1500);
+    let victim_id = ids[victim].clone();
+    let others: Vec<usize> = (0..addrs.len()).filter(|&i| i != victim).collect();
+    let pid = c.nodes[victim].pid().expect("the starved node runs");
+    let downs0 = state_changes(addrs, "down");
+    let inc0 = incarnations(addrs, &others, &victim_id);
+    eprintln!(
+        "starving {victim_id} (pid {pid}) {} s of every {} s for {secs_total} s; its incarnation: {inc0}",
+        STOPPED.as_secs_f64(),
+        EVERY.as_secs()
+    );
+    let seen_down = Mutex::new(BTreeSet::<(String, String)>::new());
+    let victim_suspect = Mutex::new(0u64);
+    let done = AtomicBool::new(false);
+    let mut stops = 0;
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (seen_down, victim_suspect, done, others, victim_id) =
+                (&seen_down, &victim_suspect, &done, &others, &victim_id);
+            s.spawn(move || {
+                let mine: Vec<usize> = others.iter().copied().skip(t).step_by(8).collect();
+                while !done.load(Ordering::Relaxed) {
+                    let round = Instant::now();
+                    for &i in &mine {
+                        let Some(b) = fetch_brief(addrs[i]) else {
+                            continue;
+                        };
+                        for m in &b.nodes {
+                            match m.membership_state.as_str() {
+                                "down" => {
+                                    seen_down
+                                        .lock()
+                                        .unwrap()
+                                        .insert((ids[i].clone(), m.node_id.clone()));
+                                }
+                                "suspect" if &m.node_id == victim_id => {
+                                    *victim_suspect.lock().unwrap() += 1
+                                }
+                                _ => {}
+                            }
+                        }
+                    }
+                    if let Some(rest) = Duration::from_secs(1).checked_sub(round.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                }
+            });
+        }
+        let end = Instant::now() + Duration::from_secs(secs_total);
+        while Instant::now() < end {
+            let cycle = Instant::now();
+            let resume = Resume(pid);
+            c.nodes[victim].signal(libc::SIGSTOP);
+            stops += 1;
+            std::thread::sleep(STOPPED);
+            drop(resume);
+            if let Some(rest) = EVERY.checked_sub(cycle.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let sub: Vec<SocketAddr> = others.iter().map(|&i| addrs[i]).collect();
+    let sub_ids: Vec<String> = others.iter().map(|&i| ids[i].clone()).collect();
+    let back = poll_all(&sub, Instant::now(), interval, timeout, None, |b| {
+        b.state_of(&victim_id) == Some("alive")
+    });
+    let back = summarize("starved node alive everywhere", &back, &sub_ids, timeout);
+    let downs1 = state_changes(addrs, "down");
+    let delta = |i: usize| match (downs0[i], downs1[i]) {
+        (Some(a), Some(b)) => b - a,
+        _ => 0.0,
+    };
+    let false_downs: f64 = others.iter().map(|&i| delta(i)).sum();
+    for &i in &others {
+        if delta(i) > 0.0 {
+            eprintln!("  {} counted {} down transitions", ids[i], delta(i));
+        }
+    }
+    let inc1 = incarnations(addrs, &others, &victim_id);
+    let seen = seen_down.into_inner().unwrap();
+    for (o, m) in seen.iter().take(20) {
+        eprintln!("  {o} saw {m} down");
+    }
+    let members: BTreeSet<&String> = seen.iter().map(|(_, m)| m).collect();
+    let members_s = if members.is_empty() {
+        "none".to_string()
+    } else {
+        let names: Vec<&str> = members.iter().map(|m| m.as_str()).collect();
+        format!("{} ({} pairs)", names.join(", "), seen.len())
+    };
+    let victim_seen_down = seen.iter().filter(|(_, m)| *m == victim_id).count();
+    eprintln!(
+        "false downs by the others: {false_downs}; starved node seen down by {victim_seen_down} observers; incarnation {inc0} -> {inc1}"
+    );
+    let seen_down_s = if victim_seen_down > 0 {
+        format!("yes, by {victim_seen_down}")
+    } else {
+        "no".to_string()
+    };
+    format!(
+        "{victim_id} | {secs_total} s | {stops} | {false_downs} | {members_s} | {seen_down_s} | {} | {inc0} / {inc1} | {} | {back}",
+        victim_suspect.into_inner().unwrap(),
+        delta(victim),
+    )
+}
+
+/// Unix ms of a log line's RFC 3339 UTC timestamp (`2026-12-01T15:17:49.398280Z`).
+fn log_time_ms(line: &str) -> Option<u64> {
+    let ts = line.split_whitespace().next()?.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.splitn(3, ':');
+    let (h, min) = (
+        t.next()?.parse::<u64>().ok()?,
+        t.next()?.parse::<u64>().ok()?,
+    );
+    let sec: f64 = t.next()?.parse().ok()?;
+    // Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = u64::try_from(era * 146_097 + doe - 719_468).ok()?;
+    Some((days * 86_400 + h * 3600 + min * 60) * 1000 + (sec * 1000.0) as u64)
+}
+
+/// From the nodes' own logs, independent of polling: per node, the unix ms
+/// at which it had logged `member up` for `n - 1` distinct others.
+fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
+    c.nodes
+        .iter()
+        .map(|node| {
+            let text = std::fs::read_to_string(&node.log_path).ok()?;
+            let mut seen = BTreeSet::new();
+            for line in text.lines().filter(|l| l.contains("member up")) {
+                let id = line.split("node_id=").nth(1)?.split_whitespace().next()?;
+                if seen.insert(id.to_string()) && seen.len() + 1 == n {
+                    return log_time_ms(line);
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// CPU seconds (user + system) a process used so far.
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the comm.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Some(ticks as f64 / hz as f64)
 }

@@ -184,6 +184,8 @@ enum Command {
 struct Shared {
     running: AtomicBool,
     has_peers: AtomicBool,
+    /// The last hello round greeted seeds that are not members (yet).
+    seeds_unknown: AtomicBool,
     /// Written by the driver for every authenticated datagram; read by
     /// `/readyz` without a round trip to the driver.
     skew: Mutex<SkewWatch>,
@@ -210,7 +212,7 @@ pub struct Mesh {
 
 impl Mesh {
     /// Binds the sockets and starts the node: it contacts its seeds and
-    /// keeps doing so until it has peers, and re-resolves them every 10 s.
+    /// greets again those that are not members yet, and re-resolves them every 10 s.
     pub async fn start(
         cfg: MeshConfig,
         metrics: Arc<Metrics>,
@@ -234,6 +236,10 @@ impl Mesh {
                 addr: udp_addr,
                 source,
             })?;
+        // The driver sends with try_send_to, which fails with WouldBlock
+        // until tokio's reactor has seen the new socket writable: without
+        // this wait the first hello round, sent right away, is lost whole.
+        let _ = udp.writable().await;
         let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
         let tcp = TcpListener::bind(tcp_addr)
             .await
@@ -707,6 +713,9 @@ impl Driver {
             .filter(|s| !known.contains(s))
             .copied()
             .collect();
+        self.shared
+            .seeds_unknown
+            .store(!targets.is_empty(), Ordering::Relaxed);
         for seed in targets {
             self.send_envelope(seed, wire::KIND_HELLO, &me);
         }
@@ -1176,17 +1185,37 @@ async fn pick_advertise_ip(bind: IpAddr, seeds: &SeedSource) -> IpAddr {
     }
 }
 
+/// Seeds are re-resolved (and the unknown ones greeted) this often once
+/// every seed is a member.
+const SEED_REFRESH: Duration = Duration::from_secs(10);
+/// ... this often while the node is alone: pods of a StatefulSet come up
+/// one by one.
+const SEED_RETRY_ALONE: Duration = Duration::from_secs(1);
+/// With peers but seeds still unknown, the first retry comes this soon and
+/// the next ones twice as late each, up to [`SEED_REFRESH`].
+const SEED_RETRY_FIRST: Duration = Duration::from_millis(500);
+
 async fn seed_loop(src: SeedSource, cmd: mpsc::Sender<Command>, shared: Arc<Shared>) {
+    let mut retry = SEED_RETRY_FIRST;
     loop {
         let seeds = src.resolve().await;
         if cmd.send(Command::Seeds(seeds)).await.is_err() {
             return;
         }
-        // Sooner while alone: pods of a StatefulSet come up one by one.
-        let wait = if shared.has_peers.load(Ordering::Relaxed) {
-            Duration::from_secs(10)
+        // A hello is lost when its seed was not up yet or a datagram was
+        // dropped (a full buffer during a 100+ node start, loss); a member
+        // not greeted is otherwise learnt only at the next refresh or
+        // full-state exchange. A seed that stays unknown (a dead static
+        // seed) costs one hello per refresh, as before.
+        let wait = if !shared.has_peers.load(Ordering::Relaxed) {
+            SEED_RETRY_ALONE
+        } else if shared.seeds_unknown.load(Ordering::Relaxed) {
+            let wait = retry;
+            retry = (retry * 2).min(SEED_REFRESH);
+            wait
         } else {
-            Duration::from_secs(1)
+            retry = SEED_RETRY_FIRST;
+            SEED_REFRESH
         };
         tokio::time::sleep(wait).await;
     }

@@ -75,7 +75,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use aws_lc_rs::aead::{Aad, NONCE_LEN as GCM_NONCE_LEN, Nonce};
-use aws_lc_rs::{digest, rand};
+use aws_lc_rs::digest;
+use rand::TryRng;
 
 use key_ring::prefix;
 pub use key_ring::{KeyRing, MESH_AEAD_LABEL};
@@ -362,9 +363,9 @@ impl Sealer {
     ///
     /// # Errors
     /// [`SealError::TooLarge`] if `payload` exceeds
-    /// [`Channel::max_payload`]; [`SealError::Random`] or
-    /// [`SealError::Crypto`] if aws-lc-rs fails. On error `out` is left as
-    /// it was.
+    /// [`Channel::max_payload`]; [`SealError::Random`] if the OS random
+    /// number generator fails; [`SealError::Crypto`] if aws-lc-rs fails.
+    /// On error `out` is left as it was.
     pub fn seal(
         &self,
         channel: Channel,
@@ -395,7 +396,11 @@ impl Sealer {
             });
         }
         let mut nonce = [0u8; NONCE_LEN];
-        rand::fill(&mut nonce).map_err(|_| SealError::Random)?;
+        // Straight from the OS: aws-lc's RAND_bytes would first seed its
+        // jitter-entropy DRBG tree, ~30 ms of CPU at every process start.
+        rand::rngs::SysRng
+            .try_fill_bytes(&mut nonce)
+            .map_err(|_| SealError::Random)?;
 
         let ring = self.current_ring();
         let (key_id, key) = match key_id.and_then(|id| ring.aead(id).map(|k| (id, k))) {

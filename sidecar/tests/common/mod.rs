@@ -132,27 +132,46 @@ pub struct Node {
     bin: PathBuf,
     config: PathBuf,
     child: Option<Child>,
+    /// A process started by another one (the bench's spawner), known by PID.
+    foreign: Option<u32>,
     exit: Option<ExitStatus>,
     pub spawn_count: u32,
+    /// Added to the process's environment (e.g. `RUST_LOG` for one node).
+    pub env: Vec<(String, String)>,
 }
 
 impl Node {
     /// Spawns the node; its state, certs and log live in `<base>/<node_id>`.
     pub fn spawn(bin: &Path, config: &Path, base: &Path, opts: NodeOpts) -> Node {
+        let mut node = Node::prepare(bin, config, base, opts);
+        node.start();
+        node
+    }
+
+    /// The node with its directory, not started yet: [`Node::start`] it, or
+    /// start [`Node::command`] elsewhere and [`Node::adopt`] the PID.
+    pub fn prepare(bin: &Path, config: &Path, base: &Path, opts: NodeOpts) -> Node {
         let dir = base.join(&opts.node_id);
         fs::create_dir_all(&dir).expect("create node dir");
-        let mut node = Node {
+        Node {
             log_path: dir.join("sidecar.log"),
             dir,
             bin: bin.to_path_buf(),
             config: config.to_path_buf(),
             opts,
             child: None,
+            foreign: None,
             exit: None,
             spawn_count: 0,
-        };
-        node.start();
-        node
+            env: Vec::new(),
+        }
+    }
+
+    /// Takes over a process another process spawned from [`Node::command`]:
+    /// signals and `Drop` go to `pid`; its exit status stays with its parent.
+    pub fn adopt(&mut self, pid: u32) {
+        self.foreign = Some(pid);
+        self.spawn_count += 1;
     }
 
     pub fn args(&self) -> Vec<String> {
@@ -212,54 +231,30 @@ impl Node {
         a
     }
 
-    fn start(&mut self) {
+    pub fn start(&mut self) {
         assert!(
             self.child.is_none(),
             "{} is already running",
             self.opts.node_id
         );
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open node log");
-        let args = self.args();
-        writeln!(
-            log,
-            "=== spawn #{} at {} ms: {} {}",
-            self.spawn_count + 1,
-            now_unix_ms(),
-            self.bin.display(),
-            args.join(" ")
-        )
-        .expect("write node log");
-        let stderr = log.try_clone().expect("clone log fd");
-        let mut cmd = Command::new(&self.bin);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::from(stderr));
-        // Flags win over the environment anyway, but an SBPROXY_POD_IP or
-        // SBMESH_MESH_SERVICE of the caller would add to what we pass.
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy().into_owned();
-            if k.starts_with("SBMESH_") || k.starts_with("SBPROXY_") {
-                cmd.env_remove(k);
-            }
-        }
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let child = cmd
+        let child = self
+            .command()
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
         self.child = Some(child);
         self.exit = None;
         self.spawn_count += 1;
+    }
+
+    /// The command that starts this node (see [`node_command`]).
+    pub fn command(&self) -> Command {
+        node_command(
+            &self.bin,
+            &self.args(),
+            &self.log_path,
+            &self.env,
+            self.spawn_count + 1,
+        )
     }
 
     /// Starts the node again with the same options (same node id, addresses, dirs).
@@ -278,7 +273,7 @@ impl Node {
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.child.as_ref().map(|c| c.id()).or(self.foreign)
     }
 
     pub fn gossip_addr(&self) -> SocketAddr {
@@ -302,7 +297,7 @@ impl Node {
         }
     }
 
-    fn signal(&self, sig: libc::c_int) {
+    pub fn signal(&self, sig: libc::c_int) {
         let pid = self.pid().expect("node was spawned");
         // SAFETY: plain kill(2) on the PID of our own child, which is not reaped yet.
         let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
@@ -311,6 +306,12 @@ impl Node {
 
     /// `kill -9` by PID, then reaps it.
     pub fn kill9(&mut self) {
+        if self.exit.is_none() && self.child.is_none() && self.foreign.is_some() {
+            self.signal(libc::SIGKILL);
+            // Its parent reaps it; gone means a zombie here.
+            poll_until(Duration::from_secs(10), || !self.is_running());
+            return;
+        }
         if self.exit.is_some() || self.child.is_none() {
             return;
         }
@@ -421,6 +422,14 @@ impl Drop for Node {
                 }
             }
             let _ = c.wait();
+        } else if let Some(pid) = self.foreign
+            && pid_alive(pid)
+        {
+            // SAFETY: kill(2) by PID; its parent (the spawner) reaps it only
+            // at its own end, so the PID cannot have been reused.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
         }
     }
 }
@@ -431,6 +440,54 @@ pub fn describe_exit(st: ExitStatus) -> String {
         (None, Some(s)) => format!("killed by signal {s}"),
         _ => format!("{st:?}"),
     }
+}
+
+/// The command that starts a node: output appended to `log_path`, the
+/// caller's `SBMESH_*`/`SBPROXY_*` removed, `env` added, killed when the
+/// spawning thread dies. Also used by the bench's spawner process.
+pub fn node_command(
+    bin: &Path,
+    args: &[String],
+    log_path: &Path,
+    env: &[(String, String)],
+    spawn_no: u32,
+) -> Command {
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .expect("open node log");
+    writeln!(
+        log,
+        "=== spawn #{spawn_no} at {} ms: {} {}",
+        now_unix_ms(),
+        bin.display(),
+        args.join(" ")
+    )
+    .expect("write node log");
+    let stderr = log.try_clone().expect("clone log fd");
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(stderr));
+    // Flags win over the environment anyway, but an SBPROXY_POD_IP or
+    // SBMESH_MESH_SERVICE of the caller would add to what we pass.
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("SBMESH_") || k.starts_with("SBPROXY_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd
 }
 
 /// The process exists and is not a zombie.
