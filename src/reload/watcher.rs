@@ -41,22 +41,28 @@ pub enum Observation {
 /// (interpolating `${VAR}` from the process environment); with `ports`, a
 /// conflict with the sidecar's mesh or ACME makes the content invalid too.
 pub async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
-    // The same bounded read as `validate` and start-up.
+    // Reading and parsing (up to MAX_CONFIG_BYTES of YAML: seconds of CPU)
+    // stay off the runtime's thread, which also drives the mesh.
     let owned = path.to_path_buf();
-    let read = tokio::task::spawn_blocking(move || config::read_bounded(&owned)).await;
-    let raw = match read {
-        Ok(Ok(raw)) => raw,
-        Ok(Err(ReadError::TooLarge {
+    tokio::task::spawn_blocking(move || observe_blocking(&owned, ports))
+        .await
+        .unwrap_or_else(|e| Observation::Unreadable(format!("{}: {e}", path.display())))
+}
+
+fn observe_blocking(path: &Path, ports: Option<SidecarPorts>) -> Observation {
+    // The same bounded read as `validate` and start-up.
+    let raw = match config::read_bounded(path) {
+        Ok(raw) => raw,
+        Err(ReadError::TooLarge {
             message,
             sha256_of_prefix,
-        })) => {
+        }) => {
             return Observation::Content {
                 sha256: sha256_of_prefix,
                 problems: vec![Problem::error(path.display().to_string(), message)],
                 config: None,
             };
         }
-        Ok(Err(e)) => return Observation::Unreadable(format!("{}: {e}", path.display())),
         Err(e) => return Observation::Unreadable(format!("{}: {e}", path.display())),
     };
     let sha256 = config::sha256_hex(&raw);
