@@ -1,0 +1,893 @@
+//! The mesh node as a state machine: foca plus everything sbmesh adds
+//! around it (hellos to seeds, full-state exchanges, metadata digests and
+//! records, the periodic tick). No sockets, no clock, no global RNG: every
+//! input carries `now`, the RNG is seeded by whoever builds the core, and
+//! what must go on the wire comes out of [`MeshCore::poll_output`].
+//!
+//! The tokio shell (`runtime`) moves bytes for it; the simulator (`sim`)
+//! runs thousands of them on one virtual clock.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tracing::debug;
+
+use crate::mesh::member::NodeIdentity;
+use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
+use crate::mesh::seal::Reject;
+use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
+use crate::mesh::wire::{self, FullState, WireMember};
+
+/// Largest foca payload inside one datagram (before sealing).
+const MAX_FOCA_PACKET: usize = 1400;
+/// How long a node without peers waits before it calls itself running.
+const ALONE_READY_AFTER: Duration = Duration::from_secs(5);
+/// The core's own periodic work (readiness, foca sizing, metadata fetches,
+/// full-state schedule).
+const TICK: Duration = Duration::from_secs(1);
+/// Seeds are re-resolved this often while the node is alone: pods of a
+/// StatefulSet come up one by one.
+const RESOLVE_ALONE: Duration = Duration::from_secs(1);
+/// ... and this often once it has peers.
+const RESOLVE_WITH_PEERS: Duration = Duration::from_secs(10);
+/// Our digest is re-announced for newcomers at most this often, so a burst
+/// of joins costs one broadcast, not one per member.
+const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
+
+/// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
+/// fast failure detection on a LAN without false downs at 10 % loss.
+#[derive(Clone, Debug)]
+pub struct SwimTuning {
+    /// How often a random member is probed.
+    pub probe_period: Duration,
+    /// How long a direct probe may take before indirect probes are sent.
+    pub probe_rtt: Duration,
+    /// How many members are asked to probe indirectly.
+    pub indirect_probes: usize,
+    /// How long a suspect has to refute before it is declared down.
+    pub suspect_to_down_after: Duration,
+    /// Gossip period while updates are pending.
+    pub gossip_interval: Duration,
+    /// Members gossiped to per period.
+    pub gossip_fanout: usize,
+    /// How often down members are re-contacted (partition healing).
+    pub announce_down_interval: Duration,
+    /// Full-state TCP exchange with one random member, at cluster size
+    /// <= 32; scaled up logarithmically beyond.
+    pub push_pull_interval: Duration,
+    /// How long down members stay listed.
+    pub remove_down_after: Duration,
+}
+
+impl Default for SwimTuning {
+    fn default() -> Self {
+        Self {
+            probe_period: Duration::from_millis(1000),
+            probe_rtt: Duration::from_millis(400),
+            indirect_probes: 5,
+            suspect_to_down_after: Duration::from_millis(3000),
+            gossip_interval: Duration::from_millis(200),
+            gossip_fanout: 3,
+            announce_down_interval: Duration::from_secs(10),
+            push_pull_interval: Duration::from_secs(30),
+            remove_down_after: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl SwimTuning {
+    fn foca_config(&self, cluster_size: usize) -> foca::Config {
+        let n = cluster_size.max(1) as f64;
+        // memberlist's rule: retransmit 4 * log10(n + 1) times.
+        let max_tx = (4.0 * (n + 1.0).log10()).ceil().clamp(3.0, 30.0) as u8;
+        let nz =
+            |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
+        foca::Config {
+            probe_period: self.probe_period,
+            probe_rtt: self.probe_rtt,
+            num_indirect_probes: nz(self.indirect_probes),
+            max_transmissions: std::num::NonZeroU8::new(max_tx).unwrap_or(std::num::NonZeroU8::MIN),
+            suspect_to_down_after: self.suspect_to_down_after,
+            remove_down_after: Some(self.remove_down_after),
+            max_packet_size: nz(MAX_FOCA_PACKET),
+            notify_down_members: true,
+            periodic_announce: Some(foca::PeriodicParams {
+                frequency: Duration::from_secs(30),
+                num_members: nz(1),
+            }),
+            periodic_announce_to_down_members: Some(foca::PeriodicParams {
+                frequency: self.announce_down_interval,
+                num_members: nz(2),
+            }),
+            periodic_gossip: Some(foca::PeriodicParams {
+                frequency: self.gossip_interval,
+                num_members: nz(self.gossip_fanout),
+            }),
+        }
+    }
+
+    fn push_pull_every(&self, cluster_size: usize) -> Duration {
+        // Like memberlist: beyond 32 members, back off by log2(n / 32) + 1.
+        let scale = if cluster_size <= 32 {
+            1.0
+        } else {
+            (cluster_size as f64 / 32.0).log2().ceil() + 1.0
+        };
+        self.push_pull_interval.mul_f64(scale)
+    }
+}
+
+/// What the core asks its shell to do.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// Seal `plain` (kind byte first) for `to` and send it as a datagram.
+    Send { to: SocketAddr, plain: Vec<u8> },
+    /// Exchange full state with `to` over the transport; the reply goes to
+    /// [`MeshCore::handle_push_pull_reply`].
+    PushPull { to: NodeIdentity, state: FullState },
+    /// Fetch `node_id`'s metadata record from `from` over the transport;
+    /// the answer goes to [`MeshCore::handle_meta_fetched`].
+    FetchMeta { from: NodeIdentity, node_id: String },
+    /// Resolve the seeds now; the answer goes to [`MeshCore::handle_seeds`].
+    ResolveSeeds,
+    /// Something to count or log.
+    Event(Event),
+}
+
+/// What the shell turns into metrics and log lines.
+#[derive(Debug)]
+pub(crate) enum Event {
+    MemberUp(NodeIdentity),
+    MemberDown(NodeIdentity),
+    Renamed {
+        old: NodeIdentity,
+        new: NodeIdentity,
+    },
+    /// A packet or record refused (`mesh_packets_rejected_total`).
+    Rejected(Reject),
+    Joined,
+    Idle,
+    Rejoined {
+        generation: u64,
+    },
+    /// Declared down by the cluster (not while leaving).
+    Defunct,
+    /// Our own metadata was too large to publish.
+    LocalMetaTooLarge {
+        bytes: usize,
+    },
+    /// Left: the peers told directly.
+    Left {
+        peers: usize,
+    },
+}
+
+/// One mesh node's protocol state.
+pub(crate) struct MeshCore {
+    foca: Foca<NodeIdentity, PostcardCodec, StdRng, DigestHandler>,
+    rt: AccumulatingRuntime<NodeIdentity>,
+    rng: StdRng,
+    tuning: SwimTuning,
+    cluster_id: String,
+    advertise: SocketAddr,
+    started: Instant,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_slots: HashMap<u64, Timer<NodeIdentity>>,
+    timer_seq: u64,
+    next_tick: Instant,
+    /// `None` while a resolve is out.
+    next_resolve: Option<Instant>,
+    next_push_pull: Instant,
+    // Ordered maps: the simulator needs runs that repeat exactly.
+    last_seen: BTreeMap<String, Instant>,
+    metas: BTreeMap<String, MetaRecord>,
+    local_meta: MetaRecord,
+    wanted: Wanted,
+    fetching: HashSet<String>,
+    seeds: Vec<SocketAddr>,
+    pushed_on_join: bool,
+    sized_for: usize,
+    leaving: bool,
+    last_digest: Instant,
+    running: bool,
+    skew_isolated: bool,
+    out: VecDeque<Output>,
+}
+
+impl MeshCore {
+    /// A node that has not contacted anyone yet; its first output asks for
+    /// the seeds.
+    pub(crate) fn new(
+        local: NodeIdentity,
+        cluster_id: String,
+        tuning: SwimTuning,
+        meta: &NodeMeta,
+        mut rng: StdRng,
+        now: Instant,
+    ) -> Self {
+        let wanted = Wanted::default();
+        let foca = Foca::with_custom_broadcast(
+            local.clone(),
+            tuning.foca_config(1),
+            StdRng::from_rng(&mut rng),
+            PostcardCodec,
+            DigestHandler::new(&local.node_id, wanted.clone()),
+        );
+        let local_meta = MetaRecord {
+            node_id: local.node_id.clone(),
+            epoch: local.generation,
+            version: 1,
+            json: encode_meta(meta),
+        };
+        let next_push_pull = now + tuning.push_pull_interval;
+        Self {
+            foca,
+            rt: AccumulatingRuntime::new(),
+            rng,
+            tuning,
+            cluster_id,
+            advertise: local.gossip,
+            started: now,
+            timers: BinaryHeap::new(),
+            timer_slots: HashMap::new(),
+            timer_seq: 0,
+            next_tick: now + TICK,
+            next_resolve: Some(now),
+            next_push_pull,
+            last_seen: BTreeMap::new(),
+            metas: BTreeMap::new(),
+            local_meta,
+            wanted,
+            fetching: HashSet::new(),
+            seeds: Vec::new(),
+            pushed_on_join: false,
+            sized_for: 1,
+            leaving: false,
+            last_digest: now,
+            running: false,
+            skew_isolated: false,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Joined a cluster, or alone for 5 s with nobody answering.
+    pub(crate) fn running(&self) -> bool {
+        self.running
+    }
+
+    /// Whether any peer is alive or suspect.
+    pub(crate) fn has_peers(&self) -> bool {
+        self.foca.num_members() > 0
+    }
+
+    /// Peers by state: alive, suspect, down (self excluded).
+    pub(crate) fn peer_counts(&self) -> [usize; 3] {
+        let mut counts = [0; 3];
+        for m in self.peers() {
+            counts[state_code(m.state()) as usize] += 1;
+        }
+        counts
+    }
+
+    /// Set by the shell: every authenticated packet lately was rejected for
+    /// clock skew. Hearing only those is not being alone.
+    pub(crate) fn set_skew_isolated(&mut self, isolated: bool) {
+        self.skew_isolated = isolated;
+    }
+
+    /// The next output, if any.
+    pub(crate) fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When [`MeshCore::handle_timeout`] is next due.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let foca = self.timers.peek().map(|Reverse((at, _))| *at);
+        [foca, Some(self.next_tick), self.next_resolve]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Fires every timer due at `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(timer) = self.timer_slots.remove(&seq)
+                && let Err(e) = self.foca.handle_timer(timer, &mut self.rt)
+            {
+                debug!(error = %e, "timer failed");
+            }
+            self.flush(now);
+        }
+        if now >= self.next_tick {
+            // Late ticks are not caught up: the work is idempotent.
+            self.next_tick = now + TICK;
+            self.on_tick(now);
+        }
+        if self.next_resolve.is_some_and(|t| now >= t) {
+            self.next_resolve = None;
+            self.out.push_back(Output::ResolveSeeds);
+        }
+        self.flush(now);
+    }
+
+    /// The seeds as just resolved: greet those not known yet, and schedule
+    /// the next resolve.
+    pub(crate) fn handle_seeds(&mut self, seeds: Vec<SocketAddr>, now: Instant) {
+        self.seeds = seeds.into_iter().filter(|s| *s != self.advertise).collect();
+        self.hello_seeds();
+        let wait = if self.has_peers() {
+            RESOLVE_WITH_PEERS
+        } else {
+            RESOLVE_ALONE
+        };
+        self.next_resolve = Some(now + wait);
+        self.flush(now);
+    }
+
+    /// An authenticated datagram (the kind byte first), from `from`.
+    pub(crate) fn handle_datagram(&mut self, plain: &[u8], from: SocketAddr, now: Instant) {
+        self.on_datagram(plain, from);
+        self.flush(now);
+    }
+
+    fn on_datagram(&mut self, plain: &[u8], from: SocketAddr) {
+        let Some((&kind, body)) = plain.split_first() else {
+            self.reject(Reject::Decode);
+            return;
+        };
+        match kind {
+            wire::KIND_FOCA => {
+                if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
+                    self.count_foca_error(&e);
+                }
+                // A digest just arrived: fetch its record now, not at the tick.
+                if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
+                    self.fetch_wanted();
+                }
+            }
+            wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
+                let Ok(id) = postcard::from_bytes::<NodeIdentity>(body) else {
+                    self.reject(Reject::Decode);
+                    return;
+                };
+                if id.node_id == self.foca.identity().node_id {
+                    return;
+                }
+                match kind {
+                    wire::KIND_HELLO => {
+                        let me = self.foca.identity().clone();
+                        self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
+                        // Both sides learn each other from the hello itself:
+                        // no feed bursts when a node greets 100+ seeds.
+                        self.learn(id);
+                    }
+                    wire::KIND_HELLO_ACK => {
+                        let peer = id.clone();
+                        self.learn(id);
+                        if !self.pushed_on_join {
+                            self.pushed_on_join = true;
+                            self.push_pull(peer, true);
+                        }
+                    }
+                    _ => {
+                        let members = std::iter::once(Member::down(id));
+                        if let Err(e) = self.foca.apply_many(members, true, &mut self.rt) {
+                            debug!(error = %e, "applying a leave failed");
+                        }
+                    }
+                }
+            }
+            _ => self.reject(Reject::Decode),
+        }
+    }
+
+    /// A peer's full state arrived on our transport: merge it; the reply is
+    /// ours (with every record when the peer asked for them).
+    pub(crate) fn handle_push_pull_request(
+        &mut self,
+        remote: FullState,
+        now: Instant,
+    ) -> FullState {
+        let records = remote.want_records;
+        self.merge(remote);
+        let reply = self.full_state(records);
+        self.flush(now);
+        reply
+    }
+
+    /// The reply to a full-state exchange we started.
+    pub(crate) fn handle_push_pull_reply(&mut self, remote: FullState, now: Instant) {
+        self.merge(remote);
+        self.flush(now);
+    }
+
+    /// A peer asks for a metadata record we may hold.
+    pub(crate) fn meta_record(&self, node_id: &str) -> Option<MetaRecord> {
+        if node_id == self.local_meta.node_id {
+            Some(self.local_meta.clone())
+        } else {
+            self.metas.get(node_id).cloned()
+        }
+    }
+
+    /// A metadata fetch ended (`None`: it failed or the owner had none).
+    pub(crate) fn handle_meta_fetched(
+        &mut self,
+        rec: Option<MetaRecord>,
+        node_id: &str,
+        now: Instant,
+    ) {
+        self.fetching.remove(node_id);
+        if let Some(rec) = rec.filter(|r| r.node_id == node_id) {
+            self.store_meta(rec);
+        }
+        self.flush(now);
+    }
+
+    /// Publishes new metadata for this node.
+    pub(crate) fn set_local_meta(&mut self, meta: &NodeMeta, now: Instant) {
+        let json = encode_meta(meta);
+        if json.len() > MAX_META_BYTES {
+            self.event(Event::LocalMetaTooLarge { bytes: json.len() });
+            return;
+        }
+        if json == self.local_meta.json {
+            return;
+        }
+        self.local_meta.json = json;
+        self.local_meta.version += 1;
+        self.broadcast_local_meta(now);
+        self.flush(now);
+    }
+
+    /// Leaves the cluster: every active peer is told directly (twice:
+    /// datagrams get lost), so the cluster sees us down at once instead of
+    /// after gossip. Nothing should be fed to the core afterwards.
+    pub(crate) fn leave(&mut self, now: Instant) {
+        self.leaving = true;
+        let me = self.foca.identity().clone();
+        let peers: Vec<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
+        for _ in 0..2 {
+            for p in &peers {
+                self.send_envelope(*p, wire::KIND_LEAVE, &me);
+            }
+        }
+        if let Err(e) = self.foca.leave_cluster(&mut self.rt) {
+            debug!(error = %e, "leave failed");
+        }
+        self.flush(now);
+        self.event(Event::Left { peers: peers.len() });
+        self.next_resolve = None;
+    }
+
+    /// Every known member, this node included.
+    pub(crate) fn members(&self) -> Vec<MemberInfo> {
+        let mut out: Vec<MemberInfo> = self
+            .peers()
+            .map(|m| MemberInfo {
+                node_id: m.id().node_id.clone(),
+                state: m.state().into(),
+                local: false,
+            })
+            .collect();
+        out.push(MemberInfo {
+            node_id: self.foca.identity().node_id.clone(),
+            state: MemberState::Alive,
+            local: true,
+        });
+        out
+    }
+
+    /// The cluster as this node sees it (`/admin/cluster/status`); the
+    /// local node's `clock_skew` is the shell's to fill in.
+    pub(crate) fn status(&self, now: Instant, unix_ms: u64) -> ClusterStatus {
+        let local_meta = self.local_meta.meta();
+        let me = self.foca.identity();
+        let mut nodes = vec![NodeStatus {
+            node_id: me.node_id.clone(),
+            local: true,
+            address: me.gossip.to_string(),
+            membership_state: MemberState::Alive,
+            incarnation: me.generation,
+            last_seen_ms_ago: 0,
+            health: if local_meta.ready {
+                "healthy"
+            } else {
+                "unhealthy"
+            }
+            .into(),
+            clock_skew: Vec::new(),
+            version: Some(local_meta.version),
+            config_hash: local_meta.config_hash,
+            last_reload: local_meta.last_reload,
+            certificates: local_meta.certificates,
+            acme: local_meta.acme,
+            proxy: local_meta.proxy,
+        }];
+        let mut others: Vec<NodeStatus> = self
+            .peers()
+            .map(|m| {
+                let id = m.id();
+                let meta = self.metas.get(&id.node_id).map(|r| r.meta());
+                let state: MemberState = m.state().into();
+                let ready = meta.as_ref().is_some_and(|m| m.ready);
+                let meta = meta.unwrap_or_default();
+                NodeStatus {
+                    node_id: id.node_id.clone(),
+                    local: false,
+                    address: id.gossip.to_string(),
+                    membership_state: state,
+                    incarnation: id.generation,
+                    last_seen_ms_ago: self
+                        .last_seen
+                        .get(&id.node_id)
+                        .map(|t| now.saturating_duration_since(*t).as_millis() as u64)
+                        .unwrap_or(u64::MAX / 2),
+                    health: if state == MemberState::Alive && ready {
+                        "healthy"
+                    } else {
+                        "unhealthy"
+                    }
+                    .into(),
+                    clock_skew: Vec::new(),
+                    version: (!meta.version.is_empty()).then_some(meta.version),
+                    config_hash: meta.config_hash,
+                    last_reload: meta.last_reload,
+                    certificates: meta.certificates,
+                    acme: meta.acme,
+                    proxy: meta.proxy,
+                }
+            })
+            .collect();
+        others.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        nodes.extend(others);
+        ClusterStatus {
+            schema_version: 1,
+            cluster_id: self.cluster_id.clone(),
+            local_node_id: me.node_id.clone(),
+            generated_at_unix_ms: unix_ms,
+            summary: ClusterStatus::summarize(&nodes),
+            nodes,
+        }
+    }
+
+    /// How many peers this node sees in each state, by node id; cheaper
+    /// than [`MeshCore::status`] for the simulator's checks.
+    pub(crate) fn peer_state(&self, node_id: &str) -> Option<MemberState> {
+        self.peers()
+            .find(|m| m.id().node_id == node_id)
+            .map(|m| m.state().into())
+    }
+
+    fn event(&mut self, e: Event) {
+        self.out.push_back(Output::Event(e));
+    }
+
+    fn reject(&mut self, r: Reject) {
+        self.event(Event::Rejected(r));
+    }
+
+    /// Tells foca a member is alive because it just authenticated to us.
+    /// Not gossiped: every member greets its seeds itself, and a node
+    /// greeting 100+ seeds would otherwise flood the gossip backlog.
+    fn learn(&mut self, id: NodeIdentity) {
+        let update = std::iter::once(Member::alive(id));
+        if let Err(e) = self.foca.apply_many(update, false, &mut self.rt) {
+            debug!(error = %e, "member not applied");
+        }
+    }
+
+    /// Every member foca knows but ourselves: after a restart foca may hold
+    /// our previous identity (declared down); that is us, not a peer.
+    fn peers(&self) -> impl Iterator<Item = &Member<NodeIdentity>> {
+        let me = &self.foca.identity().node_id;
+        self.foca
+            .iter_membership_state()
+            .filter(move |m| &m.id().node_id != me)
+    }
+
+    fn count_foca_error(&mut self, e: &foca::Error) {
+        match e {
+            foca::Error::Decode(_)
+            | foca::Error::MalformedPacket
+            | foca::Error::CustomBroadcast(_) => self.reject(Reject::Decode),
+            foca::Error::DataTooBig => self.reject(Reject::Size),
+            other => debug!(error = %other, "foca refused a packet"),
+        }
+    }
+
+    fn send_envelope(&mut self, to: SocketAddr, kind: u8, id: &NodeIdentity) {
+        let mut plain = vec![kind];
+        if let Ok(body) = postcard::to_allocvec(id) {
+            plain.extend_from_slice(&body);
+        }
+        self.out.push_back(Output::Send { to, plain });
+    }
+
+    /// Seeds that are not alive members get a hello; the reply names them
+    /// so foca can announce to them.
+    fn hello_seeds(&mut self) {
+        let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
+        let me = self.foca.identity().clone();
+        let targets: Vec<SocketAddr> = self
+            .seeds
+            .iter()
+            .filter(|s| !known.contains(s))
+            .copied()
+            .collect();
+        for seed in targets {
+            self.send_envelope(seed, wire::KIND_HELLO, &me);
+        }
+    }
+
+    fn on_tick(&mut self, now: Instant) {
+        let active = self.foca.num_members();
+        let alone =
+            now.saturating_duration_since(self.started) >= ALONE_READY_AFTER && !self.skew_isolated;
+        if !self.running && (active > 0 || alone) {
+            self.running = true;
+        }
+        // Re-size foca's retransmissions as the cluster grows or shrinks.
+        let size = active + 1;
+        if size.next_power_of_two() != self.sized_for.next_power_of_two() {
+            self.sized_for = size;
+            if let Err(e) = self.foca.set_config(self.tuning.foca_config(size)) {
+                debug!(error = %e, "foca config not changed");
+            }
+        }
+        self.fetch_wanted();
+        if now >= self.next_push_pull {
+            self.next_push_pull = now + self.tuning.push_pull_every(size);
+            if let Some(peer) = self.random_alive() {
+                self.push_pull(peer, false);
+            }
+        }
+        // Forget metadata of members foca forgot.
+        let present: HashSet<String> = self.peers().map(|m| m.id().node_id.clone()).collect();
+        self.metas.retain(|k, _| present.contains(k));
+        self.last_seen.retain(|k, _| present.contains(k));
+    }
+
+    fn random_alive(&mut self) -> Option<NodeIdentity> {
+        let n = self.foca.num_members();
+        if n == 0 {
+            return None;
+        }
+        let i = self.rng.random_range(0..n);
+        self.foca.iter_members().nth(i).map(|m| m.id().clone())
+    }
+
+    fn fetch_wanted(&mut self) {
+        let wanted: Vec<MetaDigest> = match self.wanted.lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(_) => return,
+        };
+        let mut still = Vec::new();
+        for d in wanted {
+            let have = self.metas.get(&d.node_id).map(|r| r.stamp());
+            if have.is_some_and(|h| h >= (d.epoch, d.version)) {
+                continue;
+            }
+            if let Some(rec) = d.record() {
+                self.store_meta(rec);
+                continue;
+            }
+            let owner = self
+                .foca
+                .iter_members()
+                .find(|m| m.id().node_id == d.node_id)
+                .map(|m| m.id().clone());
+            let Some(owner) = owner else {
+                still.push(d);
+                continue;
+            };
+            if self.fetching.insert(d.node_id.clone()) {
+                self.out.push_back(Output::FetchMeta {
+                    from: owner,
+                    node_id: d.node_id.clone(),
+                });
+            }
+            still.push(d);
+        }
+        // Keep digests until their record arrived (a fetch can fail).
+        if let Ok(mut w) = self.wanted.lock() {
+            w.extend(still);
+        }
+    }
+
+    fn push_pull(&mut self, to: NodeIdentity, want_records: bool) {
+        let mut state = self.full_state(false);
+        state.want_records = want_records;
+        self.out.push_back(Output::PushPull { to, state });
+    }
+
+    fn full_state(&self, with_records: bool) -> FullState {
+        let mut members: Vec<WireMember> = self
+            .peers()
+            .map(|m| WireMember {
+                id: m.id().clone(),
+                incarnation: m.incarnation(),
+                state: state_code(m.state()),
+            })
+            .collect();
+        members.push(WireMember {
+            id: self.foca.identity().clone(),
+            incarnation: 0,
+            state: 0,
+        });
+        let records: Vec<MetaRecord> = if with_records {
+            self.metas
+                .values()
+                .chain(std::iter::once(&self.local_meta))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stamps = self
+            .metas
+            .values()
+            .chain(std::iter::once(&self.local_meta))
+            .map(|r| MetaDigest::of(r, false))
+            .collect();
+        FullState {
+            from: Some(self.foca.identity().clone()),
+            members,
+            stamps,
+            records,
+            want_records: false,
+        }
+    }
+
+    fn merge(&mut self, remote: FullState) {
+        let me = self.foca.identity().node_id.clone();
+        let updates: Vec<Member<NodeIdentity>> = remote
+            .members
+            .into_iter()
+            .filter(|m| m.id.node_id != me)
+            .map(|m| {
+                let state = match m.state {
+                    0 => foca::State::Alive,
+                    1 => foca::State::Suspect,
+                    _ => foca::State::Down,
+                };
+                Member::new(m.id, m.incarnation, state)
+            })
+            .collect();
+        if let Err(e) = self
+            .foca
+            .apply_many(updates.into_iter(), false, &mut self.rt)
+        {
+            debug!(error = %e, "full state not applied");
+        }
+        for rec in remote.records {
+            if rec.node_id != me {
+                self.store_meta(rec);
+            }
+        }
+        // Newer metadata than ours: fetch it from its owner.
+        let stale: Vec<MetaDigest> = remote
+            .stamps
+            .into_iter()
+            .filter(|d| {
+                d.node_id != me
+                    && self
+                        .metas
+                        .get(&d.node_id)
+                        .is_none_or(|r| r.stamp() < (d.epoch, d.version))
+            })
+            .collect();
+        if !stale.is_empty()
+            && let Ok(mut w) = self.wanted.lock()
+        {
+            w.extend(stale);
+        }
+    }
+
+    fn store_meta(&mut self, rec: MetaRecord) {
+        if rec.json.len() > MAX_META_BYTES {
+            self.reject(Reject::Size);
+            return;
+        }
+        let newer = self
+            .metas
+            .get(&rec.node_id)
+            .is_none_or(|have| rec.stamp() > have.stamp());
+        if newer {
+            self.metas.insert(rec.node_id.clone(), rec);
+        }
+    }
+
+    fn broadcast_local_meta(&mut self, now: Instant) {
+        self.last_digest = now;
+        let digest = MetaDigest::of(&self.local_meta, true);
+        if let Ok(bytes) = postcard::to_allocvec(&digest)
+            && let Err(e) = self.foca.add_broadcast(&bytes)
+        {
+            debug!(error = %e, "metadata digest not queued");
+        }
+    }
+
+    /// Sends our digest around again (newcomers, rejoins). Re-adding the
+    /// same digest is a no-op for foca, so the version moves.
+    fn republish_digest(&mut self, force: bool, now: Instant) {
+        if !force && now.saturating_duration_since(self.last_digest) < REPUBLISH_EVERY {
+            return;
+        }
+        self.local_meta.version += 1;
+        self.broadcast_local_meta(now);
+    }
+
+    /// Moves what foca queued into outputs and timers, and applies its
+    /// notifications.
+    fn flush(&mut self, now: Instant) {
+        while let Some(n) = self.rt.to_notify() {
+            self.on_notification(n, now);
+        }
+        while let Some((after, timer)) = self.rt.to_schedule() {
+            self.timer_seq += 1;
+            self.timers.push(Reverse((now + after, self.timer_seq)));
+            self.timer_slots.insert(self.timer_seq, timer);
+        }
+        while let Some((to, data)) = self.rt.to_send() {
+            let mut plain = Vec::with_capacity(data.len() + 1);
+            plain.push(wire::KIND_FOCA);
+            plain.extend_from_slice(&data);
+            self.out.push_back(Output::Send {
+                to: to.gossip,
+                plain,
+            });
+        }
+    }
+
+    fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>, now: Instant) {
+        match n {
+            OwnedNotification::DataReceived(h) => {
+                self.last_seen.insert(h.src.node_id.clone(), now);
+            }
+            OwnedNotification::MemberUp(id) => {
+                self.last_seen.insert(id.node_id.clone(), now);
+                self.event(Event::MemberUp(id));
+                // A newcomer learns our metadata from our digest.
+                self.republish_digest(false, now);
+            }
+            OwnedNotification::MemberDown(id) => self.event(Event::MemberDown(id)),
+            OwnedNotification::Rename(old, new) => self.event(Event::Renamed { old, new }),
+            OwnedNotification::Active => {
+                self.running = true;
+                self.event(Event::Joined);
+            }
+            OwnedNotification::Idle => self.event(Event::Idle),
+            OwnedNotification::Rejoin(id) => {
+                self.event(Event::Rejoined {
+                    generation: id.generation,
+                });
+                self.republish_digest(true, now);
+            }
+            OwnedNotification::Defunct if !self.leaving => self.event(Event::Defunct),
+            _ => {}
+        }
+    }
+}
+
+fn state_code(s: foca::State) -> u8 {
+    match s {
+        foca::State::Alive => 0,
+        foca::State::Suspect => 1,
+        foca::State::Down => 2,
+    }
+}
+
+fn encode_meta(meta: &NodeMeta) -> Vec<u8> {
+    serde_json::to_vec(meta).unwrap_or_default()
+}
