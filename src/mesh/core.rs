@@ -891,3 +891,271 @@ fn state_code(s: foca::State) -> u8 {
 fn encode_meta(meta: &NodeMeta) -> Vec<u8> {
     serde_json::to_vec(meta).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    //! The core on the simulator's network: virtual time, no sockets, and
+    //! every check what a user reads in status.
+
+    use std::time::Duration;
+
+    use super::SwimTuning;
+    use crate::mesh::meta::{CertificateInfo, NodeMeta};
+    use crate::mesh::sim::{Seeds, Sim, SimConfig, Start};
+    use crate::mesh::view::MemberState;
+
+    const LIMIT: Duration = Duration::from_secs(120);
+
+    fn sim(nodes: usize, start: Start, seeds: Seeds, tuning: SwimTuning) -> Sim {
+        Sim::new(SimConfig {
+            nodes,
+            start,
+            seeds,
+            tuning,
+            ..SimConfig::default()
+        })
+    }
+
+    /// Gossip and probes that never come round: what happens is the
+    /// hellos' and full-state exchanges' doing.
+    fn quiet() -> SwimTuning {
+        SwimTuning {
+            probe_period: Duration::from_secs(3600),
+            gossip_interval: Duration::from_secs(3600),
+            announce_down_interval: Duration::from_secs(3600),
+            push_pull_interval: Duration::from_secs(3600),
+            ..SwimTuning::default()
+        }
+    }
+
+    fn converge(s: &mut Sim) {
+        let limit = s.now() + LIMIT;
+        assert!(
+            s.run_while_not(limit, Sim::converged).is_some(),
+            "no convergence by {limit:?}"
+        );
+        assert!(s.converged_exactly());
+    }
+
+    fn total(s: &Sim, i: usize) -> usize {
+        s.status(i).map_or(0, |st| st.summary.total_nodes)
+    }
+
+    #[test]
+    fn nodes_join_through_seeds_and_hellos() {
+        let mut s = sim(5, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        for i in 0..5 {
+            assert_eq!(s.status(i).unwrap().summary.total_nodes, 5);
+            assert!(s.is_running(i));
+        }
+        // Records follow the membership: everyone ends up healthy.
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..5).all(|i| s.status(i).unwrap().summary.healthy_nodes == 5)
+        })
+        .expect("every record arrives");
+    }
+
+    #[test]
+    fn a_hello_ack_starts_a_push_pull_that_fills_in_the_members() {
+        // Only sbproxy-0 is a seed, and gossip never runs: sbproxy-2 can
+        // learn of sbproxy-1 (and its metadata) only from the full state
+        // that sbproxy-0's hello-ack triggers.
+        let mut s = sim(3, Start::Manual, Seeds::First, quiet());
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| {
+            s.status(0).is_some_and(|st| st.summary.healthy_nodes == 2)
+        })
+        .expect("sbproxy-0 fetches sbproxy-1's record");
+        s.start(2);
+        s.run_while_not(s.now() + LIMIT, |s| {
+            s.sees(2, 1) == Some(MemberState::Alive)
+        })
+        .expect("sbproxy-2 learns sbproxy-1");
+        let st = s.status(2).unwrap();
+        let one = st.nodes.iter().find(|n| n.node_id == "sbproxy-1").unwrap();
+        assert_eq!(one.health, "healthy", "records came with the full state");
+        assert_eq!(one.version.as_deref(), Some("sim"));
+    }
+
+    #[test]
+    fn periodic_push_pulls_alone_spread_a_member() {
+        // sbproxy-1 greets only sbproxy-0 and hears nothing by gossip; it
+        // learns of sbproxy-2 when a periodic full-state exchange merges.
+        let tuning = SwimTuning {
+            push_pull_interval: Duration::from_secs(5),
+            ..quiet()
+        };
+        let mut s = sim(3, Start::Manual, Seeds::First, tuning);
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| total(s, 1) == 2).unwrap();
+        s.start(2);
+        s.run_while_not(s.now() + LIMIT, |s| total(s, 2) == 3)
+            .unwrap();
+        assert_eq!(s.sees(1, 2), None, "no gossip, no exchange yet");
+        converge(&mut s);
+        assert_eq!(s.sees(1, 2), Some(MemberState::Alive));
+    }
+
+    #[test]
+    fn metadata_arrives_inline_when_small_and_by_fetch_when_large() {
+        let mut s = sim(3, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let hash = |s: &Sim, i: usize, of: &str| {
+            let st = s.status(i).unwrap();
+            let n = st.nodes.iter().find(|n| n.node_id == of).unwrap();
+            (n.config_hash.clone(), n.certificates.len())
+        };
+        let small = NodeMeta {
+            version: "sim".into(),
+            ready: true,
+            config_hash: Some("sha256:small".into()),
+            ..Default::default()
+        };
+        s.set_meta(2, &small);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..2).all(|i| hash(s, i, "sbproxy-2").0.as_deref() == Some("sha256:small"))
+        })
+        .expect("the small record reaches everyone");
+
+        // Far over the inline limit: only the digest is gossiped and the
+        // record is fetched from its owner.
+        let large = NodeMeta {
+            config_hash: Some("sha256:large".into()),
+            certificates: (0..40)
+                .map(|i| CertificateInfo {
+                    host: format!("host-{i}.example.test"),
+                    not_after_unix: 1,
+                    serial: format!("{i:032x}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..small
+        };
+        s.set_meta(2, &large);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..2).all(|i| hash(s, i, "sbproxy-2") == (Some("sha256:large".into()), 40))
+        })
+        .expect("the large record reaches everyone");
+    }
+
+    #[test]
+    fn a_graceful_leave_is_seen_down_at_once() {
+        // No suspicion ever expires: only the leave itself can make it down.
+        let tuning = SwimTuning {
+            suspect_to_down_after: Duration::from_secs(3600),
+            ..SwimTuning::default()
+        };
+        let mut s = sim(4, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        s.terminate(3);
+        let limit = s.now() + Duration::from_secs(1);
+        s.run_while_not(limit, |s| {
+            (0..3).all(|i| s.sees(i, 3) == Some(MemberState::Down))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "every survivor lists sbproxy-3 down: {:?}",
+                (0..3).map(|i| s.sees(i, 3)).collect::<Vec<_>>()
+            )
+        });
+        for i in 0..3 {
+            let st = s.status(i).unwrap();
+            assert_eq!((st.summary.total_nodes, st.summary.down_nodes), (3, 1));
+        }
+    }
+
+    #[test]
+    fn a_killed_node_is_detected_and_a_restart_replaces_its_entry() {
+        let mut s = sim(4, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let old = s.status(0).unwrap();
+        let old_gen = old
+            .nodes
+            .iter()
+            .find(|n| n.node_id == "sbproxy-3")
+            .unwrap()
+            .incarnation;
+        s.kill(3);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, Sim::watched_down_everywhere)
+            .expect("the kill is detected");
+        assert!((0..3).all(|i| s.sees(i, 3) == Some(MemberState::Down)));
+
+        // Same name, same address, a newer generation.
+        s.start(3);
+        converge(&mut s);
+        for i in 0..4 {
+            let st = s.status(i).unwrap();
+            let entries: Vec<_> = st
+                .nodes
+                .iter()
+                .filter(|n| n.node_id == "sbproxy-3")
+                .collect();
+            assert_eq!(entries.len(), 1, "listed once");
+            assert_eq!(entries[0].membership_state, MemberState::Alive);
+            assert!(entries[0].incarnation > old_gen);
+            assert_eq!(st.summary.total_nodes, 4);
+        }
+    }
+
+    #[test]
+    fn a_partition_heals_by_itself() {
+        let mut s = sim(4, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        s.set_group(0, 1);
+        s.set_group(1, 1);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            s.sees(0, 2) == Some(MemberState::Down)
+                && s.sees(2, 0) == Some(MemberState::Down)
+                && s.sees(1, 3) == Some(MemberState::Down)
+                && s.sees(3, 1) == Some(MemberState::Down)
+        })
+        .expect("each side sees the other down");
+        s.set_group(0, 0);
+        s.set_group(1, 0);
+        converge(&mut s);
+        for i in 0..4 {
+            assert_eq!(s.status(i).unwrap().summary.down_nodes, 0);
+        }
+    }
+
+    #[test]
+    fn a_starved_node_is_not_declared_down() {
+        let mut s = sim(6, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let downs = s.downs();
+        for _ in 0..5 {
+            s.stall(5, Duration::from_millis(1500));
+            let next = s.now() + Duration::from_secs(10);
+            s.run_until(next);
+        }
+        assert_eq!(s.downs(), downs, "no member was declared down");
+        assert!(s.converged_exactly());
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_run() {
+        let run = |seed| {
+            let mut s = Sim::new(SimConfig {
+                nodes: 16,
+                seed,
+                loss: 0.05,
+                start: Start::Spread(Duration::from_millis(10)),
+                ..SimConfig::default()
+            });
+            s.run_until(Duration::from_secs(5));
+            s.kill(3);
+            s.run_until(Duration::from_secs(15));
+            (s.trace_hash(), s.events())
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7).0, run(8).0);
+    }
+}

@@ -10,6 +10,7 @@ pub mod member;
 pub mod meta;
 mod runtime;
 pub mod seal;
+pub mod sim;
 pub mod view;
 mod wire;
 
