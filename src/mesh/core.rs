@@ -10,6 +10,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
@@ -184,7 +185,7 @@ pub(crate) struct MeshCore {
     next_resolve: Option<Instant>,
     next_push_pull: Instant,
     // Ordered maps: the simulator needs runs that repeat exactly.
-    last_seen: BTreeMap<String, Instant>,
+    last_seen: BTreeMap<Arc<str>, Instant>,
     metas: BTreeMap<String, MetaRecord>,
     local_meta: MetaRecord,
     wanted: Wanted,
@@ -219,7 +220,7 @@ impl MeshCore {
             DigestHandler::new(&local.node_id, wanted.clone()),
         );
         let local_meta = MetaRecord {
-            node_id: local.node_id.clone(),
+            node_id: local.node_id.to_string(),
             epoch: local.generation,
             version: 1,
             json: encode_meta(meta),
@@ -475,13 +476,13 @@ impl MeshCore {
         let mut out: Vec<MemberInfo> = self
             .peers()
             .map(|m| MemberInfo {
-                node_id: m.id().node_id.clone(),
+                node_id: m.id().node_id.to_string(),
                 state: m.state().into(),
                 local: false,
             })
             .collect();
         out.push(MemberInfo {
-            node_id: self.foca.identity().node_id.clone(),
+            node_id: self.foca.identity().node_id.to_string(),
             state: MemberState::Alive,
             local: true,
         });
@@ -494,7 +495,7 @@ impl MeshCore {
         let local_meta = self.local_meta.meta();
         let me = self.foca.identity();
         let mut nodes = vec![NodeStatus {
-            node_id: me.node_id.clone(),
+            node_id: me.node_id.to_string(),
             local: true,
             address: me.gossip.to_string(),
             membership_state: MemberState::Alive,
@@ -518,19 +519,19 @@ impl MeshCore {
             .peers()
             .map(|m| {
                 let id = m.id();
-                let meta = self.metas.get(&id.node_id).map(|r| r.meta());
+                let meta = self.metas.get(&*id.node_id).map(|r| r.meta());
                 let state: MemberState = m.state().into();
                 let ready = meta.as_ref().is_some_and(|m| m.ready);
                 let meta = meta.unwrap_or_default();
                 NodeStatus {
-                    node_id: id.node_id.clone(),
+                    node_id: id.node_id.to_string(),
                     local: false,
                     address: id.gossip.to_string(),
                     membership_state: state,
                     incarnation: id.generation,
                     last_seen_ms_ago: self
                         .last_seen
-                        .get(&id.node_id)
+                        .get(&*id.node_id)
                         .map(|t| now.saturating_duration_since(*t).as_millis() as u64)
                         .unwrap_or(u64::MAX / 2),
                     health: if state == MemberState::Alive && ready {
@@ -554,7 +555,7 @@ impl MeshCore {
         ClusterStatus {
             schema_version: 1,
             cluster_id: self.cluster_id.clone(),
-            local_node_id: me.node_id.clone(),
+            local_node_id: me.node_id.to_string(),
             generated_at_unix_ms: unix_ms,
             summary: ClusterStatus::summarize(&nodes),
             nodes,
@@ -565,7 +566,7 @@ impl MeshCore {
     /// than [`MeshCore::status`] for the simulator's checks.
     pub(crate) fn peer_state(&self, node_id: &str) -> Option<MemberState> {
         self.peers()
-            .find(|m| m.id().node_id == node_id)
+            .find(|m| &*m.id().node_id == node_id)
             .map(|m| m.state().into())
     }
 
@@ -653,8 +654,8 @@ impl MeshCore {
             }
         }
         // Forget metadata of members foca forgot.
-        let present: HashSet<String> = self.peers().map(|m| m.id().node_id.clone()).collect();
-        self.metas.retain(|k, _| present.contains(k));
+        let present: HashSet<Arc<str>> = self.peers().map(|m| m.id().node_id.clone()).collect();
+        self.metas.retain(|k, _| present.contains(k.as_str()));
         self.last_seen.retain(|k, _| present.contains(k));
     }
 
@@ -685,7 +686,7 @@ impl MeshCore {
             let owner = self
                 .foca
                 .iter_members()
-                .find(|m| m.id().node_id == d.node_id)
+                .find(|m| *m.id().node_id == *d.node_id)
                 .map(|m| m.id().clone());
             let Some(owner) = owner else {
                 still.push(d);
@@ -771,7 +772,7 @@ impl MeshCore {
             debug!(error = %e, "full state not applied");
         }
         for rec in remote.records {
-            if rec.node_id != me {
+            if *rec.node_id != *me {
                 self.store_meta(rec);
             }
         }
@@ -780,7 +781,7 @@ impl MeshCore {
             .stamps
             .into_iter()
             .filter(|d| {
-                d.node_id != me
+                *d.node_id != *me
                     && self
                         .metas
                         .get(&d.node_id)

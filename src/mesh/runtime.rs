@@ -169,7 +169,7 @@ impl Mesh {
             None => SocketAddr::new(pick_advertise_ip(cfg.bind, &cfg.seeds).await, gossip_port),
         };
         let local = NodeIdentity {
-            node_id: cfg.node_id.clone(),
+            node_id: cfg.node_id.as_str().into(),
             gossip: advertise,
             transport_port,
             generation: now_ms(),

@@ -11,6 +11,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -119,6 +120,8 @@ struct Node {
     /// Saw the watched node down.
     saw_down: bool,
     sent_bytes: u64,
+    /// Of which transport frames.
+    sent_tcp: u64,
     started_at: Option<Duration>,
 }
 
@@ -191,7 +194,7 @@ pub struct Sim {
     next_ordered: usize,
     /// Whose down the nodes are watching for ([`Sim::kill`]).
     watched: Option<usize>,
-    watched_id: Option<String>,
+    watched_id: Option<Arc<str>>,
     /// Members declared down, over every node (false downs, when nobody died).
     downs: u64,
     /// Starts queued but not yet run.
@@ -211,7 +214,7 @@ impl Sim {
             nodes.push(Node {
                 core: None,
                 id: NodeIdentity {
-                    node_id: format!("sbproxy-{i}"),
+                    node_id: format!("sbproxy-{i}").into(),
                     gossip,
                     transport_port: TRANSPORT_PORT,
                     generation: 0,
@@ -224,6 +227,7 @@ impl Sim {
                 active: 0,
                 saw_down: false,
                 sent_bytes: 0,
+                sent_tcp: 0,
                 started_at: None,
             });
         }
@@ -315,6 +319,11 @@ impl Sim {
     /// Bytes pod `i` sent, datagrams and transport frames, sealed.
     pub fn bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_bytes
+    }
+
+    /// Of [`Sim::bytes_sent`], transport frames.
+    pub fn tcp_bytes_sent(&self, i: usize) -> u64 {
+        self.nodes[i].sent_tcp
     }
 
     /// Pod `i`'s `/admin/cluster/status`.
@@ -603,7 +612,7 @@ impl Sim {
             Msg::PushPullRequest { from, state } => {
                 let reply = core.handle_push_pull_request(state, now);
                 let msg = TcpMsg::PushPull(reply);
-                self.nodes[i].sent_bytes += frame_bytes(&msg) as u64;
+                self.sent_frame(i, &msg);
                 let TcpMsg::PushPull(state) = msg else {
                     return;
                 };
@@ -620,7 +629,7 @@ impl Sim {
             Msg::MetaRequest { from, node_id } => {
                 let rec = core.meta_record(&node_id);
                 let msg = TcpMsg::MetaReply(rec);
-                self.nodes[i].sent_bytes += frame_bytes(&msg) as u64;
+                self.sent_frame(i, &msg);
                 let TcpMsg::MetaReply(rec) = msg else {
                     return;
                 };
@@ -709,7 +718,7 @@ impl Sim {
                 }
                 Output::PushPull { to, state } => {
                     let msg = TcpMsg::PushPull(state);
-                    self.nodes[i].sent_bytes += frame_bytes(&msg) as u64;
+                    self.sent_frame(i, &msg);
                     let TcpMsg::PushPull(state) = msg else {
                         continue;
                     };
@@ -729,7 +738,7 @@ impl Sim {
                 }
                 Output::FetchMeta { from, node_id } => {
                     let msg = TcpMsg::MetaRequest(node_id);
-                    self.nodes[i].sent_bytes += frame_bytes(&msg) as u64;
+                    self.sent_frame(i, &msg);
                     let TcpMsg::MetaRequest(node_id) = msg else {
                         continue;
                     };
@@ -754,6 +763,12 @@ impl Sim {
         }
     }
 
+    fn sent_frame(&mut self, i: usize, msg: &TcpMsg) {
+        let n = frame_bytes(msg) as u64;
+        self.nodes[i].sent_bytes += n;
+        self.nodes[i].sent_tcp += n;
+    }
+
     fn on_event(&mut self, i: usize, e: Event) {
         let watched = self.watched_id.as_deref();
         let n = &mut self.nodes[i];
@@ -762,7 +777,7 @@ impl Sim {
             Event::MemberDown(id) if id.node_id != n.id.node_id => {
                 self.downs += 1;
                 n.active = n.active.saturating_sub(1);
-                if watched == Some(id.node_id.as_str()) {
+                if watched == Some(&*id.node_id) {
                     n.saw_down = true;
                 }
             }
