@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
 use tracing::debug;
 
@@ -36,6 +37,10 @@ const TICK: Duration = Duration::from_secs(1);
 const RESOLVE_ALONE: Duration = Duration::from_secs(1);
 /// ... and this often once it has peers.
 const RESOLVE_WITH_PEERS: Duration = Duration::from_secs(10);
+/// Most seeds greeted per resolve. Clusters up to this size + 1 greet every
+/// seed, as before; beyond, a random subset (a different one at every
+/// resolve).
+const MAX_HELLOS: usize = 128;
 /// Our digest is re-announced for newcomers at most this often, so a burst
 /// of joins costs one broadcast, not one per member.
 const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
@@ -616,16 +621,24 @@ impl MeshCore {
     }
 
     /// Seeds that are not alive members get a hello; the reply names them
-    /// so foca can announce to them.
+    /// so foca can announce to them. At most [`MAX_HELLOS`] of them, at
+    /// random: every greeting costs both sides a scan of foca's member list,
+    /// and greeting every pod of a large StatefulSet is N² datagrams; one
+    /// answer is enough to join (its push-pull brings the whole membership,
+    /// and the rest learn us from foca's gossip).
     fn hello_seeds(&mut self) {
         let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         let me = self.foca.identity().clone();
-        let targets: Vec<SocketAddr> = self
+        let mut targets: Vec<SocketAddr> = self
             .seeds
             .iter()
             .filter(|s| !known.contains(s))
             .copied()
             .collect();
+        if targets.len() > MAX_HELLOS {
+            let (picked, _) = targets.partial_shuffle(&mut self.rng, MAX_HELLOS);
+            targets = picked.to_vec();
+        }
         for seed in targets {
             self.send_envelope(seed, wire::KIND_HELLO, &me);
         }
@@ -752,10 +765,27 @@ impl MeshCore {
 
     fn merge(&mut self, remote: FullState) {
         let me = self.foca.identity().node_id.clone();
-        let updates: Vec<Member<NodeIdentity>> = remote
+        // foca finds each update's member by a scan of its list: hand it
+        // only what would change something (N² comparisons per exchange
+        // otherwise, at steady state all for nothing).
+        let known: HashMap<&NodeIdentity, (u16, u8)> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| (m.id(), (m.incarnation(), state_code(m.state()))))
+            .collect();
+        let news: Vec<WireMember> = remote
             .members
             .into_iter()
-            .filter(|m| m.id.node_id != me)
+            .filter(|m| {
+                m.id.node_id != me
+                    && known.get(&m.id).is_none_or(|&(inc, state)| {
+                        would_change(inc, state, m.incarnation, m.state)
+                    })
+            })
+            .collect();
+        drop(known);
+        let updates: Vec<Member<NodeIdentity>> = news
+            .into_iter()
             .map(|m| {
                 let state = match m.state {
                     0 => foca::State::Alive,
@@ -878,6 +908,18 @@ impl MeshCore {
             OwnedNotification::Defunct if !self.leaving => self.event(Event::Defunct),
             _ => {}
         }
+    }
+}
+
+/// Whether foca would apply an update of a member it holds as `state` at
+/// `inc` (codes of [`state_code`]): SWIM's order of preference, as foca's
+/// `Member::can_change` has it. A down member changes only by a new identity.
+fn would_change(inc: u16, state: u8, new_inc: u16, new_state: u8) -> bool {
+    match (state, new_state) {
+        (2, _) => false,
+        (_, s) if s >= 2 => true,
+        (0, 1) => new_inc >= inc,
+        _ => new_inc > inc,
     }
 }
 
@@ -1139,6 +1181,25 @@ mod tests {
         }
         assert_eq!(s.downs(), downs, "no member was declared down");
         assert!(s.converged_exactly());
+    }
+
+    #[test]
+    fn merge_skips_exactly_what_foca_would_ignore() {
+        use super::would_change;
+        let (alive, suspect, down) = (0, 1, 2);
+        assert!(would_change(3, alive, 4, alive));
+        assert!(!would_change(3, alive, 3, alive));
+        assert!(would_change(3, alive, 3, suspect));
+        assert!(!would_change(3, suspect, 3, alive));
+        assert!(would_change(3, suspect, 4, alive));
+        assert!(
+            would_change(3, alive, 0, down),
+            "down wins at any incarnation"
+        );
+        assert!(
+            !would_change(3, down, 9, alive),
+            "only a new identity revives"
+        );
     }
 
     #[test]
