@@ -374,12 +374,15 @@ impl MeshCore {
                         let me = self.foca.identity().clone();
                         self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
                         // Both sides learn each other from the hello itself:
-                        // no feed bursts when a node greets 100+ seeds.
-                        self.learn(id);
+                        // no feed bursts when a node greets 100+ seeds. In a
+                        // cluster too large for a newcomer to greet everyone
+                        // (MAX_HELLOS), the greeted tell the rest by gossip.
+                        let gossip = self.foca.num_members() >= MAX_HELLOS;
+                        self.learn(id, gossip);
                     }
                     wire::KIND_HELLO_ACK => {
                         let peer = id.clone();
-                        self.learn(id);
+                        self.learn(id, false);
                         if !self.pushed_on_join {
                             self.pushed_on_join = true;
                             self.push_pull(peer, true);
@@ -584,11 +587,11 @@ impl MeshCore {
     }
 
     /// Tells foca a member is alive because it just authenticated to us.
-    /// Not gossiped: every member greets its seeds itself, and a node
-    /// greeting 100+ seeds would otherwise flood the gossip backlog.
-    fn learn(&mut self, id: NodeIdentity) {
+    /// Gossiped only when asked: every member greets its seeds itself, and
+    /// a node greeting 100+ seeds would otherwise flood the gossip backlog.
+    fn learn(&mut self, id: NodeIdentity, gossip: bool) {
         let update = std::iter::once(Member::alive(id));
-        if let Err(e) = self.foca.apply_many(update, false, &mut self.rt) {
+        if let Err(e) = self.foca.apply_many(update, gossip, &mut self.rt) {
             debug!(error = %e, "member not applied");
         }
     }
@@ -686,36 +689,54 @@ impl MeshCore {
             Ok(mut w) => std::mem::take(&mut *w),
             Err(_) => return,
         };
-        let mut still = Vec::new();
+        if wanted.is_empty() {
+            return;
+        }
+        // The newest digest per owner: repeats pile up while a fetch is out.
+        let mut newest: BTreeMap<String, MetaDigest> = BTreeMap::new();
         for d in wanted {
+            match newest.get(&d.node_id) {
+                Some(have)
+                    if (have.epoch, have.version, have.inline.is_some())
+                        >= (d.epoch, d.version, d.inline.is_some()) => {}
+                _ => {
+                    newest.insert(d.node_id.clone(), d);
+                }
+            }
+        }
+        let mut need = Vec::new();
+        for (_, d) in newest {
             let have = self.metas.get(&d.node_id).map(|r| r.stamp());
             if have.is_some_and(|h| h >= (d.epoch, d.version)) {
                 continue;
             }
-            if let Some(rec) = d.record() {
-                self.store_meta(rec);
-                continue;
+            match d.record() {
+                Some(rec) => self.store_meta(rec),
+                None => need.push(d),
             }
-            let owner = self
-                .foca
-                .iter_members()
-                .find(|m| *m.id().node_id == *d.node_id)
-                .map(|m| m.id().clone());
-            let Some(owner) = owner else {
-                still.push(d);
-                continue;
-            };
-            if self.fetching.insert(d.node_id.clone()) {
+        }
+        if need.is_empty() {
+            return;
+        }
+        // One pass over the members, not one per digest.
+        let owners: HashMap<&str, &NodeIdentity> = self
+            .foca
+            .iter_members()
+            .map(|m| (&*m.id().node_id, m.id()))
+            .collect();
+        for d in &need {
+            if let Some(owner) = owners.get(d.node_id.as_str())
+                && self.fetching.insert(d.node_id.clone())
+            {
                 self.out.push_back(Output::FetchMeta {
-                    from: owner,
+                    from: (*owner).clone(),
                     node_id: d.node_id.clone(),
                 });
             }
-            still.push(d);
         }
         // Keep digests until their record arrived (a fetch can fail).
         if let Ok(mut w) = self.wanted.lock() {
-            w.extend(still);
+            w.extend(need);
         }
     }
 
