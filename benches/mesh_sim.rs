@@ -97,13 +97,16 @@ fn main() {
         }
         let next = sim.now() + CHECK_EVERY;
         sim.run_until(next);
-        if next.as_millis() % 1000 == 0 {
+        if next.as_millis().is_multiple_of(1000) {
+            let lagging = sim.lagging();
             eprintln!(
-                "  t={} events={} wall={} rss={:.0} MiB",
+                "  t={} events={} wall={} rss={:.0} MiB; {} pods not converged (pod, peers seen): {:?}",
                 secs(next),
                 sim.events(),
                 secs(wall.elapsed()),
-                rss_mib()
+                rss_mib(),
+                lagging.len(),
+                &lagging[..lagging.len().min(5)]
             );
         }
     };

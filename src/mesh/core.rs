@@ -38,9 +38,12 @@ const RESOLVE_ALONE: Duration = Duration::from_secs(1);
 /// ... and this often once it has peers.
 const RESOLVE_WITH_PEERS: Duration = Duration::from_secs(10);
 /// Most seeds greeted per resolve. Clusters up to this size + 1 greet every
-/// seed, as before; beyond, a random subset (a different one at every
-/// resolve).
-const MAX_HELLOS: usize = 128;
+/// seed, as before (a newcomer is known to all at once); beyond, a random
+/// subset (another one at every resolve), and the greeted gossip the
+/// newcomer. In the simulator at N = 1000 with 128 here, a burst start was
+/// still not converged after 6 s: gossip drains a 1000-member backlog slowly
+/// (BENCHMARKS.md, Simulator).
+const MAX_HELLOS: usize = 512;
 /// Our digest is re-announced for newcomers at most this often, so a burst
 /// of joins costs one broadcast, not one per member.
 const REPUBLISH_EVERY: Duration = Duration::from_secs(2);

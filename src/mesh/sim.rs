@@ -357,6 +357,18 @@ impl Sim {
                 .all(|n| n.active + 1 == up)
     }
 
+    /// Pods that are up but do not count every other pod that is up yet,
+    /// with how many peers each counts.
+    pub fn lagging(&self) -> Vec<(usize, usize)> {
+        let up = self.nodes.iter().filter(|n| n.life == Life::Up).count();
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.life == Life::Up && n.active + 1 != up)
+            .map(|(i, n)| (i, n.active))
+            .collect()
+    }
+
     /// [`Sim::converged`] asked of every core (O(N²)).
     pub fn converged_exactly(&self) -> bool {
         if !self.all_started() {
