@@ -200,6 +200,8 @@ pub(crate) struct MeshCore {
     fetching: HashSet<String>,
     seeds: Vec<SocketAddr>,
     pushed_on_join: bool,
+    /// Every seed has been greeted once.
+    greeted_all: bool,
     sized_for: usize,
     leaving: bool,
     last_digest: Instant,
@@ -255,6 +257,7 @@ impl MeshCore {
             fetching: HashSet::new(),
             seeds: Vec::new(),
             pushed_on_join: false,
+            greeted_all: false,
             sized_for: 1,
             leaving: false,
             last_digest: now,
@@ -632,8 +635,18 @@ impl MeshCore {
     /// and greeting every pod of a large StatefulSet is N² datagrams; one
     /// answer is enough to join (its push-pull brings the whole membership,
     /// and the rest learn us from foca's gossip).
+    ///
+    /// The first time, every seed is greeted, known or not: knowing a member
+    /// (from gossip or from a pod that greeted us first) does not mean it
+    /// knows us, and one that does not would only learn of us at its next
+    /// re-resolve, 10 s later (the simulator's OrderedReady start showed it).
     fn hello_seeds(&mut self) {
-        let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
+        let known: HashSet<SocketAddr> = if self.greeted_all {
+            self.foca.iter_members().map(|m| m.id().gossip).collect()
+        } else {
+            HashSet::new()
+        };
+        self.greeted_all |= !self.seeds.is_empty();
         let me = self.foca.identity().clone();
         let mut targets: Vec<SocketAddr> = self
             .seeds
