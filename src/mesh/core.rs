@@ -1221,6 +1221,26 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_greeted_before_its_seeds_resolve_still_greets_them_all() {
+        // This run has a pod learn two others from gossip before its own
+        // seeds resolve; they must hear from it at once, not at their next
+        // re-resolve (10 s later).
+        let mut s = Sim::new(SimConfig {
+            nodes: 128,
+            seed: 2,
+            start: Start::Ordered,
+            ..SimConfig::default()
+        });
+        s.run_while_not(LIMIT, Sim::all_started).unwrap();
+        let last = (0..128).filter_map(|i| s.started_at(i)).max().unwrap();
+        let t = s
+            .run_while_not(last + Duration::from_secs(5), Sim::converged)
+            .expect("converged before any re-resolve");
+        assert!(t < last + Duration::from_secs(5));
+        assert!(s.converged_exactly());
+    }
+
+    #[test]
     fn merge_skips_exactly_what_foca_would_ignore() {
         use super::would_change;
         let (alive, suspect, down) = (0, 1, 2);
