@@ -1,6 +1,7 @@
 //! Who a mesh member is: the identity foca gossips about.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -16,8 +17,10 @@ pub const RENEW_STEP: u64 = 1 << 16;
 /// name and replaces its stale entry, whatever its new IP).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeIdentity {
-    /// The member's name (`--node-id`), unique in the cluster.
-    pub node_id: String,
+    /// The member's name (`--node-id`), unique in the cluster. Shared:
+    /// foca compares members by name on every update it applies, scanning
+    /// its whole member list, so taking the name must not allocate.
+    pub node_id: Arc<str>,
     /// Where the member receives gossip datagrams.
     pub gossip: SocketAddr,
     /// TCP port of the member's transport, on the gossip IP.
@@ -35,7 +38,7 @@ impl NodeIdentity {
 }
 
 impl foca::Identity for NodeIdentity {
-    type Addr = String;
+    type Addr = Arc<str>;
 
     fn renew(&self) -> Option<Self> {
         Some(Self {
@@ -44,7 +47,7 @@ impl foca::Identity for NodeIdentity {
         })
     }
 
-    fn addr(&self) -> String {
+    fn addr(&self) -> Arc<str> {
         self.node_id.clone()
     }
 
@@ -73,6 +76,6 @@ mod tests {
         assert!(!id(1_000).win_addr_conflict(&id(2_000)));
         let renewed = id(1_000).renew().unwrap();
         assert!(renewed.win_addr_conflict(&id(1_000)));
-        assert_eq!(renewed.addr(), "demo-proxy-0");
+        assert_eq!(&*renewed.addr(), "demo-proxy-0");
     }
 }

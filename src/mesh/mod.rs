@@ -4,17 +4,20 @@
 //! [`Mesh::status`]; publish this node's metadata with [`Mesh::set_meta`];
 //! leave gracefully with [`Mesh::leave`].
 
+mod core;
 pub mod discovery;
 pub mod member;
 pub mod meta;
 mod runtime;
 pub mod seal;
+pub mod sim;
 pub mod view;
 mod wire;
 
+pub use self::core::SwimTuning;
 pub use discovery::SeedSource;
 pub use member::NodeIdentity;
 pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta, ProxyInfo};
-pub use runtime::{Mesh, MeshConfig, MeshError, SwimTuning};
+pub use runtime::{Mesh, MeshConfig, MeshError};
 pub use view::{ClusterStatus, MemberInfo, MemberState, NodeStatus, Summary};
 pub use wire::WireError;

@@ -1,124 +1,37 @@
-//! The async shell around foca: one task owns the state machine and moves
-//! bytes (UDP gossip, TCP full-state and metadata exchanges) and time.
+//! The async shell around the mesh core ([`crate::mesh::core`]): one task
+//! owns the core and moves bytes (UDP gossip, TCP full-state and metadata
+//! exchanges) and time; metrics and log lines are made here.
 //!
-//! Flow: socket -> unseal -> envelope -> foca -> notifications -> view and
-//! metrics. Outbound: foca -> envelope -> seal -> socket.
+//! Flow: socket -> unseal -> core -> outputs -> seal -> socket; core events
+//! -> metrics and logs.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
+use crate::mesh::core::{Event, MeshCore, Output, SwimTuning};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
-use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
+use crate::mesh::meta::{MetaRecord, NodeMeta};
 use crate::mesh::seal::{
     Channel, Isolation, KeyRing, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer, SkewWatch,
     SkewedPeer,
 };
-use crate::mesh::view::{ClockSkewPeer, ClusterStatus, MemberInfo, MemberState, NodeStatus};
-use crate::mesh::wire::{self, FullState, TcpMsg, WireError, WireMember};
+use crate::mesh::view::{ClockSkewPeer, ClusterStatus, MemberInfo};
+use crate::mesh::wire::{self, FullState, TcpMsg, WireError};
 use crate::metrics::{Metrics, PeerState, StateLabels, Transport};
 
-/// Largest foca payload inside one datagram (before sealing).
-const MAX_FOCA_PACKET: usize = 1400;
-/// How long a node without peers waits before it calls itself running.
-const ALONE_READY_AFTER: Duration = Duration::from_secs(5);
 /// One TCP exchange, connect to last byte.
 const TCP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
-/// fast failure detection on a LAN without false downs at 10 % loss.
-#[derive(Clone, Debug)]
-pub struct SwimTuning {
-    /// How often a random member is probed.
-    pub probe_period: Duration,
-    /// How long a direct probe may take before indirect probes are sent.
-    pub probe_rtt: Duration,
-    /// How many members are asked to probe indirectly.
-    pub indirect_probes: usize,
-    /// How long a suspect has to refute before it is declared down.
-    pub suspect_to_down_after: Duration,
-    /// Gossip period while updates are pending.
-    pub gossip_interval: Duration,
-    /// Members gossiped to per period.
-    pub gossip_fanout: usize,
-    /// How often down members are re-contacted (partition healing).
-    pub announce_down_interval: Duration,
-    /// Full-state TCP exchange with one random member, at cluster size
-    /// <= 32; scaled up logarithmically beyond.
-    pub push_pull_interval: Duration,
-    /// How long down members stay listed.
-    pub remove_down_after: Duration,
-}
-
-impl Default for SwimTuning {
-    fn default() -> Self {
-        Self {
-            probe_period: Duration::from_millis(1000),
-            probe_rtt: Duration::from_millis(400),
-            indirect_probes: 5,
-            suspect_to_down_after: Duration::from_millis(3000),
-            gossip_interval: Duration::from_millis(200),
-            gossip_fanout: 3,
-            announce_down_interval: Duration::from_secs(10),
-            push_pull_interval: Duration::from_secs(30),
-            remove_down_after: Duration::from_secs(3600),
-        }
-    }
-}
-
-impl SwimTuning {
-    fn foca_config(&self, cluster_size: usize) -> foca::Config {
-        let n = cluster_size.max(1) as f64;
-        // memberlist's rule: retransmit 4 * log10(n + 1) times.
-        let max_tx = (4.0 * (n + 1.0).log10()).ceil().clamp(3.0, 30.0) as u8;
-        let nz =
-            |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
-        foca::Config {
-            probe_period: self.probe_period,
-            probe_rtt: self.probe_rtt,
-            num_indirect_probes: nz(self.indirect_probes),
-            max_transmissions: std::num::NonZeroU8::new(max_tx).unwrap_or(std::num::NonZeroU8::MIN),
-            suspect_to_down_after: self.suspect_to_down_after,
-            remove_down_after: Some(self.remove_down_after),
-            max_packet_size: nz(MAX_FOCA_PACKET),
-            notify_down_members: true,
-            periodic_announce: Some(foca::PeriodicParams {
-                frequency: Duration::from_secs(30),
-                num_members: nz(1),
-            }),
-            periodic_announce_to_down_members: Some(foca::PeriodicParams {
-                frequency: self.announce_down_interval,
-                num_members: nz(2),
-            }),
-            periodic_gossip: Some(foca::PeriodicParams {
-                frequency: self.gossip_interval,
-                num_members: nz(self.gossip_fanout),
-            }),
-        }
-    }
-
-    fn push_pull_every(&self, cluster_size: usize) -> Duration {
-        // Like memberlist: beyond 32 members, back off by log2(n / 32) + 1.
-        let scale = if cluster_size <= 32 {
-            1.0
-        } else {
-            (cluster_size as f64 / 32.0).log2().ceil() + 1.0
-        };
-        self.push_pull_interval.mul_f64(scale)
-    }
-}
 
 /// What a mesh node needs to start.
 #[derive(Clone, Debug)]
@@ -184,8 +97,6 @@ enum Command {
 struct Shared {
     running: AtomicBool,
     has_peers: AtomicBool,
-    /// The last hello round greeted seeds that are not members (yet).
-    seeds_unknown: AtomicBool,
     /// Written by the driver for every authenticated datagram; read by
     /// `/readyz` without a round trip to the driver.
     skew: Mutex<SkewWatch>,
@@ -262,7 +173,7 @@ impl Mesh {
             None => SocketAddr::new(pick_advertise_ip(cfg.bind, &cfg.seeds).await, gossip_port),
         };
         let local = NodeIdentity {
-            node_id: cfg.node_id.clone(),
+            node_id: cfg.node_id.as_str().into(),
             gossip: advertise,
             transport_port,
             generation: now_ms(),
@@ -271,14 +182,6 @@ impl Mesh {
 
         let (cmd_tx, cmd_rx) = mpsc::channel(1024);
         let shared = Arc::new(Shared::default());
-        let wanted = Wanted::default();
-        let foca = Foca::with_custom_broadcast(
-            local.clone(),
-            cfg.tuning.foca_config(1),
-            StdRng::from_rng(&mut rand::rng()),
-            PostcardCodec,
-            DigestHandler::new(&local.node_id, wanted.clone()),
-        );
         let udp = Arc::new(udp);
 
         tokio::spawn(accept_loop(
@@ -287,7 +190,6 @@ impl Mesh {
             metrics.clone(),
             cmd_tx.clone(),
         ));
-        tokio::spawn(seed_loop(cfg.seeds.clone(), cmd_tx.clone(), shared.clone()));
         if let Some(path) = cfg.key_file.clone() {
             tokio::spawn(key_file_loop(
                 path,
@@ -297,37 +199,22 @@ impl Mesh {
             ));
         }
 
-        let local_record = MetaRecord {
-            node_id: local.node_id.clone(),
-            epoch: local.generation,
-            version: 1,
-            json: encode_meta(&meta),
-        };
-        let first_push_pull = cfg.tuning.push_pull_interval;
+        let core = MeshCore::new(
+            local.clone(),
+            cfg.cluster_id,
+            cfg.tuning,
+            &meta,
+            StdRng::from_rng(&mut rand::rng()),
+            Instant::now(),
+        );
         let driver = Driver {
-            foca,
-            rt: AccumulatingRuntime::new(),
+            core,
             udp,
             sealer: sealer.clone(),
             metrics,
-            tuning: cfg.tuning,
-            started: Instant::now(),
-            timers: BinaryHeap::new(),
-            timer_slots: HashMap::new(),
-            timer_seq: 0,
-            last_seen: HashMap::new(),
-            metas: HashMap::new(),
-            local_meta: local_record,
-            wanted,
-            fetching: HashSet::new(),
-            seeds: Vec::new(),
-            advertise,
-            cluster_id: cfg.cluster_id,
-            pushed_on_join: false,
-            next_push_pull: Instant::now() + first_push_pull,
-            sized_for: 1,
-            leaving: false,
-            last_digest: Instant::now(),
+            seeds: cfg.seeds,
+            resolving: false,
+            next_gauges: Instant::now(),
             peer_keys: HashMap::new(),
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
@@ -419,29 +306,13 @@ impl Mesh {
 }
 
 struct Driver {
-    foca: Foca<NodeIdentity, PostcardCodec, StdRng, DigestHandler>,
-    rt: AccumulatingRuntime<NodeIdentity>,
+    core: MeshCore,
     udp: Arc<UdpSocket>,
     sealer: Arc<Sealer>,
     metrics: Arc<Metrics>,
-    tuning: SwimTuning,
-    started: Instant,
-    timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    timer_slots: HashMap<u64, Timer<NodeIdentity>>,
-    timer_seq: u64,
-    last_seen: HashMap<String, Instant>,
-    metas: HashMap<String, MetaRecord>,
-    local_meta: MetaRecord,
-    wanted: Wanted,
-    fetching: HashSet<String>,
-    seeds: Vec<SocketAddr>,
-    advertise: SocketAddr,
-    cluster_id: String,
-    pushed_on_join: bool,
-    next_push_pull: Instant,
-    sized_for: usize,
-    leaving: bool,
-    last_digest: Instant,
+    seeds: SeedSource,
+    resolving: bool,
+    next_gauges: Instant,
     /// The ring key each peer last used: answering in kind keeps peers on
     /// different rings of a rolling rotation talking.
     peer_keys: HashMap<SocketAddr, u32>,
@@ -452,31 +323,38 @@ struct Driver {
 impl Driver {
     async fn run(mut self, mut cmd_rx: mpsc::Receiver<Command>) {
         let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let udp = self.udp.clone();
+        self.flush().await;
         loop {
             let next_timer = self
-                .timers
-                .peek()
-                .map(|Reverse((at, _))| *at)
+                .core
+                .poll_timeout()
                 .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 r = udp.recv_from(&mut buf) => match r {
                     Ok((n, from)) => self.on_datagram(&buf[..n], n > MAX_DATAGRAM, from),
                     Err(e) => debug!(error = %e, "gossip recv failed"),
                 },
-                _ = tokio::time::sleep_until(next_timer.into()) => self.fire_timers(),
+                _ = tokio::time::sleep_until(next_timer.into()) => {
+                    let now = Instant::now();
+                    self.core
+                        .set_skew_isolated(self.shared.skew().isolation(now).is_some());
+                    self.core.handle_timeout(now);
+                    if now >= self.next_gauges {
+                        self.next_gauges = now + Duration::from_secs(1);
+                        self.update_gauges();
+                    }
+                }
                 cmd = cmd_rx.recv() => match cmd {
                     Some(Command::Leave(done)) => {
-                        self.leave().await;
+                        self.core.leave(Instant::now());
+                        self.flush().await;
                         let _ = done.send(());
                         return;
                     }
                     Some(cmd) => self.on_command(cmd),
                     None => return,
                 },
-                _ = tick.tick() => self.on_tick(),
             }
             self.flush().await;
         }
@@ -508,54 +386,7 @@ impl Driver {
                 return;
             }
         };
-        let Some((&kind, body)) = plain.split_first() else {
-            self.metrics.mesh.rejected(Reject::Decode.label());
-            return;
-        };
-        match kind {
-            wire::KIND_FOCA => {
-                if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
-                    self.count_foca_error(&e);
-                }
-                // A digest just arrived: fetch its record now, not at the tick.
-                if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
-                    self.fetch_wanted();
-                }
-            }
-            wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
-                let Ok(id) = postcard::from_bytes::<NodeIdentity>(body) else {
-                    self.metrics.mesh.rejected(Reject::Decode.label());
-                    return;
-                };
-                if id.node_id == self.foca.identity().node_id {
-                    return;
-                }
-                match kind {
-                    wire::KIND_HELLO => {
-                        let me = self.foca.identity().clone();
-                        self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
-                        // Both sides learn each other from the hello itself:
-                        // no feed bursts when a node greets 100+ seeds.
-                        self.learn(id);
-                    }
-                    wire::KIND_HELLO_ACK => {
-                        let transport = (id.transport(), self.peer_keys.get(&id.gossip).copied());
-                        self.learn(id);
-                        if !self.pushed_on_join {
-                            self.pushed_on_join = true;
-                            self.push_pull(transport, true);
-                        }
-                    }
-                    _ => {
-                        let members = std::iter::once(Member::down(id));
-                        if let Err(e) = self.foca.apply_many(members, true, &mut self.rt) {
-                            debug!(error = %e, "applying a leave failed");
-                        }
-                    }
-                }
-            }
-            _ => self.metrics.mesh.rejected(Reject::Decode.label()),
-        }
+        self.core.handle_datagram(&plain, from, Instant::now());
     }
 
     /// A datagram from `from` authenticated but was stamped `offset_ms`
@@ -578,55 +409,6 @@ impl Driver {
         }
     }
 
-    /// Tells foca a member is alive because it just authenticated to us.
-    /// Not gossiped: every member greets its seeds itself, and a node
-    /// greeting 100+ seeds would otherwise flood the gossip backlog.
-    fn learn(&mut self, id: NodeIdentity) {
-        let update = std::iter::once(Member::alive(id));
-        if let Err(e) = self.foca.apply_many(update, false, &mut self.rt) {
-            debug!(error = %e, "member not applied");
-        }
-    }
-
-    /// Every member foca knows but ourselves: after a restart foca may hold
-    /// our previous identity (declared down); that is us, not a peer.
-    fn peers(&self) -> impl Iterator<Item = &Member<NodeIdentity>> {
-        let me = &self.foca.identity().node_id;
-        self.foca
-            .iter_membership_state()
-            .filter(move |m| &m.id().node_id != me)
-    }
-
-    fn count_foca_error(&self, e: &foca::Error) {
-        match e {
-            foca::Error::Decode(_)
-            | foca::Error::MalformedPacket
-            | foca::Error::CustomBroadcast(_) => {
-                self.metrics.mesh.rejected(Reject::Decode.label());
-            }
-            foca::Error::DataTooBig => self.metrics.mesh.rejected(Reject::Size.label()),
-            other => debug!(error = %other, "foca refused a packet"),
-        }
-    }
-
-    fn send_envelope(&mut self, to: SocketAddr, kind: u8, id: &NodeIdentity) {
-        let mut plain = vec![kind];
-        if let Ok(body) = postcard::to_allocvec(id) {
-            plain.extend_from_slice(&body);
-        }
-        self.send_plain(to, &plain);
-    }
-
-    fn send_plain(&mut self, to: SocketAddr, plain: &[u8]) {
-        let Some(sealed) = self.seal_for(to, plain) else {
-            return;
-        };
-        match self.udp.try_send_to(&sealed, to) {
-            Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
-            Err(e) => debug!(%to, error = %e, "gossip send failed"),
-        }
-    }
-
     /// Seals a datagram for `to`, in the ring key that peer last used.
     fn seal_for(&self, to: SocketAddr, plain: &[u8]) -> Option<Vec<u8>> {
         let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
@@ -637,131 +419,51 @@ impl Driver {
         Some(sealed)
     }
 
-    fn fire_timers(&mut self) {
-        let now = Instant::now();
-        while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.timers.pop();
-            if let Some(timer) = self.timer_slots.remove(&seq)
-                && let Err(e) = self.foca.handle_timer(timer, &mut self.rt)
-            {
-                debug!(error = %e, "timer failed");
-            }
-        }
+    /// The transport address of a member, and the key it last used.
+    fn transport_of(&self, id: &NodeIdentity) -> (SocketAddr, Option<u32>) {
+        (id.transport(), self.peer_keys.get(&id.gossip).copied())
     }
 
     fn on_command(&mut self, cmd: Command) {
+        let now = Instant::now();
         match cmd {
             Command::Status(reply) => {
-                let _ = reply.send(self.status());
+                let mut status = self.core.status(now, now_ms());
+                if let Some(local) = status.nodes.first_mut() {
+                    local.clock_skew = self
+                        .shared
+                        .skew()
+                        .peers(now)
+                        .iter()
+                        .map(ClockSkewPeer::from)
+                        .collect();
+                }
+                let _ = reply.send(status);
             }
             Command::Members(reply) => {
-                let mut out: Vec<MemberInfo> = self
-                    .peers()
-                    .map(|m| MemberInfo {
-                        node_id: m.id().node_id.clone(),
-                        state: m.state().into(),
-                        local: false,
-                    })
-                    .collect();
-                out.push(MemberInfo {
-                    node_id: self.foca.identity().node_id.clone(),
-                    state: MemberState::Alive,
-                    local: true,
-                });
-                let _ = reply.send(out);
+                let _ = reply.send(self.core.members());
             }
             Command::Seeds(seeds) => {
-                self.seeds = seeds.into_iter().filter(|s| *s != self.advertise).collect();
-                self.hello_seeds();
+                self.resolving = false;
+                self.core.handle_seeds(seeds, now);
             }
             Command::PushPullIn(remote, reply) => {
-                let records = remote.want_records;
-                self.merge(remote);
-                let _ = reply.send(self.full_state(records));
+                let _ = reply.send(self.core.handle_push_pull_request(remote, now));
             }
-            Command::PushPullDone(remote) => self.merge(remote),
+            Command::PushPullDone(remote) => self.core.handle_push_pull_reply(remote, now),
             Command::MetaIn(node_id, reply) => {
-                let rec = if node_id == self.local_meta.node_id {
-                    Some(self.local_meta.clone())
-                } else {
-                    self.metas.get(&node_id).cloned()
-                };
-                let _ = reply.send(rec);
+                let _ = reply.send(self.core.meta_record(&node_id));
             }
             Command::MetaFetched(rec, node_id) => {
-                self.fetching.remove(&node_id);
-                if let Some(rec) = rec {
-                    self.store_meta(rec);
-                }
+                self.core.handle_meta_fetched(rec, &node_id, now);
             }
-            Command::SetMeta(meta) => self.set_local_meta(&meta),
+            Command::SetMeta(meta) => self.core.set_local_meta(&meta, now),
             Command::Leave(_) => {}
         }
     }
 
-    /// Seeds that are not alive members get a hello; the reply names them
-    /// so foca can announce to them.
-    fn hello_seeds(&mut self) {
-        let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
-        let me = self.foca.identity().clone();
-        let targets: Vec<SocketAddr> = self
-            .seeds
-            .iter()
-            .filter(|s| !known.contains(s))
-            .copied()
-            .collect();
-        self.shared
-            .seeds_unknown
-            .store(!targets.is_empty(), Ordering::Relaxed);
-        for seed in targets {
-            self.send_envelope(seed, wire::KIND_HELLO, &me);
-        }
-    }
-
-    fn on_tick(&mut self) {
-        let active = self.foca.num_members();
-        self.shared.has_peers.store(active > 0, Ordering::Relaxed);
-        // Hearing only packets rejected for clock skew is not being alone.
-        let alone = self.started.elapsed() >= ALONE_READY_AFTER
-            && self.shared.skew().isolation(Instant::now()).is_none();
-        if !self.shared.running.load(Ordering::Relaxed) && (active > 0 || alone) {
-            self.shared.running.store(true, Ordering::Relaxed);
-        }
-        // Re-size foca's retransmissions as the cluster grows or shrinks.
-        let size = active + 1;
-        if size.next_power_of_two() != self.sized_for.next_power_of_two() {
-            self.sized_for = size;
-            if let Err(e) = self.foca.set_config(self.tuning.foca_config(size)) {
-                debug!(error = %e, "foca config not changed");
-            }
-        }
-        self.update_gauges();
-        self.fetch_wanted();
-        if Instant::now() >= self.next_push_pull {
-            self.next_push_pull = Instant::now() + self.tuning.push_pull_every(size);
-            if let Some(peer) = self.random_alive() {
-                let key = self.peer_keys.get(&peer.gossip).copied();
-                self.push_pull((peer.transport(), key), false);
-            }
-        }
-        // Forget metadata of members foca forgot.
-        let present: HashSet<String> = self.peers().map(|m| m.id().node_id.clone()).collect();
-        self.metas.retain(|k, _| present.contains(k));
-        self.last_seen.retain(|k, _| present.contains(k));
-    }
-
     fn update_gauges(&self) {
-        let mut counts = [0i64; 3];
-        for m in self.peers() {
-            counts[match m.state() {
-                foca::State::Alive => 0,
-                foca::State::Suspect => 1,
-                foca::State::Down => 2,
-            }] += 1;
-        }
+        let counts = self.core.peer_counts();
         for (i, state) in [PeerState::alive, PeerState::suspect, PeerState::down]
             .into_iter()
             .enumerate()
@@ -770,328 +472,59 @@ impl Driver {
                 .mesh
                 .peer_count
                 .get_or_create(&StateLabels { state })
-                .set(counts[i]);
+                .set(counts[i] as i64);
         }
     }
 
-    fn random_alive(&self) -> Option<NodeIdentity> {
-        let alive: Vec<&Member<NodeIdentity>> = self.foca.iter_members().collect();
-        if alive.is_empty() {
-            return None;
-        }
-        let i = (rand::random::<u64>() % alive.len() as u64) as usize;
-        Some(alive[i].id().clone())
-    }
-
-    fn fetch_wanted(&mut self) {
-        let wanted: Vec<MetaDigest> = match self.wanted.lock() {
-            Ok(mut w) => std::mem::take(&mut *w),
-            Err(_) => return,
-        };
-        let mut still = Vec::new();
-        for d in wanted {
-            let have = self.metas.get(&d.node_id).map(|r| r.stamp());
-            if have.is_some_and(|h| h >= (d.epoch, d.version)) {
-                continue;
-            }
-            if let Some(rec) = d.record() {
-                self.store_meta(rec);
-                continue;
-            }
-            let owner = self
-                .foca
-                .iter_members()
-                .find(|m| m.id().node_id == d.node_id)
-                .map(|m| {
-                    (
-                        m.id().transport(),
-                        self.peer_keys.get(&m.id().gossip).copied(),
-                    )
-                });
-            let Some(addr) = owner else {
-                still.push(d);
-                continue;
-            };
-            if self.fetching.insert(d.node_id.clone()) {
-                tokio::spawn(fetch_meta(
-                    addr,
-                    d.node_id.clone(),
-                    self.sealer.clone(),
-                    self.metrics.clone(),
-                    self.cmd_tx.clone(),
-                ));
-            }
-            still.push(d);
-        }
-        // Keep digests until their record arrived (a fetch can fail).
-        if let Ok(mut w) = self.wanted.lock() {
-            w.extend(still);
-        }
-    }
-
-    fn push_pull(&self, (addr, key): (SocketAddr, Option<u32>), want_records: bool) {
-        let mut state = self.full_state(false);
-        state.want_records = want_records;
-        tokio::spawn(push_pull(
-            addr,
-            key,
-            state,
-            self.sealer.clone(),
-            self.metrics.clone(),
-            self.cmd_tx.clone(),
-        ));
-    }
-
-    fn full_state(&self, with_records: bool) -> FullState {
-        let mut members: Vec<WireMember> = self
-            .peers()
-            .map(|m| WireMember {
-                id: m.id().clone(),
-                incarnation: m.incarnation(),
-                state: match m.state() {
-                    foca::State::Alive => 0,
-                    foca::State::Suspect => 1,
-                    foca::State::Down => 2,
-                },
-            })
-            .collect();
-        members.push(WireMember {
-            id: self.foca.identity().clone(),
-            incarnation: 0,
-            state: 0,
-        });
-        let records: Vec<MetaRecord> = if with_records {
-            self.metas
-                .values()
-                .chain(std::iter::once(&self.local_meta))
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let stamps = self
-            .metas
-            .values()
-            .chain(std::iter::once(&self.local_meta))
-            .map(|r| MetaDigest::of(r, false))
-            .collect();
-        FullState {
-            from: Some(self.foca.identity().clone()),
-            members,
-            stamps,
-            records,
-            want_records: false,
-        }
-    }
-
-    fn merge(&mut self, remote: FullState) {
-        let me = self.foca.identity().node_id.clone();
-        let updates: Vec<Member<NodeIdentity>> = remote
-            .members
-            .into_iter()
-            .filter(|m| m.id.node_id != me)
-            .map(|m| {
-                let state = match m.state {
-                    0 => foca::State::Alive,
-                    1 => foca::State::Suspect,
-                    _ => foca::State::Down,
-                };
-                Member::new(m.id, m.incarnation, state)
-            })
-            .collect();
-        if let Err(e) = self
-            .foca
-            .apply_many(updates.into_iter(), false, &mut self.rt)
-        {
-            debug!(error = %e, "full state not applied");
-        }
-        for rec in remote.records {
-            if rec.node_id != me {
-                self.store_meta(rec);
-            }
-        }
-        // Newer metadata than ours: fetch it from its owner.
-        let stale: Vec<MetaDigest> = remote
-            .stamps
-            .into_iter()
-            .filter(|d| {
-                d.node_id != me
-                    && self
-                        .metas
-                        .get(&d.node_id)
-                        .is_none_or(|r| r.stamp() < (d.epoch, d.version))
-            })
-            .collect();
-        if !stale.is_empty()
-            && let Ok(mut w) = self.wanted.lock()
-        {
-            w.extend(stale);
-        }
-    }
-
-    fn store_meta(&mut self, rec: MetaRecord) {
-        if rec.json.len() > MAX_META_BYTES {
-            self.metrics.mesh.rejected(Reject::Size.label());
-            return;
-        }
-        let newer = self
-            .metas
-            .get(&rec.node_id)
-            .is_none_or(|have| rec.stamp() > have.stamp());
-        if newer {
-            self.metas.insert(rec.node_id.clone(), rec);
-        }
-    }
-
-    fn set_local_meta(&mut self, meta: &NodeMeta) {
-        let json = encode_meta(meta);
-        if json.len() > MAX_META_BYTES {
-            warn!(
-                bytes = json.len(),
-                "node metadata over 64 KiB not published"
-            );
-            return;
-        }
-        if json == self.local_meta.json {
-            return;
-        }
-        self.local_meta.json = json;
-        self.local_meta.version += 1;
-        self.broadcast_local_meta();
-    }
-
-    fn broadcast_local_meta(&mut self) {
-        self.last_digest = Instant::now();
-        let digest = MetaDigest::of(&self.local_meta, true);
-        if let Ok(bytes) = postcard::to_allocvec(&digest)
-            && let Err(e) = self.foca.add_broadcast(&bytes)
-        {
-            debug!(error = %e, "metadata digest not queued");
-        }
-    }
-
-    fn status(&self) -> ClusterStatus {
-        let now = Instant::now();
-        let local_meta = self.local_meta.meta();
-        let me = self.foca.identity();
-        let mut nodes = vec![NodeStatus {
-            node_id: me.node_id.clone(),
-            local: true,
-            address: me.gossip.to_string(),
-            membership_state: MemberState::Alive,
-            incarnation: me.generation,
-            last_seen_ms_ago: 0,
-            health: if local_meta.ready {
-                "healthy"
-            } else {
-                "unhealthy"
-            }
-            .into(),
-            clock_skew: self
-                .shared
-                .skew()
-                .peers(now)
-                .iter()
-                .map(ClockSkewPeer::from)
-                .collect(),
-            version: Some(local_meta.version),
-            config_hash: local_meta.config_hash,
-            last_reload: local_meta.last_reload,
-            certificates: local_meta.certificates,
-            acme: local_meta.acme,
-            proxy: local_meta.proxy,
-        }];
-        let mut others: Vec<NodeStatus> = self
-            .peers()
-            .map(|m| {
-                let id = m.id();
-                let meta = self.metas.get(&id.node_id).map(|r| r.meta());
-                let state: MemberState = m.state().into();
-                let ready = meta.as_ref().is_some_and(|m| m.ready);
-                let meta = meta.unwrap_or_default();
-                NodeStatus {
-                    node_id: id.node_id.clone(),
-                    local: false,
-                    address: id.gossip.to_string(),
-                    membership_state: state,
-                    incarnation: id.generation,
-                    last_seen_ms_ago: self
-                        .last_seen
-                        .get(&id.node_id)
-                        .map(|t| now.duration_since(*t).as_millis() as u64)
-                        .unwrap_or(u64::MAX / 2),
-                    health: if state == MemberState::Alive && ready {
-                        "healthy"
-                    } else {
-                        "unhealthy"
-                    }
-                    .into(),
-                    clock_skew: Vec::new(),
-                    version: (!meta.version.is_empty()).then_some(meta.version),
-                    config_hash: meta.config_hash,
-                    last_reload: meta.last_reload,
-                    certificates: meta.certificates,
-                    acme: meta.acme,
-                    proxy: meta.proxy,
-                }
-            })
-            .collect();
-        others.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-        nodes.extend(others);
-        ClusterStatus {
-            schema_version: 1,
-            cluster_id: self.cluster_id.clone(),
-            local_node_id: me.node_id.clone(),
-            generated_at_unix_ms: now_ms(),
-            summary: ClusterStatus::summarize(&nodes),
-            nodes,
-        }
-    }
-
-    async fn leave(&mut self) {
-        self.leaving = true;
-        let me = self.foca.identity().clone();
-        let peers: Vec<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
-        // Tell every active peer directly (twice: datagrams get lost), so
-        // the whole cluster sees us down at once instead of after gossip.
-        for _ in 0..2 {
-            for p in &peers {
-                self.send_envelope(*p, wire::KIND_LEAVE, &me);
-            }
-        }
-        if let Err(e) = self.foca.leave_cluster(&mut self.rt) {
-            debug!(error = %e, "leave failed");
-        }
-        self.flush().await;
-        info!(peers = peers.len(), "left the mesh");
-    }
-
-    /// Sends what foca queued, schedules its timers, applies notifications.
+    /// Carries out what the core asked for; publishes its flags.
     async fn flush(&mut self) {
-        while let Some(n) = self.rt.to_notify() {
-            self.on_notification(n);
-        }
-        while let Some((after, timer)) = self.rt.to_schedule() {
-            self.timer_seq += 1;
-            self.timers
-                .push(Reverse((Instant::now() + after, self.timer_seq)));
-            self.timer_slots.insert(self.timer_seq, timer);
-        }
-        while let Some((to, data)) = self.rt.to_send() {
-            let mut plain = Vec::with_capacity(data.len() + 1);
-            plain.push(wire::KIND_FOCA);
-            plain.extend_from_slice(&data);
-            let Some(sealed) = self.seal_for(to.gossip, &plain) else {
-                continue;
-            };
-            match self.udp.send_to(&sealed, to.gossip).await {
-                Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
-                Err(e) => debug!(to = %to.gossip, error = %e, "gossip send failed"),
+        while let Some(out) = self.core.poll_output() {
+            match out {
+                Output::Send { to, plain } => {
+                    let Some(sealed) = self.seal_for(to, &plain) else {
+                        continue;
+                    };
+                    match self.udp.send_to(&sealed, to).await {
+                        Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
+                        Err(e) => debug!(%to, error = %e, "gossip send failed"),
+                    }
+                }
+                Output::PushPull { to, state } => {
+                    tokio::spawn(push_pull(
+                        self.transport_of(&to),
+                        state,
+                        self.sealer.clone(),
+                        self.metrics.clone(),
+                        self.cmd_tx.clone(),
+                    ));
+                }
+                Output::FetchMeta { from, node_id } => {
+                    tokio::spawn(fetch_meta(
+                        self.transport_of(&from),
+                        node_id,
+                        self.sealer.clone(),
+                        self.metrics.clone(),
+                        self.cmd_tx.clone(),
+                    ));
+                }
+                Output::ResolveSeeds => {
+                    if !self.resolving {
+                        self.resolving = true;
+                        tokio::spawn(resolve_seeds(self.seeds.clone(), self.cmd_tx.clone()));
+                    }
+                }
+                Output::Event(e) => self.on_event(e),
             }
         }
+        self.shared
+            .running
+            .store(self.core.running(), Ordering::Relaxed);
+        self.shared
+            .has_peers
+            .store(self.core.has_peers(), Ordering::Relaxed);
     }
 
-    fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>) {
+    fn on_event(&mut self, e: Event) {
         let change = |state| {
             self.metrics
                 .mesh
@@ -1099,57 +532,33 @@ impl Driver {
                 .get_or_create(&StateLabels { state })
                 .inc();
         };
-        match n {
-            OwnedNotification::DataReceived(h) => {
-                self.last_seen.insert(h.src.node_id.clone(), Instant::now());
-            }
-            OwnedNotification::MemberUp(id) => {
+        match e {
+            Event::MemberUp(id) => {
                 change(PeerState::alive);
                 info!(node_id = %id.node_id, address = %id.gossip, "member up");
-                self.last_seen.insert(id.node_id.clone(), Instant::now());
-                // A newcomer learns our metadata from our digest.
-                self.republish_digest(false);
                 self.update_gauges();
             }
-            OwnedNotification::MemberDown(id) => {
+            Event::MemberDown(id) => {
                 change(PeerState::down);
                 info!(node_id = %id.node_id, "member down");
                 self.update_gauges();
             }
-            OwnedNotification::Rename(old, new) => {
+            Event::Renamed { old, new } => {
                 debug!(node_id = %new.node_id, old = old.generation, new = new.generation, "member identity renewed");
             }
-            OwnedNotification::Active => {
-                info!("joined the mesh");
-                self.shared.running.store(true, Ordering::Relaxed);
+            Event::Rejected(r) => self.metrics.mesh.rejected(r.label()),
+            Event::Joined => info!("joined the mesh"),
+            Event::Idle => info!("no active peers"),
+            Event::Rejoined { generation } => {
+                info!(generation, "rejoined the mesh under a renewed identity");
             }
-            OwnedNotification::Idle => info!("no active peers"),
-            OwnedNotification::Rejoin(id) => {
-                info!(
-                    generation = id.generation,
-                    "rejoined the mesh under a renewed identity"
-                );
-                self.republish_digest(true);
+            Event::Defunct => warn!("declared down by the cluster"),
+            Event::LocalMetaTooLarge { bytes } => {
+                warn!(bytes, "node metadata over 64 KiB not published");
             }
-            OwnedNotification::Defunct if !self.leaving => warn!("declared down by the cluster"),
-            _ => {}
+            Event::Left { peers } => info!(peers, "left the mesh"),
         }
     }
-
-    /// Sends our digest around again (newcomers, rejoins). Re-adding the
-    /// same digest is a no-op for foca, so the version moves; at most every
-    /// 2 s, so a burst of joins costs one broadcast, not one per member.
-    fn republish_digest(&mut self, force: bool) {
-        if !force && self.last_digest.elapsed() < Duration::from_secs(2) {
-            return;
-        }
-        self.local_meta.version += 1;
-        self.broadcast_local_meta();
-    }
-}
-
-fn encode_meta(meta: &NodeMeta) -> Vec<u8> {
-    serde_json::to_vec(meta).unwrap_or_default()
 }
 
 /// Unix time in milliseconds.
@@ -1185,39 +594,11 @@ async fn pick_advertise_ip(bind: IpAddr, seeds: &SeedSource) -> IpAddr {
     }
 }
 
-/// Seeds are re-resolved (and the unknown ones greeted) this often once
-/// every seed is a member.
-const SEED_REFRESH: Duration = Duration::from_secs(10);
-/// ... this often while the node is alone: pods of a StatefulSet come up
-/// one by one.
-const SEED_RETRY_ALONE: Duration = Duration::from_secs(1);
-/// With peers but seeds still unknown, the first retry comes this soon and
-/// the next ones twice as late each, up to [`SEED_REFRESH`].
-const SEED_RETRY_FIRST: Duration = Duration::from_millis(500);
-
-async fn seed_loop(src: SeedSource, cmd: mpsc::Sender<Command>, shared: Arc<Shared>) {
-    let mut retry = SEED_RETRY_FIRST;
-    loop {
-        let seeds = src.resolve().await;
-        if cmd.send(Command::Seeds(seeds)).await.is_err() {
-            return;
-        }
-        // A hello is lost when its seed was not up yet or a datagram was
-        // dropped (a full buffer during a 100+ node start, loss); a member
-        // not greeted is otherwise learnt only at the next refresh or
-        // full-state exchange. A seed that stays unknown (a dead static
-        // seed) costs one hello per refresh, as before.
-        let wait = if !shared.has_peers.load(Ordering::Relaxed) {
-            SEED_RETRY_ALONE
-        } else if shared.seeds_unknown.load(Ordering::Relaxed) {
-            let wait = retry;
-            retry = (retry * 2).min(SEED_REFRESH);
-            wait
-        } else {
-            retry = SEED_RETRY_FIRST;
-            SEED_REFRESH
-        };
-        tokio::time::sleep(wait).await;
+/// Resolves the seeds once, for the core (which decides how often).
+async fn resolve_seeds(src: SeedSource, cmd: mpsc::WeakSender<Command>) {
+    let seeds = src.resolve().await;
+    if let Some(cmd) = cmd.upgrade() {
+        let _ = cmd.send(Command::Seeds(seeds)).await;
     }
 }
 
@@ -1562,8 +943,7 @@ async fn exchange(
 }
 
 async fn push_pull(
-    addr: SocketAddr,
-    key: Option<u32>,
+    (addr, key): (SocketAddr, Option<u32>),
     state: FullState,
     sealer: Arc<Sealer>,
     metrics: Arc<Metrics>,

@@ -1,0 +1,176 @@
+//! The mesh at scale in one process: N shipping mesh cores on the
+//! simulator's virtual clock (`sbmesh::mesh::sim`), no sockets.
+//!
+//! ```text
+//! cargo bench -p sbmesh --bench mesh_sim
+//! SBMESH_SIM_N=1000 SBMESH_SIM_START=spread cargo bench -p sbmesh --bench mesh_sim
+//! ```
+//!
+//! Env: `SBMESH_SIM_N` (128), `SBMESH_SIM_LOSS` (0), `SBMESH_SIM_LATENCY_US`
+//! (200, jitter a quarter of it), `SBMESH_SIM_START` (`burst`, `spread` = one
+//! pod every 10 ms, `ordered` = each pod once the previous one runs),
+//! `SBMESH_SIM_SEEDS` (`service` = started pods, `all` = every pod's address
+//! from the start), `SBMESH_SIM_SEED` (1), `SBMESH_SIM_STEADY_S` (60: the
+//! window bytes/node/s is measured over).
+//!
+//! Reports, in virtual time: convergence after the last start (every live
+//! node counts N alive or suspect), kill -9 detection (every survivor lists
+//! the killed node down), bytes/node/s in a steady mesh (sealed datagrams and
+//! transport frames); and the simulator's wall time, peak RSS and events.
+//! Convergence and detection are checked every 5 ms of virtual time.
+
+use std::time::{Duration, Instant};
+
+use sbmesh::mesh::sim::{Seeds, Sim, SimConfig, Start};
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Peak resident set of this process (`VmHWM`), MiB.
+fn peak_rss_mib() -> f64 {
+    proc_status_mib("VmHWM:")
+}
+
+/// Resident set of this process now (`VmRSS`), MiB.
+fn rss_mib() -> f64 {
+    proc_status_mib("VmRSS:")
+}
+
+fn proc_status_mib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// How often (virtual time) the O(N) checks run.
+const CHECK_EVERY: Duration = Duration::from_millis(5);
+
+fn secs(d: Duration) -> String {
+    format!("{:.3} s", d.as_secs_f64())
+}
+
+fn main() {
+    let n: usize = env("SBMESH_SIM_N", 128);
+    let latency = Duration::from_micros(env("SBMESH_SIM_LATENCY_US", 200));
+    let start_name: String = env("SBMESH_SIM_START", "burst".to_string());
+    let start = match start_name.as_str() {
+        "spread" => Start::Spread(Duration::from_millis(10)),
+        "ordered" => Start::Ordered,
+        _ => Start::Burst,
+    };
+    let seeds = match env("SBMESH_SIM_SEEDS", "service".to_string()).as_str() {
+        "all" => Seeds::All,
+        _ => Seeds::Service,
+    };
+    let cfg = SimConfig {
+        nodes: n,
+        seed: env("SBMESH_SIM_SEED", 1),
+        latency,
+        jitter: latency / 4,
+        loss: env("SBMESH_SIM_LOSS", 0.0),
+        start,
+        seeds,
+        ..SimConfig::default()
+    };
+    let steady = Duration::from_secs(env("SBMESH_SIM_STEADY_S", 60));
+    println!("mesh_sim: {cfg:?}");
+    let wall = Instant::now();
+    let limit = Duration::from_secs(env("SBMESH_SIM_LIMIT_S", 600));
+    let mut sim = Sim::new(cfg);
+
+    // Checked every 5 ms of virtual time (a check is O(N)).
+    let converged = loop {
+        if sim.converged() {
+            break Some(sim.now());
+        }
+        if sim.now() >= limit {
+            break None;
+        }
+        let next = sim.now() + CHECK_EVERY;
+        sim.run_until(next);
+        if next.as_millis().is_multiple_of(1000) {
+            let lagging = sim.lagging();
+            eprintln!(
+                "  t={} events={} wall={} rss={:.0} MiB; {} pods not converged (pod, peers seen): {:?}",
+                secs(next),
+                sim.events(),
+                secs(wall.elapsed()),
+                rss_mib(),
+                lagging.len(),
+                &lagging[..lagging.len().min(5)]
+            );
+        }
+    };
+    let last_start = (0..n)
+        .filter_map(|i| sim.started_at(i))
+        .max()
+        .unwrap_or_default();
+    let Some(at) = converged else {
+        println!(
+            "no convergence within {} (virtual); {} events, wall {}",
+            secs(limit),
+            sim.events(),
+            secs(wall.elapsed())
+        );
+        std::process::exit(1);
+    };
+    let exact = sim.converged_exactly();
+    println!(
+        "converged: {} after the last start (last start at {}, converged at {}; cores agree: {exact}); wall {}",
+        secs(at - last_start),
+        secs(last_start),
+        secs(at),
+        secs(wall.elapsed())
+    );
+
+    // Steady state: let the join traffic settle, then count a window.
+    sim.run_until(sim.now() + Duration::from_secs(10));
+    let sent = |s: &Sim| (0..n).map(|i| s.bytes_sent(i)).sum::<u64>();
+    let sent_tcp = |s: &Sim| (0..n).map(|i| s.tcp_bytes_sent(i)).sum::<u64>();
+    let (b0, t0, downs0) = (sent(&sim), sent_tcp(&sim), sim.downs());
+    sim.run_until(sim.now() + steady);
+    let per = |b: u64| b as f64 / n as f64 / steady.as_secs_f64();
+    println!(
+        "steady: {:.0} bytes/node/s ({:.0} of it transport) over {}; false downs {}; wall {}",
+        per(sent(&sim) - b0),
+        per(sent_tcp(&sim) - t0),
+        secs(steady),
+        sim.downs() - downs0,
+        secs(wall.elapsed())
+    );
+
+    let victim = n / 2;
+    let killed_at = sim.now();
+    sim.kill(victim);
+    let detected = sim.run_while_not(
+        killed_at + Duration::from_secs(120),
+        Sim::watched_down_everywhere,
+    );
+    match detected {
+        Some(t) => println!(
+            "kill -9 of {}: seen down by every survivor {} after; wall {}",
+            sim.node_id(victim),
+            secs(t - killed_at),
+            secs(wall.elapsed())
+        ),
+        None => println!(
+            "kill -9 of {}: not seen down everywhere within 120 s",
+            sim.node_id(victim)
+        ),
+    }
+    println!(
+        "simulator: {} events, wall {}, peak RSS {:.0} MiB",
+        sim.events(),
+        secs(wall.elapsed()),
+        peak_rss_mib()
+    );
+}

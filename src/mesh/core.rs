@@ -1,0 +1,1296 @@
+//! The mesh node as a state machine: foca plus everything sbmesh adds
+//! around it (hellos to seeds, full-state exchanges, metadata digests and
+//! records, the periodic tick). No sockets, no clock, no global RNG: every
+//! input carries `now`, the RNG is seeded by whoever builds the core, and
+//! what must go on the wire comes out of [`MeshCore::poll_output`].
+//!
+//! The tokio shell (`runtime`) moves bytes for it; the simulator (`sim`)
+//! runs thousands of them on one virtual clock.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{RngExt, SeedableRng};
+use tracing::debug;
+
+use crate::mesh::member::NodeIdentity;
+use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
+use crate::mesh::seal::Reject;
+use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
+use crate::mesh::wire::{self, FullState, WireMember};
+
+/// Largest foca payload inside one datagram (before sealing).
+const MAX_FOCA_PACKET: usize = 1400;
+/// How long a node without peers waits before it calls itself running.
+const ALONE_READY_AFTER: Duration = Duration::from_secs(5);
+/// The core's own periodic work (readiness, foca sizing, metadata fetches,
+/// full-state schedule).
+const TICK: Duration = Duration::from_secs(1);
+/// Seeds are re-resolved this often while the node is alone: pods of a
+/// StatefulSet come up one by one.
+const RESOLVE_ALONE: Duration = Duration::from_secs(1);
+/// ... and this often once it has peers and every seed is a member.
+const RESOLVE_WITH_PEERS: Duration = Duration::from_secs(10);
+/// With peers but seeds still not members, the first re-resolve (and hello
+/// to those) comes this soon, the next ones twice as late each, up to
+/// [`RESOLVE_WITH_PEERS`]: a hello is lost when its seed was not up yet or
+/// a datagram was dropped (a full buffer during a 100+ pod start), and a
+/// member not greeted is otherwise learnt only 10 s later (BENCHMARKS.md,
+/// "Why a spread start converged slowly").
+const RESOLVE_RETRY_FIRST: Duration = Duration::from_millis(500);
+/// Most seeds greeted per resolve. Clusters up to this size + 1 greet every
+/// seed, as before (a newcomer is known to all at once); beyond, a random
+/// subset (another one at every resolve), and the greeted gossip the
+/// newcomer. In the simulator at N = 1000 with 128 here, a burst start was
+/// still not converged after 6 s: gossip drains a 1000-member backlog slowly
+/// (BENCHMARKS.md, Simulator).
+const MAX_HELLOS: usize = 512;
+/// Our digest is re-announced for newcomers at most this often, so a burst
+/// of joins costs one broadcast, not one per member.
+const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
+
+/// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
+/// fast failure detection on a LAN without false downs at 10 % loss.
+#[derive(Clone, Debug)]
+pub struct SwimTuning {
+    /// How often a random member is probed.
+    pub probe_period: Duration,
+    /// How long a direct probe may take before indirect probes are sent.
+    pub probe_rtt: Duration,
+    /// How many members are asked to probe indirectly.
+    pub indirect_probes: usize,
+    /// How long a suspect has to refute before it is declared down.
+    pub suspect_to_down_after: Duration,
+    /// Gossip period while updates are pending.
+    pub gossip_interval: Duration,
+    /// Members gossiped to per period.
+    pub gossip_fanout: usize,
+    /// How often down members are re-contacted (partition healing).
+    pub announce_down_interval: Duration,
+    /// Full-state TCP exchange with one random member, at cluster size
+    /// <= 32; scaled up logarithmically beyond.
+    pub push_pull_interval: Duration,
+    /// How long down members stay listed.
+    pub remove_down_after: Duration,
+}
+
+impl Default for SwimTuning {
+    fn default() -> Self {
+        Self {
+            probe_period: Duration::from_millis(1000),
+            probe_rtt: Duration::from_millis(400),
+            indirect_probes: 5,
+            suspect_to_down_after: Duration::from_millis(3000),
+            gossip_interval: Duration::from_millis(200),
+            gossip_fanout: 3,
+            announce_down_interval: Duration::from_secs(10),
+            push_pull_interval: Duration::from_secs(30),
+            remove_down_after: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl SwimTuning {
+    fn foca_config(&self, cluster_size: usize) -> foca::Config {
+        let n = cluster_size.max(1) as f64;
+        // memberlist's rule: retransmit 4 * log10(n + 1) times.
+        let max_tx = (4.0 * (n + 1.0).log10()).ceil().clamp(3.0, 30.0) as u8;
+        let nz =
+            |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
+        foca::Config {
+            probe_period: self.probe_period,
+            probe_rtt: self.probe_rtt,
+            num_indirect_probes: nz(self.indirect_probes),
+            max_transmissions: std::num::NonZeroU8::new(max_tx).unwrap_or(std::num::NonZeroU8::MIN),
+            suspect_to_down_after: self.suspect_to_down_after,
+            remove_down_after: Some(self.remove_down_after),
+            max_packet_size: nz(MAX_FOCA_PACKET),
+            notify_down_members: true,
+            periodic_announce: Some(foca::PeriodicParams {
+                frequency: Duration::from_secs(30),
+                num_members: nz(1),
+            }),
+            periodic_announce_to_down_members: Some(foca::PeriodicParams {
+                frequency: self.announce_down_interval,
+                num_members: nz(2),
+            }),
+            periodic_gossip: Some(foca::PeriodicParams {
+                frequency: self.gossip_interval,
+                num_members: nz(self.gossip_fanout),
+            }),
+        }
+    }
+
+    fn push_pull_every(&self, cluster_size: usize) -> Duration {
+        // Like memberlist: beyond 32 members, back off by log2(n / 32) + 1.
+        let scale = if cluster_size <= 32 {
+            1.0
+        } else {
+            (cluster_size as f64 / 32.0).log2().ceil() + 1.0
+        };
+        self.push_pull_interval.mul_f64(scale)
+    }
+}
+
+/// What the core asks its shell to do.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// Seal `plain` (kind byte first) for `to` and send it as a datagram.
+    Send { to: SocketAddr, plain: Vec<u8> },
+    /// Exchange full state with `to` over the transport; the reply goes to
+    /// [`MeshCore::handle_push_pull_reply`].
+    PushPull { to: NodeIdentity, state: FullState },
+    /// Fetch `node_id`'s metadata record from `from` over the transport;
+    /// the answer goes to [`MeshCore::handle_meta_fetched`].
+    FetchMeta { from: NodeIdentity, node_id: String },
+    /// Resolve the seeds now; the answer goes to [`MeshCore::handle_seeds`].
+    ResolveSeeds,
+    /// Something to count or log.
+    Event(Event),
+}
+
+/// What the shell turns into metrics and log lines.
+#[derive(Debug)]
+pub(crate) enum Event {
+    MemberUp(NodeIdentity),
+    MemberDown(NodeIdentity),
+    Renamed {
+        old: NodeIdentity,
+        new: NodeIdentity,
+    },
+    /// A packet or record refused (`mesh_packets_rejected_total`).
+    Rejected(Reject),
+    Joined,
+    Idle,
+    Rejoined {
+        generation: u64,
+    },
+    /// Declared down by the cluster (not while leaving).
+    Defunct,
+    /// Our own metadata was too large to publish.
+    LocalMetaTooLarge {
+        bytes: usize,
+    },
+    /// Left: the peers told directly.
+    Left {
+        peers: usize,
+    },
+}
+
+/// One mesh node's protocol state.
+pub(crate) struct MeshCore {
+    foca: Foca<NodeIdentity, PostcardCodec, StdRng, DigestHandler>,
+    rt: AccumulatingRuntime<NodeIdentity>,
+    rng: StdRng,
+    tuning: SwimTuning,
+    cluster_id: String,
+    advertise: SocketAddr,
+    started: Instant,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    timer_slots: HashMap<u64, Timer<NodeIdentity>>,
+    timer_seq: u64,
+    next_tick: Instant,
+    /// `None` while a resolve is out.
+    next_resolve: Option<Instant>,
+    /// The next re-resolve's delay while seeds are still not members.
+    resolve_retry: Duration,
+    next_push_pull: Instant,
+    // Ordered maps: the simulator needs runs that repeat exactly.
+    last_seen: BTreeMap<Arc<str>, Instant>,
+    metas: BTreeMap<String, MetaRecord>,
+    local_meta: MetaRecord,
+    wanted: Wanted,
+    fetching: HashSet<String>,
+    seeds: Vec<SocketAddr>,
+    pushed_on_join: bool,
+    /// Every seed has been greeted once.
+    greeted_all: bool,
+    sized_for: usize,
+    leaving: bool,
+    last_digest: Instant,
+    running: bool,
+    skew_isolated: bool,
+    out: VecDeque<Output>,
+}
+
+impl MeshCore {
+    /// A node that has not contacted anyone yet; its first output asks for
+    /// the seeds.
+    pub(crate) fn new(
+        local: NodeIdentity,
+        cluster_id: String,
+        tuning: SwimTuning,
+        meta: &NodeMeta,
+        mut rng: StdRng,
+        now: Instant,
+    ) -> Self {
+        let wanted = Wanted::default();
+        let foca = Foca::with_custom_broadcast(
+            local.clone(),
+            tuning.foca_config(1),
+            StdRng::from_rng(&mut rng),
+            PostcardCodec,
+            DigestHandler::new(&local.node_id, wanted.clone()),
+        );
+        let local_meta = MetaRecord {
+            node_id: local.node_id.to_string(),
+            epoch: local.generation,
+            version: 1,
+            json: encode_meta(meta),
+        };
+        let next_push_pull = now + tuning.push_pull_interval;
+        Self {
+            foca,
+            rt: AccumulatingRuntime::new(),
+            rng,
+            tuning,
+            cluster_id,
+            advertise: local.gossip,
+            started: now,
+            timers: BinaryHeap::new(),
+            timer_slots: HashMap::new(),
+            timer_seq: 0,
+            next_tick: now + TICK,
+            next_resolve: Some(now),
+            resolve_retry: RESOLVE_RETRY_FIRST,
+            next_push_pull,
+            last_seen: BTreeMap::new(),
+            metas: BTreeMap::new(),
+            local_meta,
+            wanted,
+            fetching: HashSet::new(),
+            seeds: Vec::new(),
+            pushed_on_join: false,
+            greeted_all: false,
+            sized_for: 1,
+            leaving: false,
+            last_digest: now,
+            running: false,
+            skew_isolated: false,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Joined a cluster, or alone for 5 s with nobody answering.
+    pub(crate) fn running(&self) -> bool {
+        self.running
+    }
+
+    /// Whether any peer is alive or suspect.
+    pub(crate) fn has_peers(&self) -> bool {
+        self.foca.num_members() > 0
+    }
+
+    /// Peers by state: alive, suspect, down (self excluded).
+    pub(crate) fn peer_counts(&self) -> [usize; 3] {
+        let mut counts = [0; 3];
+        for m in self.peers() {
+            counts[state_code(m.state()) as usize] += 1;
+        }
+        counts
+    }
+
+    /// Set by the shell: every authenticated packet lately was rejected for
+    /// clock skew. Hearing only those is not being alone.
+    pub(crate) fn set_skew_isolated(&mut self, isolated: bool) {
+        self.skew_isolated = isolated;
+    }
+
+    /// The next output, if any.
+    pub(crate) fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When [`MeshCore::handle_timeout`] is next due.
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        let foca = self.timers.peek().map(|Reverse((at, _))| *at);
+        [foca, Some(self.next_tick), self.next_resolve]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Fires every timer due at `now`.
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(timer) = self.timer_slots.remove(&seq)
+                && let Err(e) = self.foca.handle_timer(timer, &mut self.rt)
+            {
+                debug!(error = %e, "timer failed");
+            }
+            self.flush(now);
+        }
+        if now >= self.next_tick {
+            // Late ticks are not caught up: the work is idempotent.
+            self.next_tick = now + TICK;
+            self.on_tick(now);
+        }
+        if self.next_resolve.is_some_and(|t| now >= t) {
+            self.next_resolve = None;
+            self.out.push_back(Output::ResolveSeeds);
+        }
+        self.flush(now);
+    }
+
+    /// The seeds as just resolved: greet those not known yet, and schedule
+    /// the next resolve.
+    pub(crate) fn handle_seeds(&mut self, seeds: Vec<SocketAddr>, now: Instant) {
+        self.seeds = seeds.into_iter().filter(|s| *s != self.advertise).collect();
+        let seeds_unknown = self.hello_seeds();
+        let wait = if !self.has_peers() {
+            RESOLVE_ALONE
+        } else if seeds_unknown {
+            let wait = self.resolve_retry;
+            self.resolve_retry = (wait * 2).min(RESOLVE_WITH_PEERS);
+            wait
+        } else {
+            self.resolve_retry = RESOLVE_RETRY_FIRST;
+            RESOLVE_WITH_PEERS
+        };
+        self.next_resolve = Some(now + wait);
+        self.flush(now);
+    }
+
+    /// An authenticated datagram (the kind byte first), from `from`.
+    pub(crate) fn handle_datagram(&mut self, plain: &[u8], from: SocketAddr, now: Instant) {
+        self.on_datagram(plain, from);
+        self.flush(now);
+    }
+
+    fn on_datagram(&mut self, plain: &[u8], from: SocketAddr) {
+        let Some((&kind, body)) = plain.split_first() else {
+            self.reject(Reject::Decode);
+            return;
+        };
+        match kind {
+            wire::KIND_FOCA => {
+                if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
+                    self.count_foca_error(&e);
+                }
+                // A digest just arrived: fetch its record now, not at the tick.
+                if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
+                    self.fetch_wanted();
+                }
+            }
+            wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
+                let Ok(id) = postcard::from_bytes::<NodeIdentity>(body) else {
+                    self.reject(Reject::Decode);
+                    return;
+                };
+                if id.node_id == self.foca.identity().node_id {
+                    return;
+                }
+                match kind {
+                    wire::KIND_HELLO => {
+                        let me = self.foca.identity().clone();
+                        self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
+                        // Both sides learn each other from the hello itself:
+                        // no feed bursts when a node greets 100+ seeds. In a
+                        // cluster too large for a newcomer to greet everyone
+                        // (MAX_HELLOS), the greeted tell the rest by gossip.
+                        let gossip = self.foca.num_members() >= MAX_HELLOS;
+                        self.learn(id, gossip);
+                    }
+                    wire::KIND_HELLO_ACK => {
+                        let peer = id.clone();
+                        self.learn(id, false);
+                        if !self.pushed_on_join {
+                            self.pushed_on_join = true;
+                            self.push_pull(peer, true);
+                        }
+                    }
+                    _ => {
+                        let members = std::iter::once(Member::down(id));
+                        if let Err(e) = self.foca.apply_many(members, true, &mut self.rt) {
+                            debug!(error = %e, "applying a leave failed");
+                        }
+                    }
+                }
+            }
+            _ => self.reject(Reject::Decode),
+        }
+    }
+
+    /// A peer's full state arrived on our transport: merge it; the reply is
+    /// ours (with every record when the peer asked for them).
+    pub(crate) fn handle_push_pull_request(
+        &mut self,
+        remote: FullState,
+        now: Instant,
+    ) -> FullState {
+        let records = remote.want_records;
+        self.merge(remote);
+        let reply = self.full_state(records);
+        self.flush(now);
+        reply
+    }
+
+    /// The reply to a full-state exchange we started.
+    pub(crate) fn handle_push_pull_reply(&mut self, remote: FullState, now: Instant) {
+        self.merge(remote);
+        self.flush(now);
+    }
+
+    /// A peer asks for a metadata record we may hold.
+    pub(crate) fn meta_record(&self, node_id: &str) -> Option<MetaRecord> {
+        if node_id == self.local_meta.node_id {
+            Some(self.local_meta.clone())
+        } else {
+            self.metas.get(node_id).cloned()
+        }
+    }
+
+    /// A metadata fetch ended (`None`: it failed or the owner had none).
+    pub(crate) fn handle_meta_fetched(
+        &mut self,
+        rec: Option<MetaRecord>,
+        node_id: &str,
+        now: Instant,
+    ) {
+        self.fetching.remove(node_id);
+        if let Some(rec) = rec.filter(|r| r.node_id == node_id) {
+            self.store_meta(rec);
+        }
+        self.flush(now);
+    }
+
+    /// Publishes new metadata for this node.
+    pub(crate) fn set_local_meta(&mut self, meta: &NodeMeta, now: Instant) {
+        let json = encode_meta(meta);
+        if json.len() > MAX_META_BYTES {
+            self.event(Event::LocalMetaTooLarge { bytes: json.len() });
+            return;
+        }
+        if json == self.local_meta.json {
+            return;
+        }
+        self.local_meta.json = json;
+        self.local_meta.version += 1;
+        self.broadcast_local_meta(now);
+        self.flush(now);
+    }
+
+    /// Leaves the cluster: every active peer is told directly (twice:
+    /// datagrams get lost), so the cluster sees us down at once instead of
+    /// after gossip. Nothing should be fed to the core afterwards.
+    pub(crate) fn leave(&mut self, now: Instant) {
+        self.leaving = true;
+        let me = self.foca.identity().clone();
+        let peers: Vec<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
+        for _ in 0..2 {
+            for p in &peers {
+                self.send_envelope(*p, wire::KIND_LEAVE, &me);
+            }
+        }
+        if let Err(e) = self.foca.leave_cluster(&mut self.rt) {
+            debug!(error = %e, "leave failed");
+        }
+        self.flush(now);
+        self.event(Event::Left { peers: peers.len() });
+        self.next_resolve = None;
+    }
+
+    /// Every known member, this node included.
+    pub(crate) fn members(&self) -> Vec<MemberInfo> {
+        let mut out: Vec<MemberInfo> = self
+            .peers()
+            .map(|m| MemberInfo {
+                node_id: m.id().node_id.to_string(),
+                state: m.state().into(),
+                local: false,
+            })
+            .collect();
+        out.push(MemberInfo {
+            node_id: self.foca.identity().node_id.to_string(),
+            state: MemberState::Alive,
+            local: true,
+        });
+        out
+    }
+
+    /// The cluster as this node sees it (`/admin/cluster/status`); the
+    /// local node's `clock_skew` is the shell's to fill in.
+    pub(crate) fn status(&self, now: Instant, unix_ms: u64) -> ClusterStatus {
+        let local_meta = self.local_meta.meta();
+        let me = self.foca.identity();
+        let mut nodes = vec![NodeStatus {
+            node_id: me.node_id.to_string(),
+            local: true,
+            address: me.gossip.to_string(),
+            membership_state: MemberState::Alive,
+            incarnation: me.generation,
+            last_seen_ms_ago: 0,
+            health: if local_meta.ready {
+                "healthy"
+            } else {
+                "unhealthy"
+            }
+            .into(),
+            clock_skew: Vec::new(),
+            version: Some(local_meta.version),
+            config_hash: local_meta.config_hash,
+            last_reload: local_meta.last_reload,
+            certificates: local_meta.certificates,
+            acme: local_meta.acme,
+            proxy: local_meta.proxy,
+        }];
+        let mut others: Vec<NodeStatus> = self
+            .peers()
+            .map(|m| {
+                let id = m.id();
+                let meta = self.metas.get(&*id.node_id).map(|r| r.meta());
+                let state: MemberState = m.state().into();
+                let ready = meta.as_ref().is_some_and(|m| m.ready);
+                let meta = meta.unwrap_or_default();
+                NodeStatus {
+                    node_id: id.node_id.to_string(),
+                    local: false,
+                    address: id.gossip.to_string(),
+                    membership_state: state,
+                    incarnation: id.generation,
+                    last_seen_ms_ago: self
+                        .last_seen
+                        .get(&*id.node_id)
+                        .map(|t| now.saturating_duration_since(*t).as_millis() as u64)
+                        .unwrap_or(u64::MAX / 2),
+                    health: if state == MemberState::Alive && ready {
+                        "healthy"
+                    } else {
+                        "unhealthy"
+                    }
+                    .into(),
+                    clock_skew: Vec::new(),
+                    version: (!meta.version.is_empty()).then_some(meta.version),
+                    config_hash: meta.config_hash,
+                    last_reload: meta.last_reload,
+                    certificates: meta.certificates,
+                    acme: meta.acme,
+                    proxy: meta.proxy,
+                }
+            })
+            .collect();
+        others.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        nodes.extend(others);
+        ClusterStatus {
+            schema_version: 1,
+            cluster_id: self.cluster_id.clone(),
+            local_node_id: me.node_id.to_string(),
+            generated_at_unix_ms: unix_ms,
+            summary: ClusterStatus::summarize(&nodes),
+            nodes,
+        }
+    }
+
+    /// How many peers this node sees in each state, by node id; cheaper
+    /// than [`MeshCore::status`] for the simulator's checks.
+    pub(crate) fn peer_state(&self, node_id: &str) -> Option<MemberState> {
+        self.peers()
+            .find(|m| &*m.id().node_id == node_id)
+            .map(|m| m.state().into())
+    }
+
+    fn event(&mut self, e: Event) {
+        self.out.push_back(Output::Event(e));
+    }
+
+    fn reject(&mut self, r: Reject) {
+        self.event(Event::Rejected(r));
+    }
+
+    /// Tells foca a member is alive because it just authenticated to us.
+    /// Gossiped only when asked: every member greets its seeds itself, and
+    /// a node greeting 100+ seeds would otherwise flood the gossip backlog.
+    fn learn(&mut self, id: NodeIdentity, gossip: bool) {
+        let update = std::iter::once(Member::alive(id));
+        if let Err(e) = self.foca.apply_many(update, gossip, &mut self.rt) {
+            debug!(error = %e, "member not applied");
+        }
+    }
+
+    /// Every member foca knows but ourselves: after a restart foca may hold
+    /// our previous identity (declared down); that is us, not a peer.
+    fn peers(&self) -> impl Iterator<Item = &Member<NodeIdentity>> {
+        let me = &self.foca.identity().node_id;
+        self.foca
+            .iter_membership_state()
+            .filter(move |m| &m.id().node_id != me)
+    }
+
+    fn count_foca_error(&mut self, e: &foca::Error) {
+        match e {
+            foca::Error::Decode(_)
+            | foca::Error::MalformedPacket
+            | foca::Error::CustomBroadcast(_) => self.reject(Reject::Decode),
+            foca::Error::DataTooBig => self.reject(Reject::Size),
+            other => debug!(error = %other, "foca refused a packet"),
+        }
+    }
+
+    fn send_envelope(&mut self, to: SocketAddr, kind: u8, id: &NodeIdentity) {
+        let mut plain = vec![kind];
+        if let Ok(body) = postcard::to_allocvec(id) {
+            plain.extend_from_slice(&body);
+        }
+        self.out.push_back(Output::Send { to, plain });
+    }
+
+    /// Seeds that are not alive members get a hello; the reply names them
+    /// so foca can announce to them. At most [`MAX_HELLOS`] of them, at
+    /// random: every greeting costs both sides a scan of foca's member list,
+    /// and greeting every pod of a large StatefulSet is N² datagrams; one
+    /// answer is enough to join (its push-pull brings the whole membership,
+    /// and the rest learn us from foca's gossip).
+    ///
+    /// The first time, every seed is greeted, known or not: knowing a member
+    /// (from gossip or from a pod that greeted us first) does not mean it
+    /// knows us, and one that does not would only learn of us at its next
+    /// re-resolve, 10 s later (the simulator's OrderedReady start showed it).
+    ///
+    /// Returns whether some seed is not a member yet.
+    fn hello_seeds(&mut self) -> bool {
+        let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
+        let first = !self.greeted_all;
+        self.greeted_all |= !self.seeds.is_empty();
+        let me = self.foca.identity().clone();
+        let unknown = self.seeds.iter().any(|s| !known.contains(s));
+        let mut targets: Vec<SocketAddr> = self
+            .seeds
+            .iter()
+            .filter(|s| first || !known.contains(s))
+            .copied()
+            .collect();
+        if targets.len() > MAX_HELLOS {
+            let (picked, _) = targets.partial_shuffle(&mut self.rng, MAX_HELLOS);
+            targets = picked.to_vec();
+        }
+        for seed in targets {
+            self.send_envelope(seed, wire::KIND_HELLO, &me);
+        }
+        unknown
+    }
+
+    fn on_tick(&mut self, now: Instant) {
+        let active = self.foca.num_members();
+        let alone =
+            now.saturating_duration_since(self.started) >= ALONE_READY_AFTER && !self.skew_isolated;
+        if !self.running && (active > 0 || alone) {
+            self.running = true;
+        }
+        // Re-size foca's retransmissions as the cluster grows or shrinks.
+        let size = active + 1;
+        if size.next_power_of_two() != self.sized_for.next_power_of_two() {
+            self.sized_for = size;
+            if let Err(e) = self.foca.set_config(self.tuning.foca_config(size)) {
+                debug!(error = %e, "foca config not changed");
+            }
+        }
+        self.fetch_wanted();
+        if now >= self.next_push_pull {
+            self.next_push_pull = now + self.tuning.push_pull_every(size);
+            if let Some(peer) = self.random_alive() {
+                self.push_pull(peer, false);
+            }
+        }
+        // Forget metadata of members foca forgot.
+        let present: HashSet<Arc<str>> = self.peers().map(|m| m.id().node_id.clone()).collect();
+        self.metas.retain(|k, _| present.contains(k.as_str()));
+        self.last_seen.retain(|k, _| present.contains(k));
+    }
+
+    fn random_alive(&mut self) -> Option<NodeIdentity> {
+        let n = self.foca.num_members();
+        if n == 0 {
+            return None;
+        }
+        let i = self.rng.random_range(0..n);
+        self.foca.iter_members().nth(i).map(|m| m.id().clone())
+    }
+
+    fn fetch_wanted(&mut self) {
+        let wanted: Vec<MetaDigest> = match self.wanted.lock() {
+            Ok(mut w) => std::mem::take(&mut *w),
+            Err(_) => return,
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        // The newest digest per owner: repeats pile up while a fetch is out.
+        let mut newest: BTreeMap<String, MetaDigest> = BTreeMap::new();
+        for d in wanted {
+            match newest.get(&d.node_id) {
+                Some(have)
+                    if (have.epoch, have.version, have.inline.is_some())
+                        >= (d.epoch, d.version, d.inline.is_some()) => {}
+                _ => {
+                    newest.insert(d.node_id.clone(), d);
+                }
+            }
+        }
+        let mut need = Vec::new();
+        for (_, d) in newest {
+            let have = self.metas.get(&d.node_id).map(|r| r.stamp());
+            if have.is_some_and(|h| h >= (d.epoch, d.version)) {
+                continue;
+            }
+            match d.record() {
+                Some(rec) => self.store_meta(rec),
+                None => need.push(d),
+            }
+        }
+        if need.is_empty() {
+            return;
+        }
+        // One pass over the members, not one per digest.
+        let owners: HashMap<&str, &NodeIdentity> = self
+            .foca
+            .iter_members()
+            .map(|m| (&*m.id().node_id, m.id()))
+            .collect();
+        for d in &need {
+            if let Some(owner) = owners.get(d.node_id.as_str())
+                && self.fetching.insert(d.node_id.clone())
+            {
+                self.out.push_back(Output::FetchMeta {
+                    from: (*owner).clone(),
+                    node_id: d.node_id.clone(),
+                });
+            }
+        }
+        // Keep digests until their record arrived (a fetch can fail).
+        if let Ok(mut w) = self.wanted.lock() {
+            w.extend(need);
+        }
+    }
+
+    fn push_pull(&mut self, to: NodeIdentity, want_records: bool) {
+        let mut state = self.full_state(false);
+        state.want_records = want_records;
+        self.out.push_back(Output::PushPull { to, state });
+    }
+
+    fn full_state(&self, with_records: bool) -> FullState {
+        let mut members: Vec<WireMember> = self
+            .peers()
+            .map(|m| WireMember {
+                id: m.id().clone(),
+                incarnation: m.incarnation(),
+                state: state_code(m.state()),
+            })
+            .collect();
+        members.push(WireMember {
+            id: self.foca.identity().clone(),
+            incarnation: 0,
+            state: 0,
+        });
+        let records: Vec<MetaRecord> = if with_records {
+            self.metas
+                .values()
+                .chain(std::iter::once(&self.local_meta))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stamps = self
+            .metas
+            .values()
+            .chain(std::iter::once(&self.local_meta))
+            .map(|r| MetaDigest::of(r, false))
+            .collect();
+        FullState {
+            from: Some(self.foca.identity().clone()),
+            members,
+            stamps,
+            records,
+            want_records: false,
+        }
+    }
+
+    fn merge(&mut self, remote: FullState) {
+        let me = self.foca.identity().node_id.clone();
+        // foca finds each update's member by a scan of its list: hand it
+        // only what would change something (N² comparisons per exchange
+        // otherwise, at steady state all for nothing).
+        let known: HashMap<&NodeIdentity, (u16, u8)> = self
+            .foca
+            .iter_membership_state()
+            .map(|m| (m.id(), (m.incarnation(), state_code(m.state()))))
+            .collect();
+        let news: Vec<WireMember> = remote
+            .members
+            .into_iter()
+            .filter(|m| {
+                m.id.node_id != me
+                    && known.get(&m.id).is_none_or(|&(inc, state)| {
+                        would_change(inc, state, m.incarnation, m.state)
+                    })
+            })
+            .collect();
+        drop(known);
+        let updates: Vec<Member<NodeIdentity>> = news
+            .into_iter()
+            .map(|m| {
+                let state = match m.state {
+                    0 => foca::State::Alive,
+                    1 => foca::State::Suspect,
+                    _ => foca::State::Down,
+                };
+                Member::new(m.id, m.incarnation, state)
+            })
+            .collect();
+        if let Err(e) = self
+            .foca
+            .apply_many(updates.into_iter(), false, &mut self.rt)
+        {
+            debug!(error = %e, "full state not applied");
+        }
+        for rec in remote.records {
+            if *rec.node_id != *me {
+                self.store_meta(rec);
+            }
+        }
+        // Newer metadata than ours: fetch it from its owner.
+        let stale: Vec<MetaDigest> = remote
+            .stamps
+            .into_iter()
+            .filter(|d| {
+                *d.node_id != *me
+                    && self
+                        .metas
+                        .get(&d.node_id)
+                        .is_none_or(|r| r.stamp() < (d.epoch, d.version))
+            })
+            .collect();
+        if !stale.is_empty()
+            && let Ok(mut w) = self.wanted.lock()
+        {
+            w.extend(stale);
+        }
+    }
+
+    fn store_meta(&mut self, rec: MetaRecord) {
+        if rec.json.len() > MAX_META_BYTES {
+            self.reject(Reject::Size);
+            return;
+        }
+        let newer = self
+            .metas
+            .get(&rec.node_id)
+            .is_none_or(|have| rec.stamp() > have.stamp());
+        if newer {
+            self.metas.insert(rec.node_id.clone(), rec);
+        }
+    }
+
+    fn broadcast_local_meta(&mut self, now: Instant) {
+        self.last_digest = now;
+        let digest = MetaDigest::of(&self.local_meta, true);
+        if let Ok(bytes) = postcard::to_allocvec(&digest)
+            && let Err(e) = self.foca.add_broadcast(&bytes)
+        {
+            debug!(error = %e, "metadata digest not queued");
+        }
+    }
+
+    /// Sends our digest around again (newcomers, rejoins). Re-adding the
+    /// same digest is a no-op for foca, so the version moves.
+    fn republish_digest(&mut self, force: bool, now: Instant) {
+        if !force && now.saturating_duration_since(self.last_digest) < REPUBLISH_EVERY {
+            return;
+        }
+        self.local_meta.version += 1;
+        self.broadcast_local_meta(now);
+    }
+
+    /// Moves what foca queued into outputs and timers, and applies its
+    /// notifications.
+    fn flush(&mut self, now: Instant) {
+        while let Some(n) = self.rt.to_notify() {
+            self.on_notification(n, now);
+        }
+        while let Some((after, timer)) = self.rt.to_schedule() {
+            self.timer_seq += 1;
+            self.timers.push(Reverse((now + after, self.timer_seq)));
+            self.timer_slots.insert(self.timer_seq, timer);
+        }
+        while let Some((to, data)) = self.rt.to_send() {
+            let mut plain = Vec::with_capacity(data.len() + 1);
+            plain.push(wire::KIND_FOCA);
+            plain.extend_from_slice(&data);
+            self.out.push_back(Output::Send {
+                to: to.gossip,
+                plain,
+            });
+        }
+    }
+
+    fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>, now: Instant) {
+        match n {
+            OwnedNotification::DataReceived(h) => {
+                self.last_seen.insert(h.src.node_id.clone(), now);
+            }
+            OwnedNotification::MemberUp(id) => {
+                self.last_seen.insert(id.node_id.clone(), now);
+                self.event(Event::MemberUp(id));
+                // A newcomer learns our metadata from our digest.
+                self.republish_digest(false, now);
+            }
+            OwnedNotification::MemberDown(id) => self.event(Event::MemberDown(id)),
+            OwnedNotification::Rename(old, new) => self.event(Event::Renamed { old, new }),
+            OwnedNotification::Active => {
+                self.running = true;
+                self.event(Event::Joined);
+            }
+            OwnedNotification::Idle => self.event(Event::Idle),
+            OwnedNotification::Rejoin(id) => {
+                self.event(Event::Rejoined {
+                    generation: id.generation,
+                });
+                self.republish_digest(true, now);
+            }
+            OwnedNotification::Defunct if !self.leaving => self.event(Event::Defunct),
+            _ => {}
+        }
+    }
+}
+
+/// Whether foca would apply an update of a member it holds as `state` at
+/// `inc` (codes of [`state_code`]): SWIM's order of preference, as foca's
+/// `Member::can_change` has it. A down member changes only by a new identity.
+fn would_change(inc: u16, state: u8, new_inc: u16, new_state: u8) -> bool {
+    match (state, new_state) {
+        (2, _) => false,
+        (_, s) if s >= 2 => true,
+        (0, 1) => new_inc >= inc,
+        _ => new_inc > inc,
+    }
+}
+
+fn state_code(s: foca::State) -> u8 {
+    match s {
+        foca::State::Alive => 0,
+        foca::State::Suspect => 1,
+        foca::State::Down => 2,
+    }
+}
+
+fn encode_meta(meta: &NodeMeta) -> Vec<u8> {
+    serde_json::to_vec(meta).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The core on the simulator's network: virtual time, no sockets, and
+    //! every check what a user reads in status.
+
+    use std::time::Duration;
+
+    use super::SwimTuning;
+    use crate::mesh::meta::{CertificateInfo, NodeMeta};
+    use crate::mesh::sim::{Seeds, Sim, SimConfig, Start};
+    use crate::mesh::view::MemberState;
+
+    const LIMIT: Duration = Duration::from_secs(120);
+
+    fn sim(nodes: usize, start: Start, seeds: Seeds, tuning: SwimTuning) -> Sim {
+        Sim::new(SimConfig {
+            nodes,
+            start,
+            seeds,
+            tuning,
+            ..SimConfig::default()
+        })
+    }
+
+    /// Gossip and probes that never come round: what happens is the
+    /// hellos' and full-state exchanges' doing.
+    fn quiet() -> SwimTuning {
+        SwimTuning {
+            probe_period: Duration::from_secs(3600),
+            gossip_interval: Duration::from_secs(3600),
+            announce_down_interval: Duration::from_secs(3600),
+            push_pull_interval: Duration::from_secs(3600),
+            ..SwimTuning::default()
+        }
+    }
+
+    fn converge(s: &mut Sim) {
+        let limit = s.now() + LIMIT;
+        assert!(
+            s.run_while_not(limit, Sim::converged).is_some(),
+            "no convergence by {limit:?}"
+        );
+        assert!(s.converged_exactly());
+    }
+
+    fn total(s: &Sim, i: usize) -> usize {
+        s.status(i).map_or(0, |st| st.summary.total_nodes)
+    }
+
+    #[test]
+    fn nodes_join_through_seeds_and_hellos() {
+        let mut s = sim(5, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        for i in 0..5 {
+            assert_eq!(s.status(i).unwrap().summary.total_nodes, 5);
+            assert!(s.is_running(i));
+        }
+        // Records follow the membership: everyone ends up healthy.
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..5).all(|i| s.status(i).unwrap().summary.healthy_nodes == 5)
+        })
+        .expect("every record arrives");
+    }
+
+    #[test]
+    fn a_hello_ack_starts_a_push_pull_that_fills_in_the_members() {
+        // Only sbproxy-0 is a seed, and gossip never runs: sbproxy-2 can
+        // learn of sbproxy-1 (and its metadata) only from the full state
+        // that sbproxy-0's hello-ack triggers.
+        let mut s = sim(3, Start::Manual, Seeds::First, quiet());
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| {
+            s.status(0).is_some_and(|st| st.summary.healthy_nodes == 2)
+        })
+        .expect("sbproxy-0 fetches sbproxy-1's record");
+        s.start(2);
+        s.run_while_not(s.now() + LIMIT, |s| {
+            s.sees(2, 1) == Some(MemberState::Alive)
+        })
+        .expect("sbproxy-2 learns sbproxy-1");
+        let st = s.status(2).unwrap();
+        let one = st.nodes.iter().find(|n| n.node_id == "sbproxy-1").unwrap();
+        assert_eq!(one.health, "healthy", "records came with the full state");
+        assert_eq!(one.version.as_deref(), Some("sim"));
+    }
+
+    #[test]
+    fn periodic_push_pulls_alone_spread_a_member() {
+        // sbproxy-1 greets only sbproxy-0 and hears nothing by gossip; it
+        // learns of sbproxy-2 when a periodic full-state exchange merges.
+        let tuning = SwimTuning {
+            push_pull_interval: Duration::from_secs(5),
+            ..quiet()
+        };
+        let mut s = sim(3, Start::Manual, Seeds::First, tuning);
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| total(s, 1) == 2).unwrap();
+        s.start(2);
+        s.run_while_not(s.now() + LIMIT, |s| total(s, 2) == 3)
+            .unwrap();
+        assert_eq!(s.sees(1, 2), None, "no gossip, no exchange yet");
+        converge(&mut s);
+        assert_eq!(s.sees(1, 2), Some(MemberState::Alive));
+    }
+
+    #[test]
+    fn metadata_arrives_inline_when_small_and_by_fetch_when_large() {
+        let mut s = sim(3, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let hash = |s: &Sim, i: usize, of: &str| {
+            let st = s.status(i).unwrap();
+            let n = st.nodes.iter().find(|n| n.node_id == of).unwrap();
+            (n.config_hash.clone(), n.certificates.len())
+        };
+        let small = NodeMeta {
+            version: "sim".into(),
+            ready: true,
+            config_hash: Some("sha256:small".into()),
+            ..Default::default()
+        };
+        s.set_meta(2, &small);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..2).all(|i| hash(s, i, "sbproxy-2").0.as_deref() == Some("sha256:small"))
+        })
+        .expect("the small record reaches everyone");
+
+        // Far over the inline limit: only the digest is gossiped and the
+        // record is fetched from its owner.
+        let large = NodeMeta {
+            config_hash: Some("sha256:large".into()),
+            certificates: (0..40)
+                .map(|i| CertificateInfo {
+                    host: format!("host-{i}.example.test"),
+                    not_after_unix: 1,
+                    serial: format!("{i:032x}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..small
+        };
+        s.set_meta(2, &large);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..2).all(|i| hash(s, i, "sbproxy-2") == (Some("sha256:large".into()), 40))
+        })
+        .expect("the large record reaches everyone");
+    }
+
+    #[test]
+    fn a_graceful_leave_is_seen_down_at_once() {
+        // No suspicion ever expires: only the leave itself can make it down.
+        let tuning = SwimTuning {
+            suspect_to_down_after: Duration::from_secs(3600),
+            ..SwimTuning::default()
+        };
+        let mut s = sim(4, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        s.terminate(3);
+        let limit = s.now() + Duration::from_secs(1);
+        s.run_while_not(limit, |s| {
+            (0..3).all(|i| s.sees(i, 3) == Some(MemberState::Down))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "every survivor lists sbproxy-3 down: {:?}",
+                (0..3).map(|i| s.sees(i, 3)).collect::<Vec<_>>()
+            )
+        });
+        for i in 0..3 {
+            let st = s.status(i).unwrap();
+            assert_eq!((st.summary.total_nodes, st.summary.down_nodes), (3, 1));
+        }
+    }
+
+    #[test]
+    fn a_killed_node_is_detected_and_a_restart_replaces_its_entry() {
+        let mut s = sim(4, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let old = s.status(0).unwrap();
+        let old_gen = old
+            .nodes
+            .iter()
+            .find(|n| n.node_id == "sbproxy-3")
+            .unwrap()
+            .incarnation;
+        s.kill(3);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, Sim::watched_down_everywhere)
+            .expect("the kill is detected");
+        assert!((0..3).all(|i| s.sees(i, 3) == Some(MemberState::Down)));
+
+        // Same name, same address, a newer generation.
+        s.start(3);
+        converge(&mut s);
+        for i in 0..4 {
+            let st = s.status(i).unwrap();
+            let entries: Vec<_> = st
+                .nodes
+                .iter()
+                .filter(|n| n.node_id == "sbproxy-3")
+                .collect();
+            assert_eq!(entries.len(), 1, "listed once");
+            assert_eq!(entries[0].membership_state, MemberState::Alive);
+            assert!(entries[0].incarnation > old_gen);
+            assert_eq!(st.summary.total_nodes, 4);
+        }
+    }
+
+    #[test]
+    fn a_partition_heals_by_itself() {
+        let mut s = sim(4, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        s.set_group(0, 1);
+        s.set_group(1, 1);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            s.sees(0, 2) == Some(MemberState::Down)
+                && s.sees(2, 0) == Some(MemberState::Down)
+                && s.sees(1, 3) == Some(MemberState::Down)
+                && s.sees(3, 1) == Some(MemberState::Down)
+        })
+        .expect("each side sees the other down");
+        s.set_group(0, 0);
+        s.set_group(1, 0);
+        converge(&mut s);
+        for i in 0..4 {
+            assert_eq!(s.status(i).unwrap().summary.down_nodes, 0);
+        }
+    }
+
+    #[test]
+    fn a_starved_node_is_not_declared_down() {
+        let mut s = sim(6, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let downs = s.downs();
+        for _ in 0..5 {
+            s.stall(5, Duration::from_millis(1500));
+            let next = s.now() + Duration::from_secs(10);
+            s.run_until(next);
+        }
+        assert_eq!(s.downs(), downs, "no member was declared down");
+        assert!(s.converged_exactly());
+    }
+
+    #[test]
+    fn a_pod_greeted_before_its_seeds_resolve_still_greets_them_all() {
+        // This run has a pod learn two others from gossip before its own
+        // seeds resolve; they must hear from it at once, not at their next
+        // re-resolve (10 s later).
+        let mut s = Sim::new(SimConfig {
+            nodes: 128,
+            seed: 2,
+            start: Start::Ordered,
+            ..SimConfig::default()
+        });
+        s.run_while_not(LIMIT, Sim::all_started).unwrap();
+        let last = (0..128).filter_map(|i| s.started_at(i)).max().unwrap();
+        let t = s
+            .run_while_not(last + Duration::from_secs(5), Sim::converged)
+            .expect("converged before any re-resolve");
+        assert!(t < last + Duration::from_secs(5));
+        assert!(s.converged_exactly());
+    }
+
+    #[test]
+    fn merge_skips_exactly_what_foca_would_ignore() {
+        use super::would_change;
+        let (alive, suspect, down) = (0, 1, 2);
+        assert!(would_change(3, alive, 4, alive));
+        assert!(!would_change(3, alive, 3, alive));
+        assert!(would_change(3, alive, 3, suspect));
+        assert!(!would_change(3, suspect, 3, alive));
+        assert!(would_change(3, suspect, 4, alive));
+        assert!(
+            would_change(3, alive, 0, down),
+            "down wins at any incarnation"
+        );
+        assert!(
+            !would_change(3, down, 9, alive),
+            "only a new identity revives"
+        );
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_run() {
+        let run = |seed| {
+            let mut s = Sim::new(SimConfig {
+                nodes: 16,
+                seed,
+                loss: 0.05,
+                start: Start::Spread(Duration::from_millis(10)),
+                ..SimConfig::default()
+            });
+            s.run_until(Duration::from_secs(5));
+            s.kill(3);
+            s.run_until(Duration::from_secs(15));
+            (s.trace_hash(), s.events())
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7).0, run(8).0);
+    }
+}
