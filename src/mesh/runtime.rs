@@ -147,10 +147,6 @@ impl Mesh {
                 addr: udp_addr,
                 source,
             })?;
-        // The driver sends with try_send_to, which fails with WouldBlock
-        // until tokio's reactor has seen the new socket writable: without
-        // this wait the first hello round, sent right away, is lost whole.
-        let _ = udp.writable().await;
         let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
         let tcp = TcpListener::bind(tcp_addr)
             .await
@@ -484,6 +480,10 @@ impl Driver {
                     let Some(sealed) = self.seal_for(to, &plain) else {
                         continue;
                     };
+                    // Awaited, not `try_send_to`: that fails with WouldBlock
+                    // until the reactor has seen the new socket writable
+                    // (the whole first hello round was lost so) and while a
+                    // 127-hello burst fills the send buffer.
                     match self.udp.send_to(&sealed, to).await {
                         Ok(n) => self.metrics.mesh.sent(Transport::udp, n),
                         Err(e) => debug!(%to, error = %e, "gossip send failed"),
