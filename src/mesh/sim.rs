@@ -614,6 +614,22 @@ impl Sim {
         }
     }
 
+    /// A transport reply of node `i`: its bytes counted as the wire would
+    /// carry them, then delivered to `to` after a link latency.
+    fn reply(
+        &mut self,
+        i: usize,
+        to: usize,
+        frame: TcpMsg,
+        msg: impl FnOnce(TcpMsg) -> Option<Msg>,
+    ) {
+        self.sent_frame(i, &frame);
+        if let Some(msg) = msg(frame) {
+            let at = self.now + self.latency();
+            self.push(at, Ev::Deliver { to, msg });
+        }
+    }
+
     fn deliver(&mut self, i: usize, msg: Msg) {
         let now = self.base + self.now;
         let Some(core) = self.nodes[i].core.as_mut() else {
@@ -623,36 +639,18 @@ impl Sim {
             Msg::Datagram { from, plain } => core.handle_datagram(&plain, from, now),
             Msg::PushPullRequest { from, state } => {
                 let reply = core.handle_push_pull_request(state, now);
-                let msg = TcpMsg::PushPull(reply);
-                self.sent_frame(i, &msg);
-                let TcpMsg::PushPull(state) = msg else {
-                    return;
-                };
-                let at = self.now + self.latency();
-                self.push(
-                    at,
-                    Ev::Deliver {
-                        to: from,
-                        msg: Msg::PushPullReply { state },
-                    },
-                );
+                self.reply(i, from, TcpMsg::PushPull(reply), |frame| match frame {
+                    TcpMsg::PushPull(state) => Some(Msg::PushPullReply { state }),
+                    _ => None,
+                });
             }
             Msg::PushPullReply { state } => core.handle_push_pull_reply(state, now),
             Msg::MetaRequest { from, node_id } => {
                 let rec = core.meta_record(&node_id);
-                let msg = TcpMsg::MetaReply(rec);
-                self.sent_frame(i, &msg);
-                let TcpMsg::MetaReply(rec) = msg else {
-                    return;
-                };
-                let at = self.now + self.latency();
-                self.push(
-                    at,
-                    Ev::Deliver {
-                        to: from,
-                        msg: Msg::MetaReply { rec, node_id },
-                    },
-                );
+                self.reply(i, from, TcpMsg::MetaReply(rec), |frame| match frame {
+                    TcpMsg::MetaReply(rec) => Some(Msg::MetaReply { rec, node_id }),
+                    _ => None,
+                });
             }
             Msg::MetaReply { rec, node_id } => core.handle_meta_fetched(rec, &node_id, now),
             Msg::Seeds => {
