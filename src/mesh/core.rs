@@ -13,7 +13,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
+use foca::{
+    AccumulatingRuntime, Codec, Foca, Member, Message, OwnedNotification, PostcardCodec, State,
+    Timer,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
@@ -22,6 +25,7 @@ use tracing::debug;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
 use crate::mesh::seal::Reject;
+use crate::mesh::suspicion::{self, Suspicions};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
 use crate::mesh::wire::{self, FullState, WireMember};
 
@@ -84,10 +88,10 @@ impl Default for SwimTuning {
     fn default() -> Self {
         Self {
             probe_period: Duration::from_millis(1000),
-            probe_rtt: Duration::from_millis(400),
+            probe_rtt: Duration::from_millis(300),
             indirect_probes: 5,
-            suspect_to_down_after: Duration::from_millis(3000),
-            gossip_interval: Duration::from_millis(200),
+            suspect_to_down_after: Duration::from_millis(1500),
+            gossip_interval: Duration::from_millis(100),
             gossip_fanout: 3,
             announce_down_interval: Duration::from_secs(10),
             push_pull_interval: Duration::from_secs(30),
@@ -216,6 +220,12 @@ pub(crate) struct MeshCore {
     last_digest: Instant,
     running: bool,
     skew_isolated: bool,
+    /// Suspicions this node times and checks itself.
+    suspicions: Suspicions,
+    /// Our incarnation as foca last sent it (foca does not expose it).
+    own_incarnation: u16,
+    /// foca's pending probe timer, to end a failed probe's cycle early.
+    probe_seq: Option<u64>,
     out: VecDeque<Output>,
 }
 
@@ -273,6 +283,9 @@ impl MeshCore {
             last_digest: now,
             running: false,
             skew_isolated: false,
+            suspicions: Suspicions::default(),
+            own_incarnation: 0,
+            probe_seq: None,
             out: VecDeque::new(),
         }
     }
@@ -310,25 +323,51 @@ impl MeshCore {
     /// When [`MeshCore::handle_timeout`] is next due.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let foca = self.timers.peek().map(|Reverse((at, _))| *at);
-        [foca, Some(self.next_tick), self.next_resolve]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            foca,
+            Some(self.next_tick),
+            self.next_resolve,
+            self.suspicions.next_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Fires every timer due at `now`.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        if let Some(due) = self.poll_timeout() {
+            let late = now.saturating_duration_since(due);
+            if late >= suspicion::STARVED_AFTER {
+                self.starved(late);
+            }
+        }
         while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
             if at > now {
                 break;
             }
             self.timers.pop();
-            if let Some(timer) = self.timer_slots.remove(&seq)
-                && let Err(e) = self.foca.handle_timer(timer, &mut self.rt)
-            {
+            let Some(timer) = self.timer_slots.remove(&seq) else {
+                continue;
+            };
+            let indirect = matches!(timer, Timer::SendIndirectProbe { .. });
+            if let Err(e) = self.foca.handle_timer(timer, &mut self.rt) {
                 debug!(error = %e, "timer failed");
             }
+            // The direct probe went unanswered and the indirect ones are
+            // out: their answers get one more probe_rtt, then the cycle ends
+            // (foca would wait for the rest of the probe period).
+            if indirect && self.rt.backlog() > 0 {
+                self.end_probe_cycle_at(now + self.tuning.probe_rtt);
+            }
             self.flush(now);
+        }
+        let due = self.suspicions.due(now);
+        for (id, inc) in due.checks {
+            self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
+        }
+        for (id, inc) in due.expired {
+            self.declare_down(id, inc);
         }
         if now >= self.next_tick {
             // Late ticks are not caught up: the work is idempotent.
@@ -363,19 +402,23 @@ impl MeshCore {
 
     /// An authenticated datagram (the kind byte first), from `from`.
     pub(crate) fn handle_datagram(&mut self, plain: &[u8], from: SocketAddr, now: Instant) {
-        self.on_datagram(plain, from);
+        self.on_datagram(plain, from, now);
         self.flush(now);
     }
 
-    fn on_datagram(&mut self, plain: &[u8], from: SocketAddr) {
+    fn on_datagram(&mut self, plain: &[u8], from: SocketAddr, now: Instant) {
         let Some((&kind, body)) = plain.split_first() else {
             self.reject(Reject::Decode);
             return;
         };
         match kind {
             wire::KIND_FOCA => {
+                let suspected = self.read_updates(body);
                 if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
                     self.count_foca_error(&e);
+                }
+                for (id, inc) in suspected {
+                    self.heard_suspect(id, inc, now);
                 }
                 // A digest just arrived: fetch its record now, not at the tick.
                 if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
@@ -415,6 +458,17 @@ impl MeshCore {
                             debug!(error = %e, "applying a leave failed");
                         }
                     }
+                }
+            }
+            wire::KIND_CHECK | wire::KIND_CHECK_ACK => {
+                let Ok(check) = postcard::from_bytes::<wire::Check>(body) else {
+                    self.reject(Reject::Decode);
+                    return;
+                };
+                if kind == wire::KIND_CHECK {
+                    self.on_check(check, from);
+                } else {
+                    self.on_check_ack(check);
                 }
             }
             _ => self.reject(Reject::Decode),
@@ -614,6 +668,164 @@ impl MeshCore {
         let update = std::iter::once(Member::alive(id));
         if let Err(e) = self.foca.apply_many(update, gossip, &mut self.rt) {
             debug!(error = %e, "member not applied");
+        }
+    }
+
+    /// Reads the member updates a foca packet carries (foca keeps them to
+    /// itself): refutations end our suspicions; the suspicions are returned,
+    /// to be taken up once foca has applied them. A packet that does not
+    /// decode is foca's to refuse.
+    fn read_updates(&mut self, mut body: &[u8]) -> Vec<(NodeIdentity, u16)> {
+        let mut suspected = Vec::new();
+        let mut codec = PostcardCodec;
+        let Ok(header): Result<foca::Header<NodeIdentity>, _> = codec.decode_header(&mut body)
+        else {
+            return suspected;
+        };
+        // Anything the member sends carries its incarnation: a higher one
+        // refutes.
+        self.suspicions.alive(&header.src, header.src_incarnation);
+        if body.len() < 2 || header.message == Message::Broadcast {
+            return suspected;
+        }
+        let count = u16::from_be_bytes([body[0], body[1]]);
+        body = &body[2..];
+        let me = self.foca.identity().node_id.clone();
+        for _ in 0..count {
+            let Ok(m): Result<Member<NodeIdentity>, _> = codec.decode_member(&mut body) else {
+                break;
+            };
+            if m.id().node_id == me {
+                continue;
+            }
+            match m.state() {
+                State::Alive => self.suspicions.alive(m.id(), m.incarnation()),
+                State::Suspect => suspected.push((m.id().clone(), m.incarnation())),
+                State::Down => self.suspicions.forget(&m.id().node_id),
+            }
+        }
+        suspected
+    }
+
+    /// Gossip said `id` is suspect at `inc`: if foca now holds it so, time
+    /// the suspicion here too and ask the suspect.
+    fn heard_suspect(&mut self, id: NodeIdentity, inc: u16, now: Instant) {
+        let holds = self
+            .foca
+            .iter_membership_state()
+            .any(|m| m.id() == &id && m.state() == State::Suspect && m.incarnation() == inc);
+        if holds
+            && self
+                .suspicions
+                .suspect(&id, inc, now, self.tuning.suspect_to_down_after)
+        {
+            self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
+        }
+    }
+
+    fn send_check(&mut self, to: SocketAddr, kind: u8, id: NodeIdentity, incarnation: u16) {
+        let mut plain = vec![kind];
+        if let Ok(body) = postcard::to_allocvec(&wire::Check { id, incarnation }) {
+            plain.extend_from_slice(&body);
+            self.out.push_back(Output::Send { to, plain });
+        }
+    }
+
+    /// Someone suspects us: foca refutes (a higher incarnation, gossiped),
+    /// and the asker gets the refutation directly. A check for another
+    /// member (an address reused) is not ours to answer.
+    fn on_check(&mut self, check: wire::Check, from: SocketAddr) {
+        let me = self.foca.identity().clone();
+        if check.id.node_id != me.node_id || self.leaving {
+            return;
+        }
+        if check.id == me {
+            let suspicion = Member::new(me.clone(), check.incarnation, State::Suspect);
+            if let Err(e) = self
+                .foca
+                .apply_many(std::iter::once(suspicion), true, &mut self.rt)
+            {
+                debug!(error = %e, "suspicion of ourselves not applied");
+            }
+            // What foca just did (it does not expose its incarnation).
+            if check.incarnation >= self.own_incarnation {
+                self.own_incarnation = check.incarnation.saturating_add(1);
+            }
+        }
+        let inc = self.own_incarnation;
+        self.send_check(from, wire::KIND_CHECK_ACK, me, inc);
+    }
+
+    /// A suspect answered our check: alive, at this incarnation; told on.
+    fn on_check_ack(&mut self, ack: wire::Check) {
+        if ack.id.node_id == self.foca.identity().node_id {
+            return;
+        }
+        self.suspicions.alive(&ack.id, ack.incarnation);
+        let alive = Member::new(ack.id, ack.incarnation, State::Alive);
+        if let Err(e) = self
+            .foca
+            .apply_many(std::iter::once(alive), true, &mut self.rt)
+        {
+            debug!(error = %e, "check answer not applied");
+        }
+    }
+
+    /// A suspicion expired unrefuted: down, if foca still holds the member
+    /// suspect at that incarnation (a down overrides any incarnation). Not
+    /// while the clock-skew guard says we are the one cut off.
+    fn declare_down(&mut self, id: NodeIdentity, inc: u16) {
+        if self.skew_isolated || self.leaving {
+            return;
+        }
+        let holds = self
+            .foca
+            .iter_membership_state()
+            .any(|m| m.id() == &id && m.state() == State::Suspect && m.incarnation() == inc);
+        if holds {
+            let down = Member::new(id, inc, State::Down);
+            if let Err(e) = self
+                .foca
+                .apply_many(std::iter::once(down), true, &mut self.rt)
+            {
+                debug!(error = %e, "down not applied");
+            }
+        }
+    }
+
+    /// Our timers ran `late`: this node was not running (CPU starvation,
+    /// SIGSTOP). Suspicions get that time back, ours and foca's: a member
+    /// we could not hear while stopped is not evidence against it.
+    fn starved(&mut self, late: Duration) {
+        self.suspicions.delay(late);
+        let mut timers = std::mem::take(&mut self.timers).into_vec();
+        for Reverse((at, seq)) in &mut timers {
+            if matches!(
+                self.timer_slots.get(seq),
+                Some(Timer::ChangeSuspectToDown { .. })
+            ) {
+                *at += late;
+            }
+        }
+        self.timers = timers.into();
+    }
+
+    /// Fires foca's pending probe timer at `at` instead, if that is sooner.
+    fn end_probe_cycle_at(&mut self, at: Instant) {
+        let Some(seq) = self.probe_seq else { return };
+        let due = self
+            .timers
+            .iter()
+            .find(|Reverse((_, s))| *s == seq)
+            .map(|Reverse((t, _))| *t);
+        if due.is_none_or(|t| t <= at) {
+            return;
+        }
+        if let Some(timer) = self.timer_slots.remove(&seq) {
+            self.timer_seq += 1;
+            self.probe_seq = Some(self.timer_seq);
+            self.timers.push(Reverse((at, self.timer_seq)));
+            self.timer_slots.insert(self.timer_seq, timer);
         }
     }
 
@@ -920,6 +1132,22 @@ impl MeshCore {
         }
         while let Some((after, timer)) = self.rt.to_schedule() {
             self.timer_seq += 1;
+            match &timer {
+                Timer::ProbeRandomMember(_) => self.probe_seq = Some(self.timer_seq),
+                // Our own probe failed: check the suspect like everyone
+                // who hears of it (foca times this suspicion itself).
+                Timer::ChangeSuspectToDown {
+                    member_id,
+                    incarnation,
+                    ..
+                } => {
+                    let (id, inc) = (member_id.clone(), *incarnation);
+                    if self.suspicions.suspect(&id, inc, now, after) {
+                        self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
+                    }
+                }
+                _ => {}
+            }
             self.timers.push(Reverse((now + after, self.timer_seq)));
             self.timer_slots.insert(self.timer_seq, timer);
         }
@@ -945,8 +1173,15 @@ impl MeshCore {
                 // A newcomer learns our metadata from our digest.
                 self.republish_digest(false, now);
             }
-            OwnedNotification::MemberDown(id) => self.event(Event::MemberDown(id)),
-            OwnedNotification::Rename(old, new) => self.event(Event::Renamed { old, new }),
+            OwnedNotification::MemberDown(id) => {
+                self.suspicions.forget(&id.node_id);
+                self.event(Event::MemberDown(id));
+            }
+            OwnedNotification::Rename(old, new) => {
+                self.suspicions.alive(&new, 0);
+                self.event(Event::Renamed { old, new });
+            }
+            OwnedNotification::DataSent(h) => self.own_incarnation = h.src_incarnation,
             OwnedNotification::Active => {
                 self.running = true;
                 self.event(Event::Joined);

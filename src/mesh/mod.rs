@@ -11,6 +11,7 @@ pub mod meta;
 mod runtime;
 pub mod seal;
 pub mod sim;
+mod suspicion;
 pub mod view;
 mod wire;
 

@@ -26,12 +26,16 @@ use crate::mesh::seal::{
     Channel, Isolation, KeyRing, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer, SkewWatch,
     SkewedPeer,
 };
+use crate::mesh::suspicion;
 use crate::mesh::view::{ClockSkewPeer, ClusterStatus, MemberInfo};
 use crate::mesh::wire::{self, FullState, TcpMsg, WireError};
 use crate::metrics::{Metrics, PeerState, StateLabels, Transport};
 
 /// One TCP exchange, connect to last byte.
 const TCP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Datagrams read ahead of late timers, at most (a flood must not hold
+/// the timers back for long).
+const MAX_BACKLOG_READ: usize = 256;
 
 /// What a mesh node needs to start.
 #[derive(Clone, Debug)]
@@ -332,6 +336,15 @@ impl Driver {
                     Err(e) => debug!(error = %e, "gossip recv failed"),
                 },
                 _ = tokio::time::sleep_until(next_timer.into()) => {
+                    // Woken this late, the process was not running: what
+                    // queued in the socket meanwhile (the ack of a probe in
+                    // flight, checks of us) is read before the timers judge.
+                    if Instant::now() >= next_timer + suspicion::STARVED_AFTER {
+                        for _ in 0..MAX_BACKLOG_READ {
+                            let Ok((n, from)) = udp.try_recv_from(&mut buf) else { break };
+                            self.on_datagram(&buf[..n], n > MAX_DATAGRAM, from);
+                        }
+                    }
                     let now = Instant::now();
                     self.core
                         .set_skew_isolated(self.shared.skew().isolation(now).is_some());

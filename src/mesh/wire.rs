@@ -14,6 +14,19 @@ pub(crate) const KIND_FOCA: u8 = 0;
 pub(crate) const KIND_HELLO: u8 = 1;
 pub(crate) const KIND_HELLO_ACK: u8 = 2;
 pub(crate) const KIND_LEAVE: u8 = 3;
+/// "You are suspected": sent by every member that hears of a suspicion,
+/// to the suspect (see `suspicion`).
+pub(crate) const KIND_CHECK: u8 = 4;
+/// The suspect's answer: alive, at this incarnation (the refutation).
+pub(crate) const KIND_CHECK_ACK: u8 = 5;
+
+/// Body of a check and of its answer: a member and an incarnation (the
+/// suspected one in a check, the refuting one in the answer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Check {
+    pub id: NodeIdentity,
+    pub incarnation: u16,
+}
 
 /// A member as carried by a full-state exchange.
 #[derive(Clone, Debug, Serialize, Deserialize)]
