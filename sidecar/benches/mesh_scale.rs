@@ -19,7 +19,8 @@
 //! - converge: from the moment the last process was spawned until every
 //!   node's status shows `total_nodes = N`;
 //! - kill -9: from the SIGKILL of one node until every survivor shows it
-//!   `down`;
+//!   `down` (`SBMESH_BENCH_KILLS=k`: k nodes, one after another, 3 s apart;
+//!   median and max);
 //! - SIGTERM: from the SIGTERM of another node until every survivor shows it
 //!   `down` (and its exit code);
 //! - bytes/node/s: `mesh_bytes_sent_total` (udp + tcp) deltas per node over
@@ -772,17 +773,54 @@ fn main() {
     }
 
     // ---- kill -9 ----------------------------------------------------------------------
-    let victim = usize::from(n) / 2;
-    let victim_id = ids[victim].clone();
-    let survivors: Vec<usize> = (0..addrs.len()).filter(|&i| i != victim).collect();
-    let t0 = Instant::now();
-    c.nodes[victim].kill9();
-    let sub: Vec<SocketAddr> = survivors.iter().map(|&i| addrs[i]).collect();
-    let sub_ids: Vec<String> = survivors.iter().map(|&i| ids[i].clone()).collect();
-    let det = poll_all(&sub, t0, interval, timeout, None, |b| {
-        b.state_of(&victim_id) == Some("down")
-    });
-    let kill_detect = summarize("kill -9 detected", &det, &sub_ids, timeout);
+    // One kill by default; SBMESH_BENCH_KILLS=k kills k nodes one after
+    // another (each timed on its own), for a distribution.
+    let kills: usize = env_or::<usize>("SBMESH_BENCH_KILLS", 1).clamp(1, usize::from(n) / 2);
+    let mut killed: Vec<usize> = Vec::new();
+    let mut kill_times: Vec<Option<Duration>> = Vec::new();
+    let mut kill_detect = String::new();
+    for k in 0..kills {
+        let victim = (usize::from(n) / 2 + 2 * k) % usize::from(n);
+        let victim_id = ids[victim].clone();
+        let survivors: Vec<usize> = (0..addrs.len())
+            .filter(|i| *i != victim && !killed.contains(i))
+            .collect();
+        let t0 = Instant::now();
+        c.nodes[victim].kill9();
+        let sub: Vec<SocketAddr> = survivors.iter().map(|&i| addrs[i]).collect();
+        let sub_ids: Vec<String> = survivors.iter().map(|&i| ids[i].clone()).collect();
+        let det = poll_all(&sub, t0, interval, timeout, None, |b| {
+            b.state_of(&victim_id) == Some("down")
+        });
+        kill_detect = summarize("kill -9 detected", &det, &sub_ids, timeout);
+        let all = det.iter().all(Option::is_some);
+        kill_times.push(all.then(|| det.iter().flatten().max().copied()).flatten());
+        killed.push(victim);
+        if k + 1 < kills {
+            std::thread::sleep(Duration::from_secs(3));
+        }
+    }
+    if kills > 1 {
+        let mut done: Vec<Duration> = kill_times.iter().flatten().copied().collect();
+        done.sort();
+        let missed = kills - done.len();
+        kill_detect = match (done.first(), done.last()) {
+            (Some(_), Some(max)) => format!(
+                "median {} / max {} of {kills} kills{}",
+                secs(done[done.len() / 2]),
+                secs(*max),
+                if missed > 0 {
+                    format!(", {missed} timed out")
+                } else {
+                    String::new()
+                }
+            ),
+            _ => format!("all {kills} kills timed out"),
+        };
+        eprintln!("kill -9, every survivor sees down: {kill_detect}");
+    }
+    let survivors: Vec<usize> = (0..addrs.len()).filter(|i| !killed.contains(i)).collect();
+    let victim = killed[0];
 
     // ---- SIGTERM ------------------------------------------------------------------------
     let leaver = (victim + 1) % usize::from(n);

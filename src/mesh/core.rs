@@ -1472,6 +1472,39 @@ mod tests {
     }
 
     #[test]
+    fn a_suspected_member_refutes_through_the_checks_at_once() {
+        // Stalls shorter than a probe cycle plus the suspicion timeout, until
+        // one gets the member suspected: everyone who heard of it asked the
+        // member directly, so its answers refute within one round trip of
+        // waking, without waiting for its refutation to be gossiped round.
+        let n = 16;
+        let mut s = sim(n, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        let downs = s.downs();
+        let others = |s: &Sim, state: MemberState| {
+            (0..n).filter(|&i| i != 3 && s.sees(i, 3) == Some(state)).count()
+        };
+        let stall = Duration::from_millis(1200);
+        let mut suspected = 0;
+        for _ in 0..20 {
+            let woke = s.now() + stall;
+            s.stall(3, stall);
+            while s.now() < woke {
+                s.run_until(s.now() + Duration::from_millis(5));
+                suspected = suspected.max(others(&s, MemberState::Suspect));
+            }
+            if suspected > 0 {
+                s.run_until(woke + Duration::from_millis(10));
+                assert_eq!(others(&s, MemberState::Alive), n - 1, "refuted everywhere");
+                break;
+            }
+            s.run_until(s.now() + Duration::from_secs(5));
+        }
+        assert!(suspected > 0, "no stall got the member suspected");
+        assert_eq!(s.downs(), downs, "nobody was declared down");
+    }
+
+    #[test]
     fn a_pod_greeted_before_its_seeds_resolve_still_greets_them_all() {
         // This run has a pod learn two others from gossip before its own
         // seeds resolve; they must hear from it at once, not at their next
