@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Env: `SBMESH_DETECT_N` (128), `SBMESH_DETECT_KILLS` (30),
-//! `SBMESH_DETECT_SEED` (1), `SBMESH_DETECT_LOSS` (0.10) and
+//! `SBMESH_DETECT_SEED` (1), `SBMESH_DETECT_STARVE_S` (120: one member
+//! SIGSTOPped 1.5 s every 10 s; 0 skips it), `SBMESH_DETECT_LOSS` (0.10) and
 //! `SBMESH_DETECT_LOSS_S` (600: the loss window, N = 32 as in the issue's
 //! goal row; 0 skips it).
 //!
@@ -121,6 +122,42 @@ fn main() {
     quantiles("first survivor: suspect", first_suspect);
     quantiles("first survivor: down", first_down);
     quantiles("every survivor: down", all_down);
+
+    // One member starved of CPU: SIGSTOP 1.5 s every 10 s (the issue's
+    // case). It should refute, not renew its identity (a renewal means the
+    // cluster declared it down), and nobody else should go down.
+    let starve_s: u64 = env("SBMESH_DETECT_STARVE_S", 120);
+    if starve_s > 0 {
+        let mut sim = Sim::new(SimConfig {
+            nodes: 32,
+            seed,
+            tuning: tuning(),
+            ..SimConfig::default()
+        });
+        sim.run_while_not(Duration::from_secs(60), Sim::converged);
+        sim.run_until(sim.now() + Duration::from_secs(10));
+        let starved = 11;
+        let generation = |s: &Sim| s.status(starved).map_or(0, |st| st.nodes[0].incarnation);
+        let (downs, g0) = (sim.downs(), generation(&sim));
+        let (mut stops, mut suspect_obs) = (0, 0u64);
+        let end = sim.now() + Duration::from_secs(starve_s);
+        while sim.now() < end {
+            sim.stall(starved, Duration::from_millis(1500));
+            stops += 1;
+            let next = sim.now() + Duration::from_secs(10);
+            while sim.now() < next {
+                sim.run_until(sim.now() + Duration::from_millis(100));
+                suspect_obs += (0..32)
+                    .filter(|&i| i != starved && sim.sees(i, starved) == Some(MemberState::Suspect))
+                    .count() as u64;
+            }
+        }
+        let renewals = (generation(&sim) - g0) / sbmesh::mesh::member::RENEW_STEP;
+        println!(
+            "starved member (1.5 s of every 10 s, {stops} stops, N = 32): downs {} (its own included); renewals of its identity {renewals}; suspect observations (every 100 ms) {suspect_obs}",
+            sim.downs() - downs
+        );
+    }
 
     let loss: f64 = env("SBMESH_DETECT_LOSS", 0.10);
     let loss_s: u64 = env("SBMESH_DETECT_LOSS_S", 600);
