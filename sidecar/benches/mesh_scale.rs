@@ -443,8 +443,11 @@ fn main() {
         spawner(&plan);
         return;
     }
-    let n: u8 = env_or("SBMESH_BENCH_N", 32);
-    assert!((2..=250).contains(&n), "SBMESH_BENCH_N must be 2..=250");
+    let n: u16 = env_or("SBMESH_BENCH_N", 32);
+    assert!(
+        (2..=1000).contains(&n),
+        "SBMESH_BENCH_N must be 2..=1000 (250 per /24: <prefix>.1-250, then the next /24)"
+    );
     let start: String = env_or("SBMESH_BENCH_START", "burst".to_string());
     assert!(
         ["burst", "spread", "ordered"].contains(&start.as_str()),
@@ -452,7 +455,7 @@ fn main() {
     );
     let full = std::env::var_os("SBMESH_BENCH_FULL").is_some_and(|v| v == "1");
     let starve = std::env::var_os("SBMESH_BENCH_STARVE").is_some_and(|v| v == "1");
-    let debug_nodes: BTreeSet<u8> = std::env::var("SBMESH_BENCH_DEBUG_NODES")
+    let debug_nodes: BTreeSet<u16> = std::env::var("SBMESH_BENCH_DEBUG_NODES")
         .unwrap_or_default()
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
@@ -510,9 +513,25 @@ fn main() {
         std::fs::write(&config, full_config(&c.dir)).expect("write the full sb.yml");
         c.config = config;
     }
+    // Node i on <prefix>.i up to 250, then on the next /24 (N = 512 needs
+    // three: 127.0.31-33.x).
+    let ip_of = |i: u16| {
+        let [a, b, third, _] = c.ip(1).octets();
+        let i = i - 1;
+        Ipv4Addr::new(a, b, third + (i / 250) as u8, (i % 250 + 1) as u8)
+    };
+    let seeds: Vec<SocketAddr> = (1..=n)
+        .map(|i| SocketAddr::new(ip_of(i).into(), GOSSIP_PORT))
+        .collect();
     let nodes: Vec<Node> = (1..=n)
         .map(|i| {
-            let mut node = Node::prepare(&c.bin, &c.config, &c.dir, c.default_opts(i, n));
+            let opts = NodeOpts {
+                node_id: format!("node-{i}"),
+                ip: ip_of(i),
+                seeds: seeds.clone(),
+                ..c.default_opts(1, 2)
+            };
+            let mut node = Node::prepare(&c.bin, &c.config, &c.dir, opts);
             if debug_nodes.contains(&i) {
                 node.env
                     .push(("RUST_LOG".into(), "info,sbmesh=debug".into()));
@@ -786,6 +805,7 @@ fn main() {
             .filter(|i| *i != victim && !killed.contains(i))
             .collect();
         let t0 = Instant::now();
+        let killed_unix_ms = now_unix_ms();
         c.nodes[victim].kill9();
         let sub: Vec<SocketAddr> = survivors.iter().map(|&i| addrs[i]).collect();
         let sub_ids: Vec<String> = survivors.iter().map(|&i| ids[i].clone()).collect();
@@ -793,6 +813,18 @@ fn main() {
             b.state_of(&victim_id) == Some("down")
         });
         kill_detect = summarize("kill -9 detected", &det, &sub_ids, timeout);
+        // The survivors' own `member down` lines, independent of polling.
+        let logged: Vec<Option<u64>> = survivors
+            .iter()
+            .map(|&i| logged_down_ms(&c.nodes[i].log_path, &victim_id))
+            .collect();
+        if logged.iter().all(Option::is_some) {
+            let last = logged.iter().flatten().max().copied().unwrap_or(0);
+            eprintln!(
+                "kill -9 from the survivors' logs (each logged `member down` for it): {:.2} s",
+                last.saturating_sub(killed_unix_ms) as f64 / 1000.0
+            );
+        }
         let all = det.iter().all(Option::is_some);
         kill_times.push(all.then(|| det.iter().flatten().max().copied()).flatten());
         killed.push(victim);
@@ -1048,6 +1080,20 @@ fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
             None
         })
         .collect()
+}
+
+/// Unix ms of the first `member down` line for `victim` in a node's log.
+fn logged_down_ms(log: &std::path::Path, victim: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    text.lines()
+        .filter(|l| l.contains("member down"))
+        .find(|l| {
+            l.split("node_id=")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                == Some(victim)
+        })
+        .and_then(log_time_ms)
 }
 
 /// CPU seconds (user + system) a process used so far.
