@@ -10,10 +10,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use foca::{AccumulatingRuntime, Foca, Member, OwnedNotification, PostcardCodec, Timer};
+use foca::{AccumulatingRuntime, Foca, Identity, Member, OwnedNotification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
@@ -201,8 +200,11 @@ pub(crate) struct MeshCore {
     /// The next re-resolve's delay while seeds are still not members.
     resolve_retry: Duration,
     next_push_pull: Instant,
+    /// By foca's address of the member (a hash of its name): updated on
+    /// every datagram, so no string compares. Only looked up, never
+    /// iterated in an order that matters.
+    last_seen: HashMap<u64, Instant>,
     // Ordered maps: the simulator needs runs that repeat exactly.
-    last_seen: BTreeMap<Arc<str>, Instant>,
     metas: BTreeMap<String, MetaRecord>,
     local_meta: MetaRecord,
     wanted: Wanted,
@@ -260,7 +262,7 @@ impl MeshCore {
             next_resolve: Some(now),
             resolve_retry: RESOLVE_RETRY_FIRST,
             next_push_pull,
-            last_seen: BTreeMap::new(),
+            last_seen: HashMap::new(),
             metas: BTreeMap::new(),
             local_meta,
             wanted,
@@ -560,7 +562,7 @@ impl MeshCore {
                     incarnation: id.generation,
                     last_seen_ms_ago: self
                         .last_seen
-                        .get(&*id.node_id)
+                        .get(&id.addr())
                         .map(|t| now.saturating_duration_since(*t).as_millis() as u64)
                         .unwrap_or(u64::MAX / 2),
                     health: if state == MemberState::Alive && ready {
@@ -620,10 +622,10 @@ impl MeshCore {
     /// Every member foca knows but ourselves: after a restart foca may hold
     /// our previous identity (declared down); that is us, not a peer.
     fn peers(&self) -> impl Iterator<Item = &Member<NodeIdentity>> {
-        let me = &self.foca.identity().node_id;
+        let me = self.foca.identity().addr();
         self.foca
             .iter_membership_state()
-            .filter(move |m| &m.id().node_id != me)
+            .filter(move |m| m.id().addr() != me)
     }
 
     fn count_foca_error(&mut self, e: &foca::Error) {
@@ -701,10 +703,17 @@ impl MeshCore {
                 self.push_pull(peer, false);
             }
         }
-        // Forget metadata of members foca forgot.
-        let present: HashSet<Arc<str>> = self.peers().map(|m| m.id().node_id.clone()).collect();
-        self.metas.retain(|k, _| present.contains(k.as_str()));
-        self.last_seen.retain(|k, _| present.contains(k));
+        // Forget metadata of members foca forgot, once a map outgrows
+        // foca's list (an entry of a forgotten member is never shown before:
+        // status looks up members), rather than building an N-entry set per
+        // node per tick.
+        let peers = self.peers().count();
+        if self.metas.len() > peers || self.last_seen.len() > peers {
+            let present: HashSet<u64> = self.peers().map(|m| m.id().addr()).collect();
+            self.metas
+                .retain(|_, r| present.contains(&NodeIdentity::addr_of(&r.node_id)));
+            self.last_seen.retain(|k, _| present.contains(k));
+        }
     }
 
     fn random_alive(&mut self) -> Option<NodeIdentity> {
@@ -821,18 +830,24 @@ impl MeshCore {
         // foca finds each update's member by a scan of its list: hand it
         // only what would change something (N² comparisons per exchange
         // otherwise, at steady state all for nothing).
-        let known: HashMap<&NodeIdentity, (u16, u8)> = self
+        let me_addr = self.foca.identity().addr();
+        let known: HashMap<u64, (&NodeIdentity, u16, u8)> = self
             .foca
             .iter_membership_state()
-            .map(|m| (m.id(), (m.incarnation(), state_code(m.state()))))
+            .map(|m| {
+                (
+                    m.id().addr(),
+                    (m.id(), m.incarnation(), state_code(m.state())),
+                )
+            })
             .collect();
         let news: Vec<WireMember> = remote
             .members
             .into_iter()
             .filter(|m| {
-                m.id.node_id != me
-                    && known.get(&m.id).is_none_or(|&(inc, state)| {
-                        would_change(inc, state, m.incarnation, m.state)
+                m.id.addr() != me_addr
+                    && known.get(&m.id.addr()).is_none_or(|&(id, inc, state)| {
+                        *id != m.id || would_change(inc, state, m.incarnation, m.state)
                     })
             })
             .collect();
@@ -937,10 +952,10 @@ impl MeshCore {
     fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>, now: Instant) {
         match n {
             OwnedNotification::DataReceived(h) => {
-                self.last_seen.insert(h.src.node_id.clone(), now);
+                self.last_seen.insert(h.src.addr(), now);
             }
             OwnedNotification::MemberUp(id) => {
-                self.last_seen.insert(id.node_id.clone(), now);
+                self.last_seen.insert(id.addr(), now);
                 self.event(Event::MemberUp(id));
                 // A newcomer learns our metadata from our digest.
                 self.republish_digest(false, now);

@@ -213,12 +213,7 @@ impl Sim {
             by_addr.insert(gossip, i);
             nodes.push(Node {
                 core: None,
-                id: NodeIdentity {
-                    node_id: format!("sbproxy-{i}").into(),
-                    gossip,
-                    transport_port: TRANSPORT_PORT,
-                    generation: 0,
-                },
+                id: NodeIdentity::new(format!("sbproxy-{i}").into(), gossip, TRANSPORT_PORT, 0),
                 life: Life::NotStarted,
                 wake: None,
                 stalled_until: None,
