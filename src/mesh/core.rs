@@ -10,6 +10,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foca::{AccumulatingRuntime, Foca, Identity, Member, OwnedNotification, PostcardCodec, Timer};
@@ -205,7 +206,7 @@ pub(crate) struct MeshCore {
     /// iterated in an order that matters.
     last_seen: HashMap<u64, Instant>,
     // Ordered maps: the simulator needs runs that repeat exactly.
-    metas: BTreeMap<String, MetaRecord>,
+    metas: BTreeMap<Arc<str>, MetaRecord>,
     local_meta: MetaRecord,
     wanted: Wanted,
     fetching: HashSet<String>,
@@ -241,10 +242,10 @@ impl MeshCore {
             DigestHandler::new(&local.node_id, wanted.clone()),
         );
         let local_meta = MetaRecord {
-            node_id: local.node_id.to_string(),
+            node_id: local.node_id.clone(),
             epoch: local.generation,
             version: 1,
-            json: encode_meta(meta),
+            json: encode_meta(meta).into(),
         };
         let next_push_pull = now + tuning.push_pull_interval;
         Self {
@@ -445,7 +446,7 @@ impl MeshCore {
 
     /// A peer asks for a metadata record we may hold.
     pub(crate) fn meta_record(&self, node_id: &str) -> Option<MetaRecord> {
-        if node_id == self.local_meta.node_id {
+        if *node_id == *self.local_meta.node_id {
             Some(self.local_meta.clone())
         } else {
             self.metas.get(node_id).cloned()
@@ -460,7 +461,7 @@ impl MeshCore {
         now: Instant,
     ) {
         self.fetching.remove(node_id);
-        if let Some(rec) = rec.filter(|r| r.node_id == node_id) {
+        if let Some(rec) = rec.filter(|r| &*r.node_id == node_id) {
             self.store_meta(rec);
         }
         self.flush(now);
@@ -473,10 +474,10 @@ impl MeshCore {
             self.event(Event::LocalMetaTooLarge { bytes: json.len() });
             return;
         }
-        if json == self.local_meta.json {
+        if *json == *self.local_meta.json {
             return;
         }
-        self.local_meta.json = json;
+        self.local_meta.json = json.into();
         self.local_meta.version += 1;
         self.broadcast_local_meta(now);
         self.flush(now);
@@ -734,7 +735,7 @@ impl MeshCore {
             return;
         }
         // The newest digest per owner: repeats pile up while a fetch is out.
-        let mut newest: BTreeMap<String, MetaDigest> = BTreeMap::new();
+        let mut newest: BTreeMap<Arc<str>, MetaDigest> = BTreeMap::new();
         for d in wanted {
             match newest.get(&d.node_id) {
                 Some(have)
@@ -766,12 +767,12 @@ impl MeshCore {
             .map(|m| (&*m.id().node_id, m.id()))
             .collect();
         for d in &need {
-            if let Some(owner) = owners.get(d.node_id.as_str())
-                && self.fetching.insert(d.node_id.clone())
+            if let Some(owner) = owners.get(&*d.node_id)
+                && self.fetching.insert(d.node_id.to_string())
             {
                 self.out.push_back(Output::FetchMeta {
                     from: (*owner).clone(),
-                    node_id: d.node_id.clone(),
+                    node_id: d.node_id.to_string(),
                 });
             }
         }
@@ -898,12 +899,25 @@ impl MeshCore {
             self.reject(Reject::Size);
             return;
         }
-        let newer = self
-            .metas
-            .get(&rec.node_id)
-            .is_none_or(|have| rec.stamp() > have.stamp());
-        if newer {
-            self.metas.insert(rec.node_id.clone(), rec);
+        match self.metas.get_mut(&rec.node_id) {
+            Some(have) if rec.stamp() > have.stamp() => {
+                // Most updates only move the version: keep the name and
+                // JSON already held (shared with whoever we had them from).
+                let json = if rec.json == have.json {
+                    have.json.clone()
+                } else {
+                    rec.json
+                };
+                *have = MetaRecord {
+                    node_id: have.node_id.clone(),
+                    json,
+                    ..rec
+                };
+            }
+            Some(_) => {}
+            None => {
+                self.metas.insert(rec.node_id.clone(), rec);
+            }
         }
     }
 

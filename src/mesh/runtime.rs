@@ -975,7 +975,7 @@ async fn fetch_meta(
     )
     .await
     {
-        Ok(TcpMsg::MetaReply(rec)) => rec.filter(|r| r.node_id == node_id),
+        Ok(TcpMsg::MetaReply(rec)) => rec.filter(|r| *r.node_id == *node_id),
         Ok(_) => None,
         Err(e) => {
             debug!(%addr, error = %e, "metadata fetch failed");
