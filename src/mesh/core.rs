@@ -51,6 +51,8 @@ const RESOLVE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// still not converged after 6 s: gossip drains a 1000-member backlog slowly
 /// (BENCHMARKS.md, Simulator).
 const MAX_HELLOS: usize = 512;
+/// Outputs the queue keeps room for once drained.
+const OUT_KEPT: usize = 64;
 /// Our digest is re-announced for newcomers at most this often, so a burst
 /// of joins costs one broadcast, not one per member.
 const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
@@ -307,7 +309,13 @@ impl MeshCore {
 
     /// The next output, if any.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
+        let out = self.out.pop_front();
+        // A start greets up to MAX_HELLOS seeds at once; the queue must not
+        // keep that capacity (115 KiB per node) for the node's lifetime.
+        if out.is_none() && self.out.capacity() > OUT_KEPT {
+            self.out.shrink_to(OUT_KEPT);
+        }
+        out
     }
 
     /// When [`MeshCore::handle_timeout`] is next due.
