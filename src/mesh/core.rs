@@ -52,7 +52,7 @@ const RESOLVE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// (BENCHMARKS.md, Simulator).
 const MAX_HELLOS: usize = 512;
 /// Outputs the queue keeps room for once drained.
-const OUT_KEPT: usize = 64;
+const OUT_KEPT: usize = 16;
 /// Our digest is re-announced for newcomers at most this often, so a burst
 /// of joins costs one broadcast, not one per member.
 const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
@@ -212,7 +212,6 @@ pub(crate) struct MeshCore {
     local_meta: MetaRecord,
     wanted: Wanted,
     fetching: HashSet<String>,
-    seeds: Vec<SocketAddr>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
     greeted_all: bool,
@@ -270,7 +269,6 @@ impl MeshCore {
             local_meta,
             wanted,
             fetching: HashSet::new(),
-            seeds: Vec::new(),
             pushed_on_join: false,
             greeted_all: false,
             sized_for: 1,
@@ -311,7 +309,7 @@ impl MeshCore {
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
         let out = self.out.pop_front();
         // A start greets up to MAX_HELLOS seeds at once; the queue must not
-        // keep that capacity (115 KiB per node) for the node's lifetime.
+        // keep that capacity (over 100 KiB) for the node's lifetime.
         if out.is_none() && self.out.capacity() > OUT_KEPT {
             self.out.shrink_to(OUT_KEPT);
         }
@@ -356,8 +354,10 @@ impl MeshCore {
     /// The seeds as just resolved: greet those not known yet, and schedule
     /// the next resolve.
     pub(crate) fn handle_seeds(&mut self, seeds: Vec<SocketAddr>, now: Instant) {
-        self.seeds = seeds.into_iter().filter(|s| *s != self.advertise).collect();
-        let seeds_unknown = self.hello_seeds();
+        // Not kept: the list is every pod of the StatefulSet, and the next
+        // resolve brings it anew.
+        let seeds: Vec<SocketAddr> = seeds.into_iter().filter(|s| *s != self.advertise).collect();
+        let seeds_unknown = self.hello_seeds(&seeds);
         let wait = if !self.has_peers() {
             RESOLVE_ALONE
         } else if seeds_unknown {
@@ -668,14 +668,13 @@ impl MeshCore {
     /// re-resolve, 10 s later (the simulator's OrderedReady start showed it).
     ///
     /// Returns whether some seed is not a member yet.
-    fn hello_seeds(&mut self) -> bool {
+    fn hello_seeds(&mut self, seeds: &[SocketAddr]) -> bool {
         let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         let first = !self.greeted_all;
-        self.greeted_all |= !self.seeds.is_empty();
+        self.greeted_all |= !seeds.is_empty();
         let me = self.foca.identity().clone();
-        let unknown = self.seeds.iter().any(|s| !known.contains(s));
-        let mut targets: Vec<SocketAddr> = self
-            .seeds
+        let unknown = seeds.iter().any(|s| !known.contains(s));
+        let mut targets: Vec<SocketAddr> = seeds
             .iter()
             .filter(|s| first || !known.contains(s))
             .copied()
