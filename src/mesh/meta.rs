@@ -6,7 +6,7 @@
 //! that sees a newer digest than it holds fetches the record over TCP from
 //! its owner. Full-state exchanges carry the records too, as a safety net.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -172,8 +172,9 @@ pub(crate) struct DigestHandler {
     local: String,
     /// Newest stamp seen per owner, by the owner's member address (a hash
     /// of its name, see `NodeIdentity::addr_of`): one small entry per
-    /// member, no copy of the name.
-    seen: HashMap<u64, (u64, u64)>,
+    /// member, no copy of the name; a B-tree holds it in ~34 B per member
+    /// (a hash map at twice the members' count in slots: ~51).
+    seen: BTreeMap<u64, (u64, u64)>,
     wanted: Wanted,
 }
 
@@ -181,7 +182,7 @@ impl DigestHandler {
     pub(crate) fn new(local: &str, wanted: Wanted) -> Self {
         Self {
             local: local.to_owned(),
-            seen: HashMap::new(),
+            seen: BTreeMap::new(),
             wanted,
         }
     }
