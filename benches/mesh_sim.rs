@@ -16,9 +16,12 @@
 //! Reports, in virtual time: convergence after the last start (every live
 //! node counts N alive or suspect), kill -9 detection (every survivor lists
 //! the killed node down), bytes/node/s in a steady mesh (sealed datagrams and
-//! transport frames); and the simulator's wall time, peak RSS and events.
+//! transport frames); and the simulator's wall time, peak RSS, live heap
+//! (a counting allocator) per member entry at steady state, and events.
 //! Convergence and detection are checked every 5 ms of virtual time.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sbmesh::mesh::sim::{Seeds, Sim, SimConfig, Start};
@@ -28,6 +31,43 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The system allocator, counting the bytes live: RSS keeps pages freed
+/// after the join's peak, the count says what the cores hold.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Heap bytes allocated and not freed, MiB (requested sizes, without the
+/// allocator's own overhead).
+fn live_mib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / (1 << 20) as f64
 }
 
 /// Peak resident set of this process (`VmHWM`), MiB.
@@ -100,11 +140,12 @@ fn main() {
         if next.as_millis().is_multiple_of(1000) {
             let lagging = sim.lagging();
             eprintln!(
-                "  t={} events={} wall={} rss={:.0} MiB; {} pods not converged (pod, peers seen): {:?}",
+                "  t={} events={} wall={} rss={:.0} MiB heap={:.0} MiB; {} pods not converged (pod, peers seen): {:?}",
                 secs(next),
                 sim.events(),
                 secs(wall.elapsed()),
                 rss_mib(),
+                live_mib(),
                 lagging.len(),
                 &lagging[..lagging.len().min(5)]
             );
@@ -147,6 +188,13 @@ fn main() {
         sim.downs() - downs0,
         secs(wall.elapsed())
     );
+    let live = live_mib();
+    println!(
+        "memory at steady state: heap live {live:.0} MiB = {:.0} B per member entry (N² = {} entries), RSS {:.0} MiB",
+        live * (1 << 20) as f64 / (n * n) as f64,
+        n * n,
+        rss_mib()
+    );
 
     let victim = n / 2;
     let killed_at = sim.now();
@@ -168,9 +216,10 @@ fn main() {
         ),
     }
     println!(
-        "simulator: {} events, wall {}, peak RSS {:.0} MiB",
+        "simulator: {} events, wall {}, peak RSS {:.0} MiB, heap live at the end {:.0} MiB",
         sim.events(),
         secs(wall.elapsed()),
-        peak_rss_mib()
+        peak_rss_mib(),
+        live_mib()
     );
 }

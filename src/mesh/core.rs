@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foca::{
-    AccumulatingRuntime, Codec, Foca, Member, Message, OwnedNotification, PostcardCodec, State,
-    Timer,
+    AccumulatingRuntime, Codec, Foca, Identity, Member, Message, OwnedNotification, PostcardCodec,
+    State, Timer,
 };
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -55,6 +55,8 @@ const RESOLVE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// still not converged after 6 s: gossip drains a 1000-member backlog slowly
 /// (BENCHMARKS.md, Simulator).
 const MAX_HELLOS: usize = 512;
+/// Outputs the queue keeps room for once drained.
+const OUT_KEPT: usize = 16;
 /// Our digest is re-announced for newcomers at most this often, so a burst
 /// of joins costs one broadcast, not one per member.
 const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
@@ -205,13 +207,16 @@ pub(crate) struct MeshCore {
     /// The next re-resolve's delay while seeds are still not members.
     resolve_retry: Duration,
     next_push_pull: Instant,
+    /// By foca's address of the member (a hash of its name): updated on
+    /// every datagram, so no string compares. Only looked up, never
+    /// iterated in an order that matters. A B-tree: ~34 B per member where
+    /// a hash map, at twice the members' count in slots, took ~51.
+    last_seen: BTreeMap<u64, Instant>,
     // Ordered maps: the simulator needs runs that repeat exactly.
-    last_seen: BTreeMap<Arc<str>, Instant>,
-    metas: BTreeMap<String, MetaRecord>,
+    metas: BTreeMap<Arc<str>, MetaRecord>,
     local_meta: MetaRecord,
     wanted: Wanted,
     fetching: HashSet<String>,
-    seeds: Vec<SocketAddr>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
     greeted_all: bool,
@@ -249,10 +254,10 @@ impl MeshCore {
             DigestHandler::new(&local.node_id, wanted.clone()),
         );
         let local_meta = MetaRecord {
-            node_id: local.node_id.to_string(),
+            node_id: local.node_id.clone(),
             epoch: local.generation,
             version: 1,
-            json: encode_meta(meta),
+            json: encode_meta(meta).into(),
         };
         let next_push_pull = now + tuning.push_pull_interval;
         Self {
@@ -275,7 +280,6 @@ impl MeshCore {
             local_meta,
             wanted,
             fetching: HashSet::new(),
-            seeds: Vec::new(),
             pushed_on_join: false,
             greeted_all: false,
             sized_for: 1,
@@ -317,7 +321,13 @@ impl MeshCore {
 
     /// The next output, if any.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
+        let out = self.out.pop_front();
+        // A start greets up to MAX_HELLOS seeds at once; the queue must not
+        // keep that capacity (over 100 KiB) for the node's lifetime.
+        if out.is_none() && self.out.capacity() > OUT_KEPT {
+            self.out.shrink_to(OUT_KEPT);
+        }
+        out
     }
 
     /// When [`MeshCore::handle_timeout`] is next due.
@@ -382,7 +392,8 @@ impl MeshCore {
         for (id, inc) in due.expired {
             self.declare_down(id, inc);
         }
-        if now >= self.next_tick {
+        let tick = now >= self.next_tick;
+        if tick {
             // Late ticks are not caught up: the work is idempotent.
             self.next_tick = now + TICK;
             self.on_tick(now);
@@ -392,13 +403,22 @@ impl MeshCore {
             self.out.push_back(Output::ResolveSeeds);
         }
         self.flush(now);
+        // foca's runtime keeps the capacity of its largest burst (the
+        // member-up notifications of a join: ~47 KiB per node at N = 1000);
+        // drained, a fresh one costs nothing until used. Once a tick, not
+        // at every timer: each fresh one regrows its queues.
+        if tick && self.rt.backlog() == 0 {
+            self.rt = AccumulatingRuntime::new();
+        }
     }
 
     /// The seeds as just resolved: greet those not known yet, and schedule
     /// the next resolve.
     pub(crate) fn handle_seeds(&mut self, seeds: Vec<SocketAddr>, now: Instant) {
-        self.seeds = seeds.into_iter().filter(|s| *s != self.advertise).collect();
-        let seeds_unknown = self.hello_seeds();
+        // Not kept: the list is every pod of the StatefulSet, and the next
+        // resolve brings it anew.
+        let seeds: Vec<SocketAddr> = seeds.into_iter().filter(|s| *s != self.advertise).collect();
+        let seeds_unknown = self.hello_seeds(&seeds);
         let wait = if !self.has_peers() {
             RESOLVE_ALONE
         } else if seeds_unknown {
@@ -510,7 +530,7 @@ impl MeshCore {
 
     /// A peer asks for a metadata record we may hold.
     pub(crate) fn meta_record(&self, node_id: &str) -> Option<MetaRecord> {
-        if node_id == self.local_meta.node_id {
+        if *node_id == *self.local_meta.node_id {
             Some(self.local_meta.clone())
         } else {
             self.metas.get(node_id).cloned()
@@ -525,7 +545,7 @@ impl MeshCore {
         now: Instant,
     ) {
         self.fetching.remove(node_id);
-        if let Some(rec) = rec.filter(|r| r.node_id == node_id) {
+        if let Some(rec) = rec.filter(|r| &*r.node_id == node_id) {
             self.store_meta(rec);
         }
         self.flush(now);
@@ -538,10 +558,10 @@ impl MeshCore {
             self.event(Event::LocalMetaTooLarge { bytes: json.len() });
             return;
         }
-        if json == self.local_meta.json {
+        if *json == *self.local_meta.json {
             return;
         }
-        self.local_meta.json = json;
+        self.local_meta.json = json.into();
         self.local_meta.version += 1;
         self.broadcast_local_meta(now);
         self.flush(now);
@@ -627,7 +647,7 @@ impl MeshCore {
                     incarnation: id.generation,
                     last_seen_ms_ago: self
                         .last_seen
-                        .get(&*id.node_id)
+                        .get(&id.addr())
                         .map(|t| now.saturating_duration_since(*t).as_millis() as u64)
                         .unwrap_or(u64::MAX / 2),
                     health: if state == MemberState::Alive && ready {
@@ -845,10 +865,10 @@ impl MeshCore {
     /// Every member foca knows but ourselves: after a restart foca may hold
     /// our previous identity (declared down); that is us, not a peer.
     fn peers(&self) -> impl Iterator<Item = &Member<NodeIdentity>> {
-        let me = &self.foca.identity().node_id;
+        let me = self.foca.identity().addr();
         self.foca
             .iter_membership_state()
-            .filter(move |m| &m.id().node_id != me)
+            .filter(move |m| m.id().addr() != me)
     }
 
     fn count_foca_error(&mut self, e: &foca::Error) {
@@ -882,14 +902,13 @@ impl MeshCore {
     /// re-resolve, 10 s later (the simulator's OrderedReady start showed it).
     ///
     /// Returns whether some seed is not a member yet.
-    fn hello_seeds(&mut self) -> bool {
+    fn hello_seeds(&mut self, seeds: &[SocketAddr]) -> bool {
         let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         let first = !self.greeted_all;
-        self.greeted_all |= !self.seeds.is_empty();
+        self.greeted_all |= !seeds.is_empty();
         let me = self.foca.identity().clone();
-        let unknown = self.seeds.iter().any(|s| !known.contains(s));
-        let mut targets: Vec<SocketAddr> = self
-            .seeds
+        let unknown = seeds.iter().any(|s| !known.contains(s));
+        let mut targets: Vec<SocketAddr> = seeds
             .iter()
             .filter(|s| first || !known.contains(s))
             .copied()
@@ -926,10 +945,17 @@ impl MeshCore {
                 self.push_pull(peer, false);
             }
         }
-        // Forget metadata of members foca forgot.
-        let present: HashSet<Arc<str>> = self.peers().map(|m| m.id().node_id.clone()).collect();
-        self.metas.retain(|k, _| present.contains(k.as_str()));
-        self.last_seen.retain(|k, _| present.contains(k));
+        // Forget metadata of members foca forgot, once a map outgrows
+        // foca's list (an entry of a forgotten member is never shown before:
+        // status looks up members), rather than building an N-entry set per
+        // node per tick.
+        let peers = self.peers().count();
+        if self.metas.len() > peers || self.last_seen.len() > peers {
+            let present: HashSet<u64> = self.peers().map(|m| m.id().addr()).collect();
+            self.metas
+                .retain(|_, r| present.contains(&NodeIdentity::addr_of(&r.node_id)));
+            self.last_seen.retain(|k, _| present.contains(k));
+        }
     }
 
     fn random_alive(&mut self) -> Option<NodeIdentity> {
@@ -950,7 +976,7 @@ impl MeshCore {
             return;
         }
         // The newest digest per owner: repeats pile up while a fetch is out.
-        let mut newest: BTreeMap<String, MetaDigest> = BTreeMap::new();
+        let mut newest: BTreeMap<Arc<str>, MetaDigest> = BTreeMap::new();
         for d in wanted {
             match newest.get(&d.node_id) {
                 Some(have)
@@ -982,12 +1008,12 @@ impl MeshCore {
             .map(|m| (&*m.id().node_id, m.id()))
             .collect();
         for d in &need {
-            if let Some(owner) = owners.get(d.node_id.as_str())
-                && self.fetching.insert(d.node_id.clone())
+            if let Some(owner) = owners.get(&*d.node_id)
+                && self.fetching.insert(d.node_id.to_string())
             {
                 self.out.push_back(Output::FetchMeta {
                     from: (*owner).clone(),
-                    node_id: d.node_id.clone(),
+                    node_id: d.node_id.to_string(),
                 });
             }
         }
@@ -1046,18 +1072,24 @@ impl MeshCore {
         // foca finds each update's member by a scan of its list: hand it
         // only what would change something (N² comparisons per exchange
         // otherwise, at steady state all for nothing).
-        let known: HashMap<&NodeIdentity, (u16, u8)> = self
+        let me_addr = self.foca.identity().addr();
+        let known: HashMap<u64, (&NodeIdentity, u16, u8)> = self
             .foca
             .iter_membership_state()
-            .map(|m| (m.id(), (m.incarnation(), state_code(m.state()))))
+            .map(|m| {
+                (
+                    m.id().addr(),
+                    (m.id(), m.incarnation(), state_code(m.state())),
+                )
+            })
             .collect();
         let news: Vec<WireMember> = remote
             .members
             .into_iter()
             .filter(|m| {
-                m.id.node_id != me
-                    && known.get(&m.id).is_none_or(|&(inc, state)| {
-                        would_change(inc, state, m.incarnation, m.state)
+                m.id.addr() != me_addr
+                    && known.get(&m.id.addr()).is_none_or(|&(id, inc, state)| {
+                        *id != m.id || would_change(inc, state, m.incarnation, m.state)
                     })
             })
             .collect();
@@ -1108,12 +1140,25 @@ impl MeshCore {
             self.reject(Reject::Size);
             return;
         }
-        let newer = self
-            .metas
-            .get(&rec.node_id)
-            .is_none_or(|have| rec.stamp() > have.stamp());
-        if newer {
-            self.metas.insert(rec.node_id.clone(), rec);
+        match self.metas.get_mut(&rec.node_id) {
+            Some(have) if rec.stamp() > have.stamp() => {
+                // Most updates only move the version: keep the name and
+                // JSON already held (shared with whoever we had them from).
+                let json = if rec.json == have.json {
+                    have.json.clone()
+                } else {
+                    rec.json
+                };
+                *have = MetaRecord {
+                    node_id: have.node_id.clone(),
+                    json,
+                    ..rec
+                };
+            }
+            Some(_) => {}
+            None => {
+                self.metas.insert(rec.node_id.clone(), rec);
+            }
         }
     }
 
@@ -1178,10 +1223,10 @@ impl MeshCore {
     fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>, now: Instant) {
         match n {
             OwnedNotification::DataReceived(h) => {
-                self.last_seen.insert(h.src.node_id.clone(), now);
+                self.last_seen.insert(h.src.addr(), now);
             }
             OwnedNotification::MemberUp(id) => {
-                self.last_seen.insert(id.node_id.clone(), now);
+                self.last_seen.insert(id.addr(), now);
                 self.event(Event::MemberUp(id));
                 // A newcomer learns our metadata from our digest.
                 self.republish_digest(false, now);

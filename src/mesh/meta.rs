@@ -6,10 +6,12 @@
 //! that sees a newer digest than it holds fetches the record over TCP from
 //! its owner. Full-state exchanges carry the records too, as a safety net.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+
+use crate::mesh::member::NodeIdentity;
 
 /// Largest encoded metadata record accepted or produced.
 pub const MAX_META_BYTES: usize = 64 * 1024;
@@ -89,17 +91,22 @@ pub struct NodeMeta {
 }
 
 /// A node's metadata as exchanged between members.
+///
+/// Name and JSON are shared (`Arc`): every member holds every other's
+/// record, and a copy handed on (a full-state reply, a record that only
+/// changed its version) costs no allocation. On the wire they are a string
+/// and a byte sequence, as `String` and `Vec<u8>` were.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaRecord {
     /// Owner of the record.
-    pub node_id: String,
+    pub node_id: Arc<str>,
     /// The owner's boot generation: a restarted owner starts versions anew.
     pub epoch: u64,
     /// Increases at every change within an epoch.
     pub version: u64,
     /// JSON of [`NodeMeta`] (JSON so that newer fields pass through older
     /// members unharmed).
-    pub json: Vec<u8>,
+    pub json: Arc<[u8]>,
 }
 
 impl MetaRecord {
@@ -122,10 +129,10 @@ pub(crate) const MAX_INLINE_META: usize = 640;
 /// travel inline.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MetaDigest {
-    pub node_id: String,
+    pub node_id: Arc<str>,
     pub epoch: u64,
     pub version: u64,
-    pub inline: Option<Vec<u8>>,
+    pub inline: Option<Arc<[u8]>>,
 }
 
 impl MetaDigest {
@@ -163,7 +170,11 @@ pub(crate) type Wanted = Arc<Mutex<Vec<MetaDigest>>>;
 /// foca's custom-broadcast handler for metadata digests.
 pub(crate) struct DigestHandler {
     local: String,
-    seen: HashMap<String, (u64, u64)>,
+    /// Newest stamp seen per owner, by the owner's member address (a hash
+    /// of its name, see `NodeIdentity::addr_of`): one small entry per
+    /// member, no copy of the name; a B-tree holds it in ~34 B per member
+    /// (a hash map at twice the members' count in slots: ~51).
+    seen: BTreeMap<u64, (u64, u64)>,
     wanted: Wanted,
 }
 
@@ -171,7 +182,7 @@ impl DigestHandler {
     pub(crate) fn new(local: &str, wanted: Wanted) -> Self {
         Self {
             local: local.to_owned(),
-            seen: HashMap::new(),
+            seen: BTreeMap::new(),
             wanted,
         }
     }
@@ -182,23 +193,24 @@ impl DigestHandler {
 #[error("metadata digest does not decode: {0}")]
 pub(crate) struct DigestError(#[from] postcard::Error);
 
-impl foca::BroadcastHandler<crate::mesh::member::NodeIdentity> for DigestHandler {
+impl foca::BroadcastHandler<NodeIdentity> for DigestHandler {
     type Key = MetaDigest;
     type Error = DigestError;
 
     fn receive_item(
         &mut self,
         data: &[u8],
-        _sender: Option<&crate::mesh::member::NodeIdentity>,
+        _sender: Option<&NodeIdentity>,
     ) -> Result<Option<MetaDigest>, DigestError> {
         let digest: MetaDigest = postcard::from_bytes(data)?;
         let stamp = (digest.epoch, digest.version);
-        match self.seen.get(&digest.node_id) {
+        let owner = NodeIdentity::addr_of(&digest.node_id);
+        match self.seen.get(&owner) {
             Some(seen) if *seen >= stamp => return Ok(None),
             _ => {}
         }
-        self.seen.insert(digest.node_id.clone(), stamp);
-        if digest.node_id != self.local
+        self.seen.insert(owner, stamp);
+        if *digest.node_id != *self.local
             && let Ok(mut wanted) = self.wanted.lock()
         {
             wanted.push(digest.clone());
@@ -282,12 +294,60 @@ mod tests {
     }
 
     #[test]
+    fn records_and_digests_encode_as_with_owned_strings_and_bytes() {
+        // The types as they were (String, Vec<u8>): what older members
+        // send and expect.
+        #[derive(Serialize)]
+        struct OldRecord {
+            node_id: String,
+            epoch: u64,
+            version: u64,
+            json: Vec<u8>,
+        }
+        #[derive(Serialize)]
+        struct OldDigest {
+            node_id: String,
+            epoch: u64,
+            version: u64,
+            inline: Option<Vec<u8>>,
+        }
+        let json = br#"{"version":"0.1.0","ready":true}"#;
+        let rec = MetaRecord {
+            node_id: "sbproxy-7".into(),
+            epoch: 1_800_000_000_000,
+            version: 300,
+            json: json[..].into(),
+        };
+        let old = OldRecord {
+            node_id: "sbproxy-7".into(),
+            epoch: 1_800_000_000_000,
+            version: 300,
+            json: json.to_vec(),
+        };
+        let bytes = postcard::to_allocvec(&rec).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&old).unwrap());
+        assert_eq!(postcard::from_bytes::<MetaRecord>(&bytes).unwrap(), rec);
+        for inline in [true, false] {
+            let digest = MetaDigest::of(&rec, inline);
+            let old = OldDigest {
+                node_id: old.node_id.clone(),
+                epoch: old.epoch,
+                version: old.version,
+                inline: inline.then(|| old.json.clone()),
+            };
+            let bytes = postcard::to_allocvec(&digest).unwrap();
+            assert_eq!(bytes, postcard::to_allocvec(&old).unwrap());
+            assert_eq!(postcard::from_bytes::<MetaDigest>(&bytes).unwrap(), digest);
+        }
+    }
+
+    #[test]
     fn unknown_json_fields_pass() {
         let r = MetaRecord {
             node_id: "b".into(),
             epoch: 1,
             version: 1,
-            json: br#"{"version":"9.9.9","ready":true,"future":[1,2]}"#.to_vec(),
+            json: br#"{"version":"9.9.9","ready":true,"future":[1,2]}"#[..].into(),
         };
         let m = r.meta();
         assert_eq!(m.version, "9.9.9");

@@ -172,12 +172,12 @@ impl Mesh {
             Some(a) => a,
             None => SocketAddr::new(pick_advertise_ip(cfg.bind, &cfg.seeds).await, gossip_port),
         };
-        let local = NodeIdentity {
-            node_id: cfg.node_id.as_str().into(),
-            gossip: advertise,
+        let local = NodeIdentity::new(
+            cfg.node_id.as_str().into(),
+            advertise,
             transport_port,
-            generation: now_ms(),
-        };
+            now_ms(),
+        );
         info!(node_id = %local.node_id, gossip = %advertise, transport_port, cluster_id = %cfg.cluster_id, "mesh starting");
 
         let (cmd_tx, cmd_rx) = mpsc::channel(1024);
@@ -988,7 +988,7 @@ async fn fetch_meta(
     )
     .await
     {
-        Ok(TcpMsg::MetaReply(rec)) => rec.filter(|r| r.node_id == node_id),
+        Ok(TcpMsg::MetaReply(rec)) => rec.filter(|r| *r.node_id == *node_id),
         Ok(_) => None,
         Err(e) => {
             debug!(%addr, error = %e, "metadata fetch failed");

@@ -146,12 +146,12 @@ mod tests {
     use super::*;
 
     fn id(name: &str, generation: u64) -> NodeIdentity {
-        NodeIdentity {
-            node_id: name.into(),
-            gossip: "10.0.0.5:7946".parse().unwrap(),
-            transport_port: 8946,
+        NodeIdentity::new(
+            name.into(),
+            "10.0.0.5:7946".parse().unwrap(),
+            8946,
             generation,
-        }
+        )
     }
 
     #[test]

@@ -167,12 +167,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn foca() -> Foca<NodeIdentity, PostcardCodec, rand::rngs::StdRng, DigestHandler> {
-        let me = NodeIdentity {
-            node_id: "me".into(),
-            gossip: "127.0.0.1:7946".parse().unwrap(),
-            transport_port: 8946,
-            generation: 1,
-        };
+        let me = NodeIdentity::new("me".into(), "127.0.0.1:7946".parse().unwrap(), 8946, 1);
         let mut config = foca::Config::simple();
         config.max_packet_size = std::num::NonZeroUsize::new(1400).unwrap();
         Foca::with_custom_broadcast(
