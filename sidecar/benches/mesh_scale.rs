@@ -34,7 +34,11 @@
 //! for `SBMESH_BENCH_SECS` (600) seconds, polls every status every 2 s for
 //! `down`/`suspect` entries, and at the end counts false `down` transitions as
 //! the increase of `mesh_member_state_changes_total{state="down"}` summed over
-//! all nodes (nobody is killed in that mode, so every one is false).
+//! all nodes (nobody is killed in that mode, so every one is false), beside
+//! the suspicions (`{state="suspect"}`: failed probes, far more frequent, so
+//! they show a difference between two builds with some statistical weight),
+//! the identity renewals the nodes logged, and the sidecars' CPU and major
+//! page faults during the loss.
 //!
 //! Start patterns (`SBMESH_BENCH_START`):
 //! - `burst` (default): the bench spawns all N back to back;
@@ -686,15 +690,18 @@ fn main() {
 
     if let Some(p) = loss {
         // ---- false downs under random loss ---------------------------------------------
-        let downs = |addrs: &[SocketAddr]| -> f64 {
+        let changes = |state: &str| -> f64 {
             addrs
                 .iter()
                 .filter_map(|&a| {
-                    fetch_metric(a, "mesh_member_state_changes_total", &[("state", "down")])
+                    fetch_metric(a, "mesh_member_state_changes_total", &[("state", state)])
                 })
                 .sum()
         };
-        let base = downs(&addrs);
+        let base = (changes("down"), changes("suspect"));
+        let renewals0 = log_lines(&c, RENEWAL_LINE);
+        let majflt0 = proc_stat_sum(&c, MAJFLT);
+        let cpu0: f64 = c.nodes.iter().filter_map(|x| cpu_secs(x.pid()?)).sum();
         let prob = format!("{p}");
         let rule = [
             "INPUT",
@@ -756,23 +763,36 @@ fn main() {
         let mut del = vec!["-D"];
         del.extend(rule);
         iptables(&del);
-        let false_downs = downs(&addrs) - base;
+        let false_downs = changes("down") - base.0;
+        let suspicions = changes("suspect") - base.1;
+        let renewals = log_lines(&c, RENEWAL_LINE) - renewals0;
+        let majflt = proc_stat_sum(&c, MAJFLT) - majflt0;
+        let cpu = c
+            .nodes
+            .iter()
+            .filter_map(|x| cpu_secs(x.pid()?))
+            .sum::<f64>()
+            - cpu0;
         let seen = seen_down.into_inner().unwrap();
         eprintln!(
-            "false down transitions: {false_downs}; (observer, member) pairs seen down: {}; suspect observations: {}",
+            "false down transitions: {false_downs}; suspicions (failed probes, counter): {suspicions}; identity renewals (logged): {renewals}; (observer, member) pairs seen down: {}; suspect observations (polled): {}",
             seen.len(),
             suspect_obs.into_inner().unwrap()
+        );
+        eprintln!(
+            "during the loss: sidecar CPU {cpu:.1} s ({:.1} % of one core per node), major page faults {majflt} (all nodes)",
+            100.0 * cpu / run_secs as f64 / f64::from(n)
         );
         for (o, m) in seen.iter().take(20) {
             eprintln!("  {o} saw {m} down");
         }
         println!();
         println!(
-            "| N | loss | duration | converge (s) | bytes/node/s (mean / max) | RSS MiB (median / max) | false downs (counter) | pairs seen down (polled) |"
+            "| N | loss | duration | converge (s) | bytes/node/s (mean / max) | RSS MiB (median / max) | false downs (counter) | pairs seen down (polled) | suspicions (counter) | identity renewals | major faults |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
         println!(
-            "| {n} | {:.0} % | {run_secs} s | {converge} | {bytes} | {rss_s} | {false_downs} | {} |",
+            "| {n} | {:.0} % | {run_secs} s | {converge} | {bytes} | {rss_s} | {false_downs} | {} | {suspicions} | {renewals} | {majflt} |",
             p * 100.0,
             seen.len()
         );
@@ -1096,12 +1116,46 @@ fn logged_down_ms(log: &std::path::Path, victim: &str) -> Option<u64> {
         .and_then(log_time_ms)
 }
 
+/// The line a node logs when it renews its identity after being declared
+/// down (`Event::Rejoined` in the mesh shell).
+const RENEWAL_LINE: &str = "rejoined the mesh under a renewed identity";
+
+/// `majflt` of stat(5) (field 12).
+const MAJFLT: usize = 12;
+
+/// Lines containing `needle` in every node's log.
+fn log_lines(c: &Cluster, needle: &str) -> u64 {
+    c.nodes
+        .iter()
+        .filter_map(|node| std::fs::read_to_string(&node.log_path).ok())
+        .map(|text| text.lines().filter(|l| l.contains(needle)).count() as u64)
+        .sum()
+}
+
+/// Field `field` (numbered as in stat(5)) of `/proc/<pid>/stat`.
+fn proc_stat(pid: u32, field: usize) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the comm start at 3 (state).
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(field.checked_sub(3)?)?
+        .parse()
+        .ok()
+}
+
+/// [`proc_stat`] summed over every running node.
+fn proc_stat_sum(c: &Cluster, field: usize) -> u64 {
+    c.nodes
+        .iter()
+        .filter_map(|x| proc_stat(x.pid()?, field))
+        .sum()
+}
+
 /// CPU seconds (user + system) a process used so far.
 fn cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the comm.
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // utime and stime are fields 14 and 15 of stat(5).
+    let ticks = proc_stat(pid, 14)? + proc_stat(pid, 15)?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
     Some(ticks as f64 / hz as f64)

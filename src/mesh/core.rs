@@ -166,6 +166,9 @@ pub(crate) enum Output {
 pub(crate) enum Event {
     MemberUp(NodeIdentity),
     MemberDown(NodeIdentity),
+    /// We now hold it suspect at a new incarnation (our probe failed, or we
+    /// heard so and foca agrees): foca notifies no suspicion.
+    Suspected(NodeIdentity),
     Renamed {
         old: NodeIdentity,
         new: NodeIdentity,
@@ -748,6 +751,7 @@ impl MeshCore {
                 .suspicions
                 .suspect(&id, inc, now, self.tuning.suspect_to_down_after)
         {
+            self.event(Event::Suspected(id.clone()));
             self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
         }
     }
@@ -1201,6 +1205,7 @@ impl MeshCore {
                 } => {
                     let (id, inc) = (member_id.clone(), *incarnation);
                     if self.suspicions.suspect(&id, inc, now, after) {
+                        self.event(Event::Suspected(id.clone()));
                         self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
                     }
                 }

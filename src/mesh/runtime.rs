@@ -556,6 +556,10 @@ impl Driver {
                 info!(node_id = %id.node_id, "member down");
                 self.update_gauges();
             }
+            Event::Suspected(id) => {
+                change(PeerState::suspect);
+                debug!(node_id = %id.node_id, "member suspected");
+            }
             Event::Renamed { old, new } => {
                 debug!(node_id = %new.node_id, old = old.generation, new = new.generation, "member identity renewed");
             }
