@@ -65,6 +65,19 @@ fn tuning() -> SwimTuning {
     }
 }
 
+/// 32 pods (the loss and starvation size), converged and settled.
+fn steady_32(seed: u64) -> Sim {
+    let mut sim = Sim::new(SimConfig {
+        nodes: 32,
+        seed,
+        tuning: tuning(),
+        ..SimConfig::default()
+    });
+    sim.run_while_not(Duration::from_secs(60), Sim::converged);
+    sim.run_until(sim.now() + Duration::from_secs(10));
+    sim
+}
+
 fn main() {
     let n: usize = env("SBMESH_DETECT_N", 128);
     let kills: usize = env("SBMESH_DETECT_KILLS", 30);
@@ -128,14 +141,7 @@ fn main() {
     // cluster declared it down), and nobody else should go down.
     let starve_s: u64 = env("SBMESH_DETECT_STARVE_S", 120);
     if starve_s > 0 {
-        let mut sim = Sim::new(SimConfig {
-            nodes: 32,
-            seed,
-            tuning: tuning(),
-            ..SimConfig::default()
-        });
-        sim.run_while_not(Duration::from_secs(60), Sim::converged);
-        sim.run_until(sim.now() + Duration::from_secs(10));
+        let mut sim = steady_32(seed);
         let starved = 11;
         let generation = |s: &Sim| s.status(starved).map_or(0, |st| st.nodes[0].incarnation);
         let (downs, g0) = (sim.downs(), generation(&sim));
@@ -162,14 +168,7 @@ fn main() {
     let loss: f64 = env("SBMESH_DETECT_LOSS", 0.10);
     let loss_s: u64 = env("SBMESH_DETECT_LOSS_S", 600);
     if loss_s > 0 {
-        let mut sim = Sim::new(SimConfig {
-            nodes: 32,
-            seed,
-            tuning: tuning(),
-            ..SimConfig::default()
-        });
-        sim.run_while_not(Duration::from_secs(60), Sim::converged);
-        sim.run_until(sim.now() + Duration::from_secs(10));
+        let mut sim = steady_32(seed);
         let downs = sim.downs();
         sim.set_loss(loss);
         let mut suspects = 0u64;
