@@ -450,14 +450,18 @@ impl MeshCore {
         match kind {
             wire::KIND_FOCA => {
                 let suspected = self.read_updates(body);
+                let queued = self.wanted.lock().map_or(0, |w| w.len());
                 if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
                     self.count_foca_error(&e);
                 }
                 for (id, inc) in suspected {
                     self.heard_suspect(id, inc, now);
                 }
-                // A digest just arrived: fetch its record now, not at the tick.
-                if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
+                // A digest just arrived: fetch its record now, not at the
+                // tick. Only then: digests whose fetch is out stay queued,
+                // and going through them (a pass over every member) at
+                // every datagram was most of a 512-pod join's CPU.
+                if self.wanted.lock().is_ok_and(|w| w.len() > queued) {
                     self.fetch_wanted();
                 }
             }
