@@ -13,10 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use foca::{
-    AccumulatingRuntime, Codec, Foca, Identity, Member, Message, OwnedNotification, PostcardCodec,
-    State, Timer,
-};
+use foca::{AccumulatingRuntime, Foca, Identity, Member, OwnedNotification, State, Timer};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{RngExt, SeedableRng};
@@ -25,7 +22,7 @@ use tracing::debug;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
 use crate::mesh::seal::Reject;
-use crate::mesh::suspicion::{self, Suspicions};
+use crate::mesh::suspicion::{self, Heard, HearingCodec, Suspicions};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
 use crate::mesh::wire::{self, FullState, WireMember};
 
@@ -194,7 +191,9 @@ pub(crate) enum Event {
 
 /// One mesh node's protocol state.
 pub(crate) struct MeshCore {
-    foca: Foca<NodeIdentity, PostcardCodec, StdRng, DigestHandler>,
+    foca: Foca<NodeIdentity, HearingCodec, StdRng, DigestHandler>,
+    /// What foca's codec decoded from the last packet.
+    heard: Heard,
     rt: AccumulatingRuntime<NodeIdentity>,
     rng: StdRng,
     tuning: SwimTuning,
@@ -249,11 +248,14 @@ impl MeshCore {
         now: Instant,
     ) -> Self {
         let wanted = Wanted::default();
+        let heard = Heard::default();
         let foca = Foca::with_custom_broadcast(
             local.clone(),
             tuning.foca_config(1),
             StdRng::from_rng(&mut rng),
-            PostcardCodec,
+            HearingCodec {
+                heard: heard.clone(),
+            },
             DigestHandler::new(&local.node_id, wanted.clone()),
         );
         let local_meta = MetaRecord {
@@ -265,6 +267,7 @@ impl MeshCore {
         let next_push_pull = now + tuning.push_pull_interval;
         Self {
             foca,
+            heard,
             rt: AccumulatingRuntime::new(),
             rng,
             tuning,
@@ -449,12 +452,11 @@ impl MeshCore {
         };
         match kind {
             wire::KIND_FOCA => {
-                let suspected = self.read_updates(body);
                 let queued = self.wanted.lock().map_or(0, |w| w.len());
                 if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
                     self.count_foca_error(&e);
                 }
-                for (id, inc) in suspected {
+                for (id, inc) in self.read_updates() {
                     self.heard_suspect(id, inc, now);
                 }
                 // A digest just arrived: fetch its record now, not at the
@@ -711,37 +713,24 @@ impl MeshCore {
         }
     }
 
-    /// Reads the member updates a foca packet carries (foca keeps them to
-    /// itself): refutations end our suspicions; the suspicions are returned,
-    /// to be taken up once foca has applied them. A packet that does not
-    /// decode is foca's to refuse.
-    fn read_updates(&mut self, mut body: &[u8]) -> Vec<(NodeIdentity, u16)> {
-        let mut suspected = Vec::new();
-        let mut codec = PostcardCodec;
-        let Ok(header): Result<foca::Header<NodeIdentity>, _> = codec.decode_header(&mut body)
-        else {
-            return suspected;
+    /// Takes what foca's codec decoded from the packet just handled:
+    /// refutations end our suspicions; the suspicions are returned, to be
+    /// taken up now that foca has applied them.
+    fn read_updates(&mut self) -> Vec<(NodeIdentity, u16)> {
+        let heard = match self.heard.lock() {
+            Ok(mut h) => std::mem::take(&mut *h),
+            Err(_) => return Vec::new(),
         };
-        // Anything the member sends carries its incarnation: a higher one
-        // refutes.
-        self.suspicions.alive(&header.src, header.src_incarnation);
-        if body.len() < 2 || header.message == Message::Broadcast {
-            return suspected;
-        }
-        let count = u16::from_be_bytes([body[0], body[1]]);
-        body = &body[2..];
-        let me = self.foca.identity().node_id.clone();
-        for _ in 0..count {
-            let Ok(m): Result<Member<NodeIdentity>, _> = codec.decode_member(&mut body) else {
-                break;
-            };
-            if m.id().node_id == me {
+        let me = self.foca.identity().addr();
+        let mut suspected = Vec::new();
+        for (id, inc, state) in heard {
+            if id.addr() == me {
                 continue;
             }
-            match m.state() {
-                State::Alive => self.suspicions.alive(m.id(), m.incarnation()),
-                State::Suspect => suspected.push((m.id().clone(), m.incarnation())),
-                State::Down => self.suspicions.forget(&m.id().node_id),
+            match state {
+                State::Alive => self.suspicions.alive(&id, inc),
+                State::Suspect => suspected.push((id, inc)),
+                State::Down => self.suspicions.forget(&id.node_id),
             }
         }
         suspected

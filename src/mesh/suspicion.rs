@@ -20,8 +20,11 @@
 //! Pure bookkeeping: the core feeds it what it hears and asks what is due.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut};
+use foca::{Codec, Header, Member, PostcardCodec, State};
 
 use crate::mesh::member::NodeIdentity;
 
@@ -138,6 +141,59 @@ impl Suspicions {
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.by_name.len()
+    }
+}
+
+/// What foca decoded from the packets it was handed: every member update,
+/// and each sender as alive at the incarnation its header carries.
+pub(crate) type Heard = Arc<Mutex<Vec<(NodeIdentity, u16, State)>>>;
+
+/// foca's codec: postcard, as foca's own, noting on the way what it
+/// decodes. foca applies member updates and keeps them to itself; reading
+/// them here costs no second decoding of every packet.
+pub(crate) struct HearingCodec {
+    pub(crate) heard: Heard,
+}
+
+impl HearingCodec {
+    fn note(&self, id: &NodeIdentity, incarnation: u16, state: State) {
+        if let Ok(mut heard) = self.heard.lock() {
+            heard.push((id.clone(), incarnation, state));
+        }
+    }
+}
+
+impl Codec<NodeIdentity> for HearingCodec {
+    type Error = postcard::Error;
+
+    fn encode_header(
+        &mut self,
+        header: &Header<NodeIdentity>,
+        buf: impl BufMut,
+    ) -> Result<(), Self::Error> {
+        PostcardCodec.encode_header(header, buf)
+    }
+
+    fn decode_header(&mut self, buf: impl Buf) -> Result<Header<NodeIdentity>, Self::Error> {
+        let header: Header<NodeIdentity> = PostcardCodec.decode_header(buf)?;
+        // Anything a member sends carries its incarnation: a higher one
+        // refutes.
+        self.note(&header.src, header.src_incarnation, State::Alive);
+        Ok(header)
+    }
+
+    fn encode_member(
+        &mut self,
+        member: &Member<NodeIdentity>,
+        buf: impl BufMut,
+    ) -> Result<(), Self::Error> {
+        PostcardCodec.encode_member(member, buf)
+    }
+
+    fn decode_member(&mut self, buf: impl Buf) -> Result<Member<NodeIdentity>, Self::Error> {
+        let member: Member<NodeIdentity> = PostcardCodec.decode_member(buf)?;
+        self.note(member.id(), member.incarnation(), member.state());
+        Ok(member)
     }
 }
 
