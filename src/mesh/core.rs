@@ -218,6 +218,8 @@ pub(crate) struct MeshCore {
     metas: BTreeMap<Arc<str>, MetaRecord>,
     local_meta: MetaRecord,
     wanted: Wanted,
+    /// Digests whose record has not arrived yet: retried at the tick.
+    unfetched: Vec<MetaDigest>,
     fetching: HashSet<String>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
@@ -285,6 +287,7 @@ impl MeshCore {
             metas: BTreeMap::new(),
             local_meta,
             wanted,
+            unfetched: Vec::new(),
             fetching: HashSet::new(),
             pushed_on_join: false,
             greeted_all: false,
@@ -452,19 +455,15 @@ impl MeshCore {
         };
         match kind {
             wire::KIND_FOCA => {
-                let queued = self.wanted.lock().map_or(0, |w| w.len());
                 if let Err(e) = self.foca.handle_data(body, &mut self.rt) {
                     self.count_foca_error(&e);
                 }
                 for (id, inc) in self.read_updates() {
                     self.heard_suspect(id, inc, now);
                 }
-                // A digest just arrived: fetch its record now, not at the
-                // tick. Only then: digests whose fetch is out stay queued,
-                // and going through them (a pass over every member) at
-                // every datagram was most of a 512-pod join's CPU.
-                if self.wanted.lock().is_ok_and(|w| w.len() > queued) {
-                    self.fetch_wanted();
+                // A digest just arrived: fetch its record now, not at the tick.
+                if self.wanted.lock().is_ok_and(|w| !w.is_empty()) {
+                    self.fetch_wanted(false);
                 }
             }
             wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
@@ -935,7 +934,7 @@ impl MeshCore {
                 debug!(error = %e, "foca config not changed");
             }
         }
-        self.fetch_wanted();
+        self.fetch_wanted(true);
         if now >= self.next_push_pull {
             self.next_push_pull = now + self.tuning.push_pull_every(size);
             if let Some(peer) = self.random_alive() {
@@ -964,11 +963,16 @@ impl MeshCore {
         self.foca.iter_members().nth(i).map(|m| m.id().clone())
     }
 
-    fn fetch_wanted(&mut self) {
-        let wanted: Vec<MetaDigest> = match self.wanted.lock() {
+    /// Fetches the records of the digests just heard of, and with
+    /// `retries` (at the tick) of those whose record has not arrived yet.
+    fn fetch_wanted(&mut self, retries: bool) {
+        let mut wanted: Vec<MetaDigest> = match self.wanted.lock() {
             Ok(mut w) => std::mem::take(&mut *w),
             Err(_) => return,
         };
+        if retries {
+            wanted.append(&mut self.unfetched);
+        }
         if wanted.is_empty() {
             return;
         }
@@ -1014,10 +1018,11 @@ impl MeshCore {
                 });
             }
         }
-        // Keep digests until their record arrived (a fetch can fail).
-        if let Ok(mut w) = self.wanted.lock() {
-            w.extend(need);
-        }
+        // Kept until their record arrived (a fetch can fail), but out of
+        // the inbox: going through them (a pass over every member) at every
+        // datagram while fetches were out was the top of a 512-pod join's
+        // profile.
+        self.unfetched.extend(need);
     }
 
     fn push_pull(&mut self, to: NodeIdentity, want_records: bool) {
