@@ -233,8 +233,9 @@ pub(crate) struct MeshCore {
     suspicions: Suspicions,
     /// Our incarnation as foca last sent it (foca does not expose it).
     own_incarnation: u16,
-    /// foca's pending probe timer, to end a failed probe's cycle early.
-    probe_seq: Option<u64>,
+    /// foca's pending probe timer (its slot and when it is due), to end a
+    /// failed probe's cycle early.
+    probe_timer: Option<(u64, Instant)>,
     out: VecDeque<Output>,
 }
 
@@ -298,7 +299,7 @@ impl MeshCore {
             skew_isolated: false,
             suspicions: Suspicions::default(),
             own_incarnation: 0,
-            probe_seq: None,
+            probe_timer: None,
             out: VecDeque::new(),
         }
     }
@@ -841,18 +842,16 @@ impl MeshCore {
 
     /// Fires foca's pending probe timer at `at` instead, if that is sooner.
     fn end_probe_cycle_at(&mut self, at: Instant) {
-        let Some(seq) = self.probe_seq else { return };
-        let due = self
-            .timers
-            .iter()
-            .find(|Reverse((_, s))| *s == seq)
-            .map(|Reverse((t, _))| *t);
-        if due.is_none_or(|t| t <= at) {
+        let Some((seq, due)) = self.probe_timer else {
+            return;
+        };
+        if due <= at {
             return;
         }
+        // The heap entry stays behind without a slot and is skipped.
         if let Some(timer) = self.timer_slots.remove(&seq) {
             self.timer_seq += 1;
-            self.probe_seq = Some(self.timer_seq);
+            self.probe_timer = Some((self.timer_seq, at));
             self.timers.push(Reverse((at, self.timer_seq)));
             self.timer_slots.insert(self.timer_seq, timer);
         }
@@ -1193,7 +1192,9 @@ impl MeshCore {
         while let Some((after, timer)) = self.rt.to_schedule() {
             self.timer_seq += 1;
             match &timer {
-                Timer::ProbeRandomMember(_) => self.probe_seq = Some(self.timer_seq),
+                Timer::ProbeRandomMember(_) => {
+                    self.probe_timer = Some((self.timer_seq, now + after))
+                }
                 // Our own probe failed: check the suspect like everyone
                 // who hears of it (foca times this suspicion itself).
                 Timer::ChangeSuspectToDown {
