@@ -1092,7 +1092,7 @@ fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
             let text = std::fs::read_to_string(&node.log_path).ok()?;
             let mut seen = BTreeSet::new();
             for line in text.lines().filter(|l| l.contains("member up")) {
-                let id = line.split("node_id=").nth(1)?.split_whitespace().next()?;
+                let id = logged_node_id(line)?;
                 if seen.insert(id.to_string()) && seen.len() + 1 == n {
                     return log_time_ms(line);
                 }
@@ -1102,17 +1102,17 @@ fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// The `node_id=` field of a sidecar log line.
+fn logged_node_id(line: &str) -> Option<&str> {
+    line.split("node_id=").nth(1)?.split_whitespace().next()
+}
+
 /// Unix ms of the first `member down` line for `victim` in a node's log.
 fn logged_down_ms(log: &std::path::Path, victim: &str) -> Option<u64> {
     let text = std::fs::read_to_string(log).ok()?;
     text.lines()
         .filter(|l| l.contains("member down"))
-        .find(|l| {
-            l.split("node_id=")
-                .nth(1)
-                .and_then(|r| r.split_whitespace().next())
-                == Some(victim)
-        })
+        .find(|l| logged_node_id(l) == Some(victim))
         .and_then(log_time_ms)
 }
 
