@@ -22,7 +22,7 @@ use tracing::debug;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
 use crate::mesh::seal::Reject;
-use crate::mesh::suspicion::{self, Heard, HearingCodec, Suspicions};
+use crate::mesh::suspicion::{self, Heard, HearingCodec, LocalHealth, Suspicions};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
 use crate::mesh::wire::{self, FullState, WireMember};
 
@@ -54,9 +54,6 @@ const RESOLVE_RETRY_FIRST: Duration = Duration::from_millis(500);
 const MAX_HELLOS: usize = 512;
 /// Outputs the queue keeps room for once drained.
 const OUT_KEPT: usize = 16;
-/// Our digest is re-announced for newcomers at most this often, so a burst
-/// of joins costs one broadcast, not one per member.
-const REPUBLISH_EVERY: Duration = Duration::from_secs(2);
 
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
 /// fast failure detection on a LAN without false downs at 10 % loss.
@@ -226,7 +223,6 @@ pub(crate) struct MeshCore {
     greeted_all: bool,
     sized_for: usize,
     leaving: bool,
-    last_digest: Instant,
     running: bool,
     skew_isolated: bool,
     /// Suspicions this node times and checks itself.
@@ -236,6 +232,9 @@ pub(crate) struct MeshCore {
     /// foca's pending probe timer (its slot and when it is due), to end a
     /// failed probe's cycle early.
     probe_timer: Option<(u64, Instant)>,
+    /// Lifeguard's local health: stretches our probe and gossip timings
+    /// while this node looks overloaded.
+    health: LocalHealth,
     out: VecDeque<Output>,
 }
 
@@ -294,11 +293,11 @@ impl MeshCore {
             greeted_all: false,
             sized_for: 1,
             leaving: false,
-            last_digest: now,
             running: false,
             skew_isolated: false,
             suspicions: Suspicions::default(),
             own_incarnation: 0,
+            health: LocalHealth::default(),
             probe_timer: None,
             out: VecDeque::new(),
         }
@@ -360,6 +359,7 @@ impl MeshCore {
             let late = now.saturating_duration_since(due);
             if late >= suspicion::STARVED_AFTER {
                 self.starved(late);
+                self.health_worse("timers ran late");
             }
         }
         while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
@@ -391,7 +391,10 @@ impl MeshCore {
             // out: their answers get one more probe_rtt, then the cycle ends
             // (foca would wait for the rest of the probe period).
             if indirect && self.rt.backlog() > 0 {
-                self.end_probe_cycle_at(now + self.tuning.probe_rtt);
+                self.health_worse("direct probe unanswered");
+                self.end_probe_cycle_at(now + self.health.scale(self.tuning.probe_rtt));
+            } else if indirect {
+                self.health.better();
             }
             self.flush(now);
         }
@@ -502,6 +505,18 @@ impl MeshCore {
                     }
                 }
             }
+            wire::KIND_DIGEST => {
+                let Ok(digest) = postcard::from_bytes::<MetaDigest>(body) else {
+                    self.reject(Reject::Decode);
+                    return;
+                };
+                if *digest.node_id != *self.foca.identity().node_id
+                    && let Ok(mut w) = self.wanted.lock()
+                {
+                    w.push(digest);
+                }
+                self.fetch_wanted(false);
+            }
             wire::KIND_CHECK | wire::KIND_CHECK_ACK => {
                 let Ok(check) = postcard::from_bytes::<wire::Check>(body) else {
                     self.reject(Reject::Decode);
@@ -572,7 +587,7 @@ impl MeshCore {
         }
         self.local_meta.json = json.into();
         self.local_meta.version += 1;
-        self.broadcast_local_meta(now);
+        self.broadcast_local_meta();
         self.flush(now);
     }
 
@@ -784,6 +799,7 @@ impl MeshCore {
             // What foca just did (it does not expose its incarnation).
             if check.incarnation >= self.own_incarnation {
                 self.own_incarnation = check.incarnation.saturating_add(1);
+                self.health_worse("refuted a suspicion of ourselves");
             }
         }
         let inc = self.own_incarnation;
@@ -821,6 +837,11 @@ impl MeshCore {
                 debug!(error = %e, "down not applied");
             }
         }
+    }
+
+    fn health_worse(&mut self, why: &'static str) {
+        self.health.worse();
+        debug!(score = self.health.score(), why, "local health");
     }
 
     /// Our timers ran `late`: this node was not running (CPU starvation,
@@ -1163,8 +1184,7 @@ impl MeshCore {
         }
     }
 
-    fn broadcast_local_meta(&mut self, now: Instant) {
-        self.last_digest = now;
+    fn broadcast_local_meta(&mut self) {
         let digest = MetaDigest::of(&self.local_meta, true);
         if let Ok(bytes) = postcard::to_allocvec(&digest)
             && let Err(e) = self.foca.add_broadcast(&bytes)
@@ -1173,14 +1193,26 @@ impl MeshCore {
         }
     }
 
-    /// Sends our digest around again (newcomers, rejoins). Re-adding the
-    /// same digest is a no-op for foca, so the version moves.
-    fn republish_digest(&mut self, force: bool, now: Instant) {
-        if !force && now.saturating_duration_since(self.last_digest) < REPUBLISH_EVERY {
-            return;
-        }
+    /// Sends our digest around again (a rejoin). Re-adding the same digest
+    /// is a no-op for foca, so the version moves.
+    fn republish_digest(&mut self) {
         self.local_meta.version += 1;
-        self.broadcast_local_meta(now);
+        self.broadcast_local_meta();
+    }
+
+    /// Our digest, straight to a member that just came up. Gossiping it
+    /// again instead reached every member ~`max_transmissions` times for
+    /// each newcomer: during a 512-pod start every pod re-announced every
+    /// 2 s, O(N²) updates that kept the cluster busy long after the last
+    /// join (BENCHMARKS.md, "N = 512"). A lost one is repaired by the
+    /// periodic full-state exchange, which carries every digest.
+    fn send_digest(&mut self, to: SocketAddr) {
+        let digest = MetaDigest::of(&self.local_meta, true);
+        let mut plain = vec![wire::KIND_DIGEST];
+        if let Ok(body) = postcard::to_allocvec(&digest) {
+            plain.extend_from_slice(&body);
+            self.out.push_back(Output::Send { to, plain });
+        }
     }
 
     /// Moves what foca queued into outputs and timers, and applies its
@@ -1189,11 +1221,15 @@ impl MeshCore {
         while let Some(n) = self.rt.to_notify() {
             self.on_notification(n, now);
         }
-        while let Some((after, timer)) = self.rt.to_schedule() {
+        while let Some((mut after, timer)) = self.rt.to_schedule() {
             self.timer_seq += 1;
             match &timer {
                 Timer::ProbeRandomMember(_) => {
+                    after = self.health.scale(after);
                     self.probe_timer = Some((self.timer_seq, now + after))
+                }
+                Timer::SendIndirectProbe { .. } | Timer::PeriodicGossip(_) => {
+                    after = self.health.scale(after);
                 }
                 // Our own probe failed: check the suspect like everyone
                 // who hears of it (foca times this suspicion itself).
@@ -1231,9 +1267,9 @@ impl MeshCore {
             }
             OwnedNotification::MemberUp(id) => {
                 self.last_seen.insert(id.addr(), now);
-                self.event(Event::MemberUp(id));
                 // A newcomer learns our metadata from our digest.
-                self.republish_digest(false, now);
+                self.send_digest(id.gossip);
+                self.event(Event::MemberUp(id));
             }
             OwnedNotification::MemberDown(id) => {
                 self.suspicions.forget(&id.node_id);
@@ -1243,7 +1279,13 @@ impl MeshCore {
                 self.suspicions.alive(&new, 0);
                 self.event(Event::Renamed { old, new });
             }
-            OwnedNotification::DataSent(h) => self.own_incarnation = h.src_incarnation,
+            OwnedNotification::DataSent(h) => {
+                // foca refuted a suspicion of us it heard by gossip.
+                if h.src_incarnation > self.own_incarnation {
+                    self.health_worse("refuted a suspicion of ourselves");
+                }
+                self.own_incarnation = h.src_incarnation;
+            }
             OwnedNotification::Active => {
                 self.running = true;
                 self.event(Event::Joined);
@@ -1253,7 +1295,7 @@ impl MeshCore {
                 self.event(Event::Rejoined {
                     generation: id.generation,
                 });
-                self.republish_digest(true, now);
+                self.republish_digest();
             }
             OwnedNotification::Defunct if !self.leaving => self.event(Event::Defunct),
             _ => {}
@@ -1435,6 +1477,38 @@ mod tests {
             (0..2).all(|i| hash(s, i, "sbproxy-2") == (Some("sha256:large".into()), 40))
         })
         .expect("the large record reaches everyone");
+    }
+
+    #[test]
+    fn a_newcomer_gets_every_current_record_without_gossip() {
+        // No gossip and no periodic exchange: what sbproxy-2 learns of
+        // sbproxy-1's record comes from its join's full state or from the
+        // digest each member sends straight to a member that comes up.
+        let mut s = sim(3, Start::Manual, Seeds::Service, quiet());
+        let hash = |s: &Sim, i: usize, of: &str| {
+            let st = s.status(i)?;
+            let n = st.nodes.iter().find(|n| n.node_id == of)?;
+            n.config_hash.clone()
+        };
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| {
+            s.status(0).is_some_and(|st| st.summary.healthy_nodes == 2)
+        })
+        .expect("sbproxy-0 has sbproxy-1's first record");
+        let meta = NodeMeta {
+            version: "sim".into(),
+            ready: true,
+            config_hash: Some("sha256:new".into()),
+            ..Default::default()
+        };
+        s.set_meta(1, &meta);
+        s.start(2);
+        s.run_while_not(s.now() + LIMIT, |s| {
+            hash(s, 2, "sbproxy-1").as_deref() == Some("sha256:new")
+                && s.status(2).is_some_and(|st| st.summary.healthy_nodes == 3)
+        })
+        .expect("sbproxy-2 holds every member's current record");
     }
 
     #[test]

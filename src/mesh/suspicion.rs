@@ -14,8 +14,12 @@
 //!   expires unrefuted, so a member that missed the `down` gossip does not
 //!   keep a dead peer for tens of seconds;
 //! - pushes its deadlines back when it was itself starved of CPU (a timer
-//!   ran late): time it did not see pass is no evidence (Lifeguard's local
-//!   health, in its simplest form).
+//!   ran late): time it did not see pass is no evidence.
+//!
+//! And [`LocalHealth`], Lifeguard's local health multiplier: a node that
+//! misses acks, has to refute suspicions of itself or runs its timers late
+//! is more likely overloaded than surrounded by failures, so it probes and
+//! gossips less often and waits longer for acks until probes succeed again.
 //!
 //! Pure bookkeeping: the core feeds it what it hears and asks what is due.
 
@@ -35,6 +39,47 @@ pub(crate) const CHECKS: u8 = 3;
 pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(250);
 /// A timer this late means the node itself was not running.
 pub(crate) const STARVED_AFTER: Duration = Duration::from_millis(250);
+
+/// The highest [`LocalHealth`] score: timings stretched at most 9-fold
+/// (Lifeguard's and memberlist's bound).
+pub(crate) const HEALTH_MAX: u8 = 8;
+
+/// Lifeguard's local health multiplier: a score in `0..=HEALTH_MAX`, up by
+/// one for each direct probe left unanswered, each suspicion of this node
+/// it must refute and each stall of its own timers; down by one for each
+/// direct probe answered in time. The probe period, the wait for a direct
+/// ack and the gossip period are stretched by `1 + score`.
+///
+/// A healthy node in a healthy cluster stays at 0: at 10 % loss a direct
+/// probe fails 19 % of the time and succeeds 81 %, so the score drifts back
+/// down at once. Under overload (every node late, most acks missed) the
+/// whole cluster backs off instead of flooding itself with suspicions and
+/// refutations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LocalHealth {
+    score: u8,
+}
+
+impl LocalHealth {
+    /// Something pointed at this node being slow.
+    pub(crate) fn worse(&mut self) {
+        self.score = self.score.saturating_add(1).min(HEALTH_MAX);
+    }
+
+    /// A direct probe was answered in time.
+    pub(crate) fn better(&mut self) {
+        self.score = self.score.saturating_sub(1);
+    }
+
+    pub(crate) fn score(self) -> u8 {
+        self.score
+    }
+
+    /// `d` stretched by the score.
+    pub(crate) fn scale(self, d: Duration) -> Duration {
+        d * (1 + u32::from(self.score))
+    }
+}
 
 #[derive(Debug)]
 struct Entry {
@@ -208,6 +253,25 @@ mod tests {
             8946,
             generation,
         )
+    }
+
+    #[test]
+    fn local_health_stretches_timings_within_bounds() {
+        let mut h = LocalHealth::default();
+        let second = Duration::from_secs(1);
+        assert_eq!(h.scale(second), second);
+        h.better();
+        assert_eq!(h.score(), 0, "never below 0");
+        for _ in 0..20 {
+            h.worse();
+        }
+        assert_eq!(h.score(), HEALTH_MAX);
+        assert_eq!(h.scale(second), 9 * second);
+        h.better();
+        assert_eq!(
+            h.scale(Duration::from_millis(300)),
+            Duration::from_millis(2400)
+        );
     }
 
     #[test]

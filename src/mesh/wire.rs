@@ -19,6 +19,9 @@ pub(crate) const KIND_LEAVE: u8 = 3;
 pub(crate) const KIND_CHECK: u8 = 4;
 /// The suspect's answer: alive, at this incarnation (the refutation).
 pub(crate) const KIND_CHECK_ACK: u8 = 5;
+/// A member's metadata digest (`MetaDigest`, its record inline when small),
+/// sent straight to a member that just came up instead of gossiped to all.
+pub(crate) const KIND_DIGEST: u8 = 6;
 
 /// Body of a check and of its answer: a member and an incarnation (the
 /// suspected one in a check, the refuting one in the answer).
