@@ -52,6 +52,11 @@ const RESOLVE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// still not converged after 6 s: gossip drains a 1000-member backlog slowly
 /// (BENCHMARKS.md, Simulator).
 const MAX_HELLOS: usize = 512;
+/// Greetings per seed at start while it does not answer (the re-resolve's
+/// quick retries, 0.5 s then 1 s apart): a hello dropped on a busy pod's
+/// full receive buffer otherwise left that pod without us until its own
+/// 10 s re-resolve (BENCHMARKS.md, "N = 512 on 2 cores").
+const HELLO_TRIES: u8 = 3;
 /// Outputs the queue keeps room for once drained.
 const OUT_KEPT: usize = 16;
 
@@ -221,6 +226,10 @@ pub(crate) struct MeshCore {
     pushed_on_join: bool,
     /// Every seed has been greeted once.
     greeted_all: bool,
+    /// Seeds greeted that have not answered yet, and the greetings left for
+    /// them (see [`MeshCore::hello_seeds`]); empty once all answered.
+    unanswered: HashSet<SocketAddr>,
+    hellos_left: u8,
     sized_for: usize,
     leaving: bool,
     running: bool,
@@ -291,6 +300,8 @@ impl MeshCore {
             fetching: HashSet::new(),
             pushed_on_join: false,
             greeted_all: false,
+            unanswered: HashSet::new(),
+            hellos_left: HELLO_TRIES,
             sized_for: 1,
             leaving: false,
             running: false,
@@ -477,6 +488,9 @@ impl MeshCore {
                 };
                 if id.node_id == self.foca.identity().node_id {
                     return;
+                }
+                if !self.unanswered.is_empty() {
+                    self.unanswered.remove(&id.gossip);
                 }
                 match kind {
                     wire::KIND_HELLO => {
@@ -917,26 +931,42 @@ impl MeshCore {
     /// knows us, and one that does not would only learn of us at its next
     /// re-resolve, 10 s later (the simulator's OrderedReady start showed it).
     ///
-    /// Returns whether some seed is not a member yet.
+    /// A seed greeted at start that has not answered (a hello-ack, or a
+    /// hello of its own) is greeted again at the next resolves, up to
+    /// [`HELLO_TRIES`] times in all, even when it is a member already:
+    /// being known from the join's full state does not mean it knows us.
+    ///
+    /// Returns whether some seed is not a member yet or still owes an
+    /// answer (the next resolve comes soon then).
     fn hello_seeds(&mut self, seeds: &[SocketAddr]) -> bool {
         let known: HashSet<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         let first = !self.greeted_all;
         self.greeted_all |= !seeds.is_empty();
+        let retry = !first && self.hellos_left > 0 && !self.unanswered.is_empty();
         let me = self.foca.identity().clone();
         let unknown = seeds.iter().any(|s| !known.contains(s));
         let mut targets: Vec<SocketAddr> = seeds
             .iter()
-            .filter(|s| first || !known.contains(s))
+            .filter(|s| first || !known.contains(s) || (retry && self.unanswered.contains(s)))
             .copied()
             .collect();
         if targets.len() > MAX_HELLOS {
             let (picked, _) = targets.partial_shuffle(&mut self.rng, MAX_HELLOS);
             targets = picked.to_vec();
         }
+        if first {
+            self.unanswered = targets.iter().copied().collect();
+        }
+        if (first || retry) && !targets.is_empty() {
+            self.hellos_left = self.hellos_left.saturating_sub(1);
+        }
+        if self.hellos_left == 0 {
+            self.unanswered = HashSet::new();
+        }
         for seed in targets {
             self.send_envelope(seed, wire::KIND_HELLO, &me);
         }
-        unknown
+        unknown || !self.unanswered.is_empty()
     }
 
     fn on_tick(&mut self, now: Instant) {
@@ -1591,6 +1621,34 @@ mod tests {
         for i in 0..4 {
             assert_eq!(s.status(i).unwrap().summary.down_nodes, 0);
         }
+    }
+
+    #[test]
+    fn a_seed_that_missed_our_hello_is_greeted_again_at_once() {
+        // No gossip, no probes, no periodic exchange: sbproxy-1 can learn of
+        // sbproxy-2 only from a hello. The first one is lost (a partition
+        // for the first 1.2 s); sbproxy-2 knows sbproxy-1 from the join's
+        // full state, yet greets it again because it never answered.
+        let mut s = sim(3, Start::Manual, Seeds::All, quiet());
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
+            .expect("two pods meshed");
+        // sbproxy-2's address is in everyone's seed list from the start;
+        // by now sbproxy-1 looks for it only every 10 s.
+        s.run_until(s.now() + Duration::from_secs(30));
+        s.set_group(1, 1);
+        s.start(2);
+        let start = s.now();
+        s.run_while_not(start + LIMIT, |s| s.sees(2, 1) == Some(MemberState::Alive))
+            .expect("sbproxy-2 learns sbproxy-1 from sbproxy-0");
+        s.run_until(start + Duration::from_millis(1200));
+        assert_eq!(s.sees(1, 2), None, "the hello was lost");
+        s.set_group(1, 0);
+        s.run_while_not(start + Duration::from_secs(3), |s| {
+            s.sees(1, 2) == Some(MemberState::Alive)
+        })
+        .expect("sbproxy-1 hears a second hello long before its 10 s re-resolve");
     }
 
     #[test]
