@@ -489,13 +489,14 @@ impl MeshCore {
                 if id.node_id == self.foca.identity().node_id {
                     return;
                 }
-                if !self.unanswered.is_empty() {
-                    self.unanswered.remove(&id.gossip);
+                if self.unanswered.remove(&id.gossip) && self.unanswered.is_empty() {
+                    // Sized for every seed: not kept once all answered.
+                    self.unanswered = HashSet::new();
                 }
                 match kind {
                     wire::KIND_HELLO => {
                         let me = self.foca.identity().clone();
-                        self.send_envelope(from, wire::KIND_HELLO_ACK, &me);
+                        self.send_kind(from, wire::KIND_HELLO_ACK, &me);
                         // Both sides learn each other from the hello itself:
                         // no feed bursts when a node greets 100+ seeds. In a
                         // cluster too large for a newcomer to greet everyone
@@ -614,7 +615,7 @@ impl MeshCore {
         let peers: Vec<SocketAddr> = self.foca.iter_members().map(|m| m.id().gossip).collect();
         for _ in 0..2 {
             for p in &peers {
-                self.send_envelope(*p, wire::KIND_LEAVE, &me);
+                self.send_kind(*p, wire::KIND_LEAVE, &me);
             }
         }
         if let Err(e) = self.foca.leave_cluster(&mut self.rt) {
@@ -787,11 +788,7 @@ impl MeshCore {
     }
 
     fn send_check(&mut self, to: SocketAddr, kind: u8, id: NodeIdentity, incarnation: u16) {
-        let mut plain = vec![kind];
-        if let Ok(body) = postcard::to_allocvec(&wire::Check { id, incarnation }) {
-            plain.extend_from_slice(&body);
-            self.out.push_back(Output::Send { to, plain });
-        }
+        self.send_kind(to, kind, &wire::Check { id, incarnation });
     }
 
     /// Someone suspects us: foca refutes (a higher incarnation, gossiped),
@@ -911,12 +908,11 @@ impl MeshCore {
         }
     }
 
-    fn send_envelope(&mut self, to: SocketAddr, kind: u8, id: &NodeIdentity) {
-        let mut plain = vec![kind];
-        if let Ok(body) = postcard::to_allocvec(id) {
-            plain.extend_from_slice(&body);
+    /// One datagram of our own kinds: the kind byte, then `body` in postcard.
+    fn send_kind<T: serde::Serialize>(&mut self, to: SocketAddr, kind: u8, body: &T) {
+        if let Ok(plain) = postcard::to_extend(body, vec![kind]) {
+            self.out.push_back(Output::Send { to, plain });
         }
-        self.out.push_back(Output::Send { to, plain });
     }
 
     /// Seeds that are not alive members get a hello; the reply names them
@@ -964,7 +960,7 @@ impl MeshCore {
             self.unanswered = HashSet::new();
         }
         for seed in targets {
-            self.send_envelope(seed, wire::KIND_HELLO, &me);
+            self.send_kind(seed, wire::KIND_HELLO, &me);
         }
         unknown || !self.unanswered.is_empty()
     }
@@ -1238,11 +1234,7 @@ impl MeshCore {
     /// periodic full-state exchange, which carries every digest.
     fn send_digest(&mut self, to: SocketAddr) {
         let digest = MetaDigest::of(&self.local_meta, true);
-        let mut plain = vec![wire::KIND_DIGEST];
-        if let Ok(body) = postcard::to_allocvec(&digest) {
-            plain.extend_from_slice(&body);
-            self.out.push_back(Output::Send { to, plain });
-        }
+        self.send_kind(to, wire::KIND_DIGEST, &digest);
     }
 
     /// Moves what foca queued into outputs and timers, and applies its
