@@ -513,7 +513,7 @@ fn main() {
     let mut c = Cluster::new(&prefix);
     c.bin = bin;
     if full {
-        let config = c.dir.join("sb-full.yml");
+        let config = c.config.with_file_name("sb-full.yml");
         std::fs::write(&config, full_config(&c.dir)).expect("write the full sb.yml");
         c.config = config;
     }

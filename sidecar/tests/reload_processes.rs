@@ -63,7 +63,7 @@ fn a_config_change_reaches_every_proxy_and_every_status() {
 
     // An editor-style replace of the shared file (all three read it).
     let new = format!("{}# edited\n", common::SB_YML);
-    let tmp = c.dir.join("sb.yml.tmp");
+    let tmp = c.config.with_extension("yml.tmp");
     std::fs::write(&tmp, &new).unwrap();
     std::fs::rename(&tmp, &c.config).unwrap();
     let after = format!("sha256:{}", sbmesh::config::sha256_hex(new.as_bytes()));

@@ -20,7 +20,9 @@ use rand::{RngExt, SeedableRng};
 use tracing::debug;
 
 use crate::mesh::member::NodeIdentity;
-use crate::mesh::meta::{DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Wanted};
+use crate::mesh::meta::{
+    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted,
+};
 use crate::mesh::seal::Reject;
 use crate::mesh::suspicion::{self, Heard, HearingCodec, LocalHealth, Suspicions};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
@@ -57,6 +59,9 @@ const MAX_HELLOS: usize = 512;
 /// full receive buffer otherwise left that pod without us until its own
 /// 10 s re-resolve (BENCHMARKS.md, "N = 512 on 2 cores").
 const HELLO_TRIES: u8 = 3;
+/// Digests heard by gossip that foca holds at once for passing on; the
+/// rest wait in the core's relay queue. A gossip packet carries a handful.
+const RELAY_BACKLOG: usize = 16;
 /// Outputs the queue keeps room for once drained.
 const OUT_KEPT: usize = 16;
 
@@ -219,7 +224,17 @@ pub(crate) struct MeshCore {
     // Ordered maps: the simulator needs runs that repeat exactly.
     metas: BTreeMap<Arc<str>, MetaRecord>,
     local_meta: MetaRecord,
+    /// Records whose owner is not (or no longer) a member, since when: a
+    /// member sends us its digest when *it* sees us come up, which can be
+    /// seconds before we learn of it (N = 1,000: 2 % of all pairs). Put
+    /// back when the owner comes up, dropped after a full-state period
+    /// (the periodic exchange would fetch it again by then).
+    orphans: Vec<(MetaRecord, Instant)>,
     wanted: Wanted,
+    relay: Relay,
+    /// The member whose greeting (hello or answer) is being handled: it
+    /// has our digest, no need to send it when it comes up.
+    has_our_digest: Option<u64>,
     /// Digests whose record has not arrived yet: retried at the tick.
     unfetched: Vec<MetaDigest>,
     fetching: HashSet<String>,
@@ -259,6 +274,7 @@ impl MeshCore {
         now: Instant,
     ) -> Self {
         let wanted = Wanted::default();
+        let relay = Relay::default();
         let heard = Heard::default();
         let foca = Foca::with_custom_broadcast(
             local.clone(),
@@ -267,7 +283,7 @@ impl MeshCore {
             HearingCodec {
                 heard: heard.clone(),
             },
-            DigestHandler::new(&local.node_id, wanted.clone()),
+            DigestHandler::new(&local.node_id, wanted.clone(), relay.clone()),
         );
         let local_meta = MetaRecord {
             node_id: local.node_id.clone(),
@@ -295,7 +311,10 @@ impl MeshCore {
             last_seen: BTreeMap::new(),
             metas: BTreeMap::new(),
             local_meta,
+            orphans: Vec::new(),
             wanted,
+            relay,
+            has_our_digest: None,
             unfetched: Vec::new(),
             fetching: HashSet::new(),
             pushed_on_join: false,
@@ -482,12 +501,23 @@ impl MeshCore {
                 }
             }
             wire::KIND_HELLO | wire::KIND_HELLO_ACK | wire::KIND_LEAVE => {
-                let Ok(id) = postcard::from_bytes::<NodeIdentity>(body) else {
+                let Ok((id, rest)) = postcard::take_from_bytes::<NodeIdentity>(body) else {
                     self.reject(Reject::Decode);
                     return;
                 };
                 if id.node_id == self.foca.identity().node_id {
                     return;
+                }
+                // A hello and its answer carry the sender's digest (older
+                // sidecars send none, and read past ours).
+                if kind != wire::KIND_LEAVE && !rest.is_empty() {
+                    match postcard::from_bytes::<MetaDigest>(rest) {
+                        Ok(d) if d.node_id == id.node_id => self.want(d),
+                        _ => self.reject(Reject::Decode),
+                    }
+                    // It gets ours the same way: in our answer to its
+                    // hello, or in the hello its answer is to.
+                    self.has_our_digest = Some(id.addr());
                 }
                 if self.unanswered.remove(&id.gossip) && self.unanswered.is_empty() {
                     // Sized for every seed: not kept once all answered.
@@ -495,8 +525,8 @@ impl MeshCore {
                 }
                 match kind {
                     wire::KIND_HELLO => {
-                        let me = self.foca.identity().clone();
-                        self.send_kind(from, wire::KIND_HELLO_ACK, &me);
+                        let greeting = self.greeting();
+                        self.send_kind(from, wire::KIND_HELLO_ACK, &greeting);
                         // Both sides learn each other from the hello itself:
                         // no feed bursts when a node greets 100+ seeds. In a
                         // cluster too large for a newcomer to greet everyone
@@ -525,12 +555,7 @@ impl MeshCore {
                     self.reject(Reject::Decode);
                     return;
                 };
-                if *digest.node_id != *self.foca.identity().node_id
-                    && let Ok(mut w) = self.wanted.lock()
-                {
-                    w.push(digest);
-                }
-                self.fetch_wanted(false);
+                self.want(digest);
             }
             wire::KIND_CHECK | wire::KIND_CHECK_ACK => {
                 let Ok(check) = postcard::from_bytes::<wire::Check>(body) else {
@@ -669,6 +694,7 @@ impl MeshCore {
             certificates: local_meta.certificates,
             acme: local_meta.acme,
             proxy: local_meta.proxy,
+            key_id: local_meta.key_id,
         }];
         let mut others: Vec<NodeStatus> = self
             .peers()
@@ -702,6 +728,7 @@ impl MeshCore {
                     certificates: meta.certificates,
                     acme: meta.acme,
                     proxy: meta.proxy,
+                    key_id: meta.key_id,
                 }
             })
             .collect();
@@ -939,7 +966,6 @@ impl MeshCore {
         let first = !self.greeted_all;
         self.greeted_all |= !seeds.is_empty();
         let retry = !first && self.hellos_left > 0 && !self.unanswered.is_empty();
-        let me = self.foca.identity().clone();
         let unknown = seeds.iter().any(|s| !known.contains(s));
         let mut targets: Vec<SocketAddr> = seeds
             .iter()
@@ -959,8 +985,9 @@ impl MeshCore {
         if self.hellos_left == 0 {
             self.unanswered = HashSet::new();
         }
+        let greeting = self.greeting();
         for seed in targets {
-            self.send_kind(seed, wire::KIND_HELLO, &me);
+            self.send_kind(seed, wire::KIND_HELLO, &greeting);
         }
         unknown || !self.unanswered.is_empty()
     }
@@ -994,9 +1021,26 @@ impl MeshCore {
         let peers = self.peers().count();
         if self.metas.len() > peers || self.last_seen.len() > peers {
             let present: HashSet<u64> = self.peers().map(|m| m.id().addr()).collect();
-            self.metas
-                .retain(|_, r| present.contains(&NodeIdentity::addr_of(&r.node_id)));
+            let absent: Vec<Arc<str>> = self
+                .metas
+                .keys()
+                .filter(|k| !present.contains(&NodeIdentity::addr_of(k)))
+                .cloned()
+                .collect();
+            for k in absent {
+                if let Some(rec) = self.metas.remove(&k) {
+                    self.orphans.push((rec, now));
+                }
+            }
             self.last_seen.retain(|k, _| present.contains(k));
+        }
+        if !self.orphans.is_empty() {
+            let keep = self.tuning.push_pull_every(size);
+            self.orphans
+                .retain(|(_, since)| now.saturating_duration_since(*since) < keep);
+            if self.orphans.is_empty() {
+                self.orphans = Vec::new();
+            }
         }
     }
 
@@ -1210,12 +1254,36 @@ impl MeshCore {
         }
     }
 
+    /// Our digest, the record inline when it is small.
+    fn local_digest(&self) -> MetaDigest {
+        MetaDigest::of(&self.local_meta, true)
+    }
+
     fn broadcast_local_meta(&mut self) {
-        let digest = MetaDigest::of(&self.local_meta, true);
-        if let Ok(bytes) = postcard::to_allocvec(&digest)
+        let digest = self.local_digest();
+        self.hand_to_foca(&digest);
+    }
+
+    /// Queues a digest in foca's gossip, where it is sent
+    /// `max_transmissions` times.
+    fn hand_to_foca(&mut self, digest: &MetaDigest) {
+        if let Ok(bytes) = postcard::to_allocvec(digest)
             && let Err(e) = self.foca.add_broadcast(&bytes)
         {
             debug!(error = %e, "metadata digest not queued");
+        }
+    }
+
+    /// Passes on digests heard by gossip, keeping foca's own backlog at
+    /// [`RELAY_BACKLOG`] (see [`crate::mesh::meta::RelayQueue`]). The same
+    /// transmissions as foca relaying them itself, at the same packet
+    /// fill; only the order is first come, first served.
+    fn top_up_relay(&mut self) {
+        while self.foca.custom_broadcast_backlog() < RELAY_BACKLOG {
+            let Some(d) = self.relay.lock().ok().and_then(|mut r| r.pop()) else {
+                return;
+            };
+            self.hand_to_foca(&d);
         }
     }
 
@@ -1233,16 +1301,35 @@ impl MeshCore {
     /// join (BENCHMARKS.md, "N = 512"). A lost one is repaired by the
     /// periodic full-state exchange, which carries every digest.
     fn send_digest(&mut self, to: SocketAddr) {
-        let digest = MetaDigest::of(&self.local_meta, true);
+        let digest = self.local_digest();
         self.send_kind(to, wire::KIND_DIGEST, &digest);
+    }
+
+    /// What a hello and its answer carry: who we are and our digest, in
+    /// one datagram (a newcomer gets an answer from every member at once;
+    /// a separate digest each doubled what overflowed its receive buffer).
+    fn greeting(&self) -> (NodeIdentity, MetaDigest) {
+        (self.foca.identity().clone(), self.local_digest())
+    }
+
+    /// A digest heard directly: its record is stored, or fetched.
+    fn want(&mut self, digest: MetaDigest) {
+        if *digest.node_id != *self.foca.identity().node_id
+            && let Ok(mut w) = self.wanted.lock()
+        {
+            w.push(digest);
+        }
+        self.fetch_wanted(false);
     }
 
     /// Moves what foca queued into outputs and timers, and applies its
     /// notifications.
     fn flush(&mut self, now: Instant) {
+        self.top_up_relay();
         while let Some(n) = self.rt.to_notify() {
             self.on_notification(n, now);
         }
+        self.has_our_digest = None;
         while let Some((mut after, timer)) = self.rt.to_schedule() {
             self.timer_seq += 1;
             match &timer {
@@ -1289,8 +1376,22 @@ impl MeshCore {
             }
             OwnedNotification::MemberUp(id) => {
                 self.last_seen.insert(id.addr(), now);
-                // A newcomer learns our metadata from our digest.
-                self.send_digest(id.gossip);
+                // Set aside more than once (a newer record came, and was
+                // set aside too): store_meta keeps the newest.
+                if self.orphans.iter().any(|(r, _)| r.node_id == id.node_id) {
+                    let (back, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.orphans)
+                        .into_iter()
+                        .partition(|(r, _)| r.node_id == id.node_id);
+                    self.orphans = rest;
+                    for (rec, _) in back {
+                        self.store_meta(rec);
+                    }
+                }
+                // A newcomer learns our metadata from our digest, unless
+                // the greeting it came up by carried it.
+                if self.has_our_digest != Some(id.addr()) {
+                    self.send_digest(id.gossip);
+                }
                 self.event(Event::MemberUp(id));
             }
             OwnedNotification::MemberDown(id) => {
@@ -1531,6 +1632,41 @@ mod tests {
                 && s.status(2).is_some_and(|st| st.summary.healthy_nodes == 3)
         })
         .expect("sbproxy-2 holds every member's current record");
+    }
+
+    #[test]
+    fn a_record_that_arrives_before_its_owner_is_known_is_kept() {
+        // sbproxy-2 greets sbproxy-0 alone and learns sbproxy-1 from the
+        // join's full state, so its digest reaches sbproxy-1 before
+        // sbproxy-1 knows it: nothing tells sbproxy-1 of sbproxy-2 until
+        // sbproxy-2's first probe, several ticks later. The record must
+        // still be there when the member is (no periodic exchange here to
+        // repair it).
+        let tuning = SwimTuning {
+            probe_period: Duration::from_secs(5),
+            ..quiet()
+        };
+        let mut s = sim(3, Start::Manual, Seeds::First, tuning);
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| s.sees(1, 0) == Some(MemberState::Alive))
+            .expect("sbproxy-1 joins sbproxy-0");
+        s.start(2);
+        s.run_while_not(s.now() + LIMIT, |s| {
+            s.sees(1, 2) == Some(MemberState::Alive)
+        })
+        .expect("sbproxy-1 learns of sbproxy-2");
+        s.run_until(s.now() + Duration::from_secs(3));
+        let st = s.status(1).expect("sbproxy-1 runs");
+        assert_eq!(
+            st.summary.healthy_nodes,
+            3,
+            "sbproxy-1 holds every member's record: {:?}",
+            st.nodes
+                .iter()
+                .map(|n| (&n.node_id, &n.health))
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! that sees a newer digest than it holds fetches the record over TCP from
 //! its owner. Full-state exchanges carry the records too, as a safety net.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -88,6 +88,10 @@ pub struct NodeMeta {
     /// Proxy restarts (present when certificates are applied by restart).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyInfo>,
+    /// The node's primary cluster key, as
+    /// [`crate::mesh::seal::display_key_id`] shows it (set by the mesh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 /// A node's metadata as exchanged between members.
@@ -167,6 +171,48 @@ impl foca::Invalidates for MetaDigest {
 /// broadcast handler (inside foca) and the driver that fetches.
 pub(crate) type Wanted = Arc<Mutex<Vec<MetaDigest>>>;
 
+/// Digests heard by gossip and still to be passed on, the newest per owner,
+/// oldest first: handed to foca a few at a time
+/// ([`crate::mesh::core`]'s `RELAY_BACKLOG`) instead of all at once. foca
+/// fills a packet by popping its whole custom-broadcast heap whenever the
+/// room left is smaller than the next digest (`Broadcasts::
+/// fill_with_len_prefix`), so a backlog of one digest per member made
+/// every packet O(N log N): a third of all CPU of a 512-pod start
+/// (BENCHMARKS.md, "N = 512").
+#[derive(Debug, Default)]
+pub(crate) struct RelayQueue {
+    pending: VecDeque<MetaDigest>,
+}
+
+impl RelayQueue {
+    /// Queues `d`, replacing an older digest of the same owner in place.
+    fn push(&mut self, d: MetaDigest) {
+        match self.pending.iter_mut().find(|p| p.node_id == d.node_id) {
+            Some(p) if (p.epoch, p.version) < (d.epoch, d.version) => *p = d,
+            Some(_) => {}
+            None => self.pending.push_back(d),
+        }
+    }
+
+    /// The oldest digest still to pass on.
+    pub(crate) fn pop(&mut self) -> Option<MetaDigest> {
+        let d = self.pending.pop_front();
+        if self.pending.is_empty() && self.pending.capacity() > 0 {
+            // Sized for a mass change (a start): not kept afterwards.
+            self.pending = VecDeque::new();
+        }
+        d
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+}
+
+/// Shared between the broadcast handler (inside foca) and the core.
+pub(crate) type Relay = Arc<Mutex<RelayQueue>>;
+
 /// foca's custom-broadcast handler for metadata digests.
 pub(crate) struct DigestHandler {
     local: String,
@@ -176,14 +222,16 @@ pub(crate) struct DigestHandler {
     /// (a hash map at twice the members' count in slots: ~51).
     seen: BTreeMap<u64, (u64, u64)>,
     wanted: Wanted,
+    relay: Relay,
 }
 
 impl DigestHandler {
-    pub(crate) fn new(local: &str, wanted: Wanted) -> Self {
+    pub(crate) fn new(local: &str, wanted: Wanted, relay: Relay) -> Self {
         Self {
             local: local.to_owned(),
             seen: BTreeMap::new(),
             wanted,
+            relay,
         }
     }
 }
@@ -200,22 +248,32 @@ impl foca::BroadcastHandler<NodeIdentity> for DigestHandler {
     fn receive_item(
         &mut self,
         data: &[u8],
-        _sender: Option<&NodeIdentity>,
+        sender: Option<&NodeIdentity>,
     ) -> Result<Option<MetaDigest>, DigestError> {
         let digest: MetaDigest = postcard::from_bytes(data)?;
         let stamp = (digest.epoch, digest.version);
         let owner = NodeIdentity::addr_of(&digest.node_id);
-        match self.seen.get(&owner) {
-            Some(seen) if *seen >= stamp => return Ok(None),
-            _ => {}
+        let seen = self.seen.entry(owner).or_default();
+        // foca names the sender of what came in a packet, and none for
+        // what the core hands it (`add_broadcast`): that is transmitted
+        // from now on; what was heard waits in the relay queue.
+        if sender.is_none() {
+            *seen = (*seen).max(stamp);
+            return Ok(Some(digest));
         }
-        self.seen.insert(owner, stamp);
+        if *seen >= stamp {
+            return Ok(None);
+        }
+        *seen = stamp;
         if *digest.node_id != *self.local
             && let Ok(mut wanted) = self.wanted.lock()
         {
             wanted.push(digest.clone());
         }
-        Ok(Some(digest))
+        if let Ok(mut relay) = self.relay.lock() {
+            relay.push(digest);
+        }
+        Ok(None)
     }
 }
 
@@ -243,9 +301,10 @@ mod tests {
     }
 
     #[test]
-    fn newer_digest_is_kept_and_wanted_once() {
+    fn newer_digest_is_wanted_and_queued_for_relay_once() {
         let wanted = Wanted::default();
-        let mut h = DigestHandler::new("a", wanted.clone());
+        let relay = Relay::default();
+        let mut h = DigestHandler::new("a", wanted.clone(), relay.clone());
         let d = |v| {
             postcard::to_allocvec(&MetaDigest {
                 node_id: "b".into(),
@@ -255,12 +314,21 @@ mod tests {
             })
             .unwrap()
         };
-        assert!(h.receive_item(&d(2), None).unwrap().is_some());
-        assert!(h.receive_item(&d(2), None).unwrap().is_none());
-        assert!(h.receive_item(&d(1), None).unwrap().is_none());
+        let peer = NodeIdentity::new("c".into(), "127.0.0.1:7946".parse().unwrap(), 8946, 1);
+        let heard = Some(&peer);
+        // Heard by gossip: queued, not handed to foca's own backlog.
+        for v in [2, 2, 1, 3] {
+            assert!(h.receive_item(&d(v), heard).unwrap().is_none());
+        }
+        assert_eq!(wanted.lock().unwrap().len(), 2, "versions 2 and 3");
+        let queued = relay.lock().unwrap().pop().expect("one digest queued");
+        assert_eq!(queued.version, 3, "the newest replaced the older in place");
+        assert!(relay.lock().unwrap().is_empty());
+        // Handed over by the core (no sender): admitted, and not queued again.
         assert!(h.receive_item(&d(3), None).unwrap().is_some());
-        assert_eq!(wanted.lock().unwrap().len(), 2);
-        assert!(h.receive_item(b"\xff\xff", None).is_err());
+        assert!(h.receive_item(&d(3), heard).unwrap().is_none());
+        assert!(relay.lock().unwrap().is_empty());
+        assert!(h.receive_item(b"\xff\xff", heard).is_err());
     }
 
     #[test]

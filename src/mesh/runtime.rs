@@ -140,6 +140,10 @@ impl Mesh {
             ));
         }
         let ring = KeyRing::new(cfg.keys.clone()).map_err(|e| MeshError::Key(e.to_string()))?;
+        let meta = NodeMeta {
+            key_id: Some(ring.display_id()),
+            ..meta
+        };
         let rings = Arc::new(tokio::sync::watch::Sender::new(Arc::new(ring.clone())));
         let sealer = Arc::new(Sealer::new(&cfg.cluster_id, ring));
 
@@ -218,6 +222,8 @@ impl Mesh {
             peer_keys: HashMap::new(),
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
+            meta,
+            rings: rings.subscribe(),
         };
         tokio::spawn(driver.run(cmd_rx));
         Ok(Mesh {
@@ -318,6 +324,11 @@ struct Driver {
     peer_keys: HashMap<SocketAddr, u32>,
     cmd_tx: mpsc::WeakSender<Command>,
     shared: Arc<Shared>,
+    /// The metadata last published, for republishing it with a new key id.
+    meta: NodeMeta,
+    /// Every key ring change (the key file, [`Mesh::set_keys`]): our
+    /// metadata's `key_id` follows the primary.
+    rings: tokio::sync::watch::Receiver<Arc<KeyRing>>,
 }
 
 impl Driver {
@@ -352,6 +363,13 @@ impl Driver {
                     if now >= self.next_gauges {
                         self.next_gauges = now + Duration::from_secs(1);
                         self.update_gauges();
+                    }
+                }
+                Ok(()) = self.rings.changed() => {
+                    let id = self.rings.borrow_and_update().display_id();
+                    if self.meta.key_id.as_deref() != Some(id.as_str()) {
+                        self.meta.key_id = Some(id);
+                        self.core.set_local_meta(&self.meta, Instant::now());
                     }
                 }
                 cmd = cmd_rx.recv() => match cmd {
@@ -466,7 +484,13 @@ impl Driver {
             Command::MetaFetched(rec, node_id) => {
                 self.core.handle_meta_fetched(rec, &node_id, now);
             }
-            Command::SetMeta(meta) => self.core.set_local_meta(&meta, now),
+            Command::SetMeta(meta) => {
+                self.meta = NodeMeta {
+                    key_id: self.meta.key_id.take(),
+                    ..meta
+                };
+                self.core.set_local_meta(&self.meta, now);
+            }
             Command::Leave(_) => {}
         }
     }

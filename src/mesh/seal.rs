@@ -79,7 +79,7 @@ use aws_lc_rs::digest;
 use rand::TryRng;
 
 use key_ring::prefix;
-pub use key_ring::{KeyRing, MESH_AEAD_LABEL};
+pub use key_ring::{KeyRing, MESH_AEAD_LABEL, display_key_id};
 use replay::ReplayCache;
 pub use skew::{Isolation, SKEW_REMEMBER, SKEW_WINDOW, SkewWarning, SkewWatch, SkewedPeer};
 

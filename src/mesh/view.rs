@@ -102,6 +102,10 @@ pub struct NodeStatus {
     /// the other modes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyInfo>,
+    /// Its primary cluster key (first 8 hex characters of its SHA-256): the
+    /// key it seals with. Absent for a member from before it was published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 /// A peer whose mesh packets authenticated but were stamped outside the

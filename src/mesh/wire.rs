@@ -164,7 +164,7 @@ mod tests {
     //! (The unseal half is `tests/mesh_seal_props.rs`.)
 
     use super::*;
-    use crate::mesh::meta::{DigestHandler, MetaDigest, Wanted};
+    use crate::mesh::meta::{DigestHandler, MetaDigest, Relay, Wanted};
     use foca::{AccumulatingRuntime, Foca, PostcardCodec};
     use proptest::prelude::*;
     use rand::SeedableRng;
@@ -178,7 +178,7 @@ mod tests {
             config,
             rand::rngs::StdRng::seed_from_u64(7),
             PostcardCodec,
-            DigestHandler::new("me", Wanted::default()),
+            DigestHandler::new("me", Wanted::default(), Relay::default()),
         )
     }
 
@@ -194,6 +194,25 @@ mod tests {
             let mut rt = AccumulatingRuntime::new();
             let _ = f.handle_data(&bytes, &mut rt);
         }
+    }
+
+    #[test]
+    fn a_greeting_with_a_digest_still_reads_as_the_bare_identity() {
+        // A hello or its answer is `(identity, digest)`; a sidecar from
+        // before the digest was added reads the identity alone and must
+        // not refuse the rest (a rolling upgrade).
+        let id = NodeIdentity::new("a".into(), "127.0.0.1:7946".parse().unwrap(), 8946, 5);
+        let digest = MetaDigest {
+            node_id: "a".into(),
+            epoch: 5,
+            version: 2,
+            inline: Some(b"{}".to_vec().into()),
+        };
+        let body = postcard::to_allocvec(&(id.clone(), digest.clone())).unwrap();
+        assert_eq!(postcard::from_bytes::<NodeIdentity>(&body).unwrap(), id);
+        let (read, rest) = postcard::take_from_bytes::<NodeIdentity>(&body).unwrap();
+        assert_eq!(read, id);
+        assert_eq!(postcard::from_bytes::<MetaDigest>(rest).unwrap(), digest);
     }
 
     fn sealer(cluster: &str) -> Sealer {

@@ -100,6 +100,12 @@ impl KeyRing {
         self.primary().id
     }
 
+    /// The primary key's id as `/admin/cluster/status` shows it
+    /// ([`display_key_id`]).
+    pub fn display_id(&self) -> String {
+        display_key_id(&self.primary().raw)
+    }
+
     /// Number of keys in the ring (at least 1).
     pub fn len(&self) -> usize {
         1 + self.keys.rest.len()
@@ -173,6 +179,17 @@ impl fmt::Debug for KeyRing {
     }
 }
 
+/// A key as people compare it: the first 8 hex characters of SHA-256 of the
+/// 32-byte key. What each node's `key_id` in `/admin/cluster/status` and the
+/// operator's `status.clusterKey.keyId` show, so a rotation can be followed
+/// from either (`xxd -r -p <<< "$KEY" | sha256sum | cut -c1-8`). Not the id
+/// in a sealed packet's header ([`key_id`], domain-separated).
+pub fn display_key_id(raw: &[u8; 32]) -> String {
+    let digest = digest::digest(&digest::SHA256, raw);
+    let head: [u8; 4] = prefix(digest.as_ref());
+    head.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Key id: first 4 bytes (big-endian) of SHA-256("sbmesh-key-id\0" ‖ key).
 fn key_id(raw: &[u8; 32]) -> u32 {
     let mut ctx = digest::Context::new(&digest::SHA256);
@@ -206,6 +223,14 @@ fn hkdf_expand(ikm: &[u8; 32], label: &[u8]) -> Result<[u8; 32], SealError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn display_key_id_is_the_head_of_the_keys_sha256() {
+        // sha256 of 32 zero bytes: 66687aad f862bd77 …
+        assert_eq!(display_key_id(&[0u8; 32]), "66687aad");
+        let ring = KeyRing::new(vec![[0u8; 32], [1u8; 32]]).unwrap();
+        assert_eq!(ring.display_id(), "66687aad", "the primary's");
+    }
 
     #[test]
     fn empty_ring_is_refused() {
