@@ -80,7 +80,9 @@ pub struct SBProxySpec {
     /// The sbproxy image.
     #[schemars(length(min = 1))]
     pub image: String,
-    /// The SBProxyConfig (in this namespace) whose `spec.config` is the sb.yml.
+    /// The SBProxyConfig (in this namespace) whose `spec.config` is the
+    /// sb.yml, by name: `configRef: demo-config`. The first form,
+    /// `{name: demo-config}`, is read too.
     pub config_ref: ConfigRef,
     /// Number of pods, 1 to 128.
     #[serde(default = "default_replicas")]
@@ -109,12 +111,66 @@ pub struct SBProxySpec {
     pub sidecar: SidecarSpec,
 }
 
-/// `spec.configRef`.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ConfigRef {
-    /// Name of an SBProxyConfig in the same namespace.
-    #[schemars(length(min = 1))]
-    pub name: String,
+/// `spec.configRef`: the SBProxyConfig's name as a string
+/// (`configRef: demo-config`), as sbproxy's own CRD has it, or this
+/// project's first form, `{name: demo-config}`, which objects already
+/// written keep.
+///
+/// A structural schema cannot say "string or object": every node needs one
+/// type, except one with `x-kubernetes-preserve-unknown-fields`, and a CEL
+/// rule cannot see into a node without a type (the apiserver would refuse
+/// the CRD when it compiles the rule). A second CRD version with a
+/// conversion webhook would need a served webhook and its certificate for a
+/// field rename. So the field is kept as written and read here: both forms
+/// work, and anything else is refused at reconcile (`ConfigNotFound`, with
+/// [`ConfigRef::name`]'s message) instead of failing to decode, which
+/// would hide the object from the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct ConfigRef(pub Value);
+
+impl ConfigRef {
+    /// The string form.
+    pub fn named(name: &str) -> Self {
+        Self(Value::String(name.to_string()))
+    }
+
+    /// The SBProxyConfig's name, or what is wrong and what is accepted.
+    pub fn name(&self) -> Result<&str, String> {
+        match &self.0 {
+            Value::String(s) if !s.is_empty() => return Ok(s),
+            Value::Object(m) if m.len() == 1 => {
+                if let Some(Value::String(s)) = m.get("name")
+                    && !s.is_empty()
+                {
+                    return Ok(s);
+                }
+            }
+            _ => {}
+        }
+        Err(format!(
+            "spec.configRef is {}; it must name an SBProxyConfig in this namespace, \
+             as a string (configRef: demo-config) or in the first form (configRef: {{name: demo-config}})",
+            self.0
+        ))
+    }
+}
+
+impl schemars::JsonSchema for ConfigRef {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ConfigRef".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Name of an SBProxyConfig in the same namespace: `configRef: demo-config`. The first form, `{name: demo-config}`, is read too.",
+            "x-kubernetes-preserve-unknown-fields": true
+        })
+    }
 }
 
 /// `spec.adminAuthSecretRef`: a key of a Secret in the same namespace.
@@ -166,6 +222,14 @@ pub struct Clustering {
     #[serde(default = "default_cluster_domain")]
     #[schemars(length(min = 1))]
     pub cluster_domain: String,
+    /// During a cluster-key rotation (annotation
+    /// `sbproxy.dev/rotate-cluster-key`), how long the Secret holds
+    /// `[new, old]` before the old key is dropped. Keep it well beyond the
+    /// kubelet's update of a mounted Secret (about a minute): a pod still
+    /// on the old file when the old key goes cannot talk to the others.
+    #[serde(default = "default_key_rotation_grace_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub key_rotation_grace_seconds: i64,
 }
 
 impl Default for Clustering {
@@ -176,6 +240,7 @@ impl Default for Clustering {
             transport_port: default_transport_port(),
             cluster_secret_ref: None,
             cluster_domain: default_cluster_domain(),
+            key_rotation_grace_seconds: default_key_rotation_grace_seconds(),
         }
     }
 }
@@ -235,6 +300,24 @@ pub struct SBProxyStatus {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The cluster key of a Secret the operator made (absent with
+    /// `clusterSecretRef` or without clustering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_key: Option<ClusterKeyStatus>,
+}
+
+/// `status.clusterKey`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterKeyStatus {
+    /// The primary key, as each node's `key_id` in `/admin/cluster/status`
+    /// shows it: the first 8 hex characters of its SHA-256.
+    pub key_id: String,
+    /// `Stable`, or `Rotating` while the Secret holds `[new, old]`.
+    pub phase: String,
+    /// When the primary key became primary (the last rotation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotated_at: Option<String>,
 }
 
 /// The `sb.yml` an SBProxy reads, as text.
@@ -279,6 +362,9 @@ fn default_sidecar_admin_port() -> i32 {
 }
 fn default_challenge_port() -> i32 {
     8089
+}
+fn default_key_rotation_grace_seconds() -> i64 {
+    300
 }
 fn default_authorization_key() -> String {
     "authorization".to_string()

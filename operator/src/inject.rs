@@ -146,6 +146,20 @@ fn inject_pod(pod: &mut PodSpec, workload: &str, opts: &InjectOptions) -> Result
         }
     };
 
+    let mesh = opts.mesh_service.as_ref().map(|service| MeshSettings {
+        service: service.clone(),
+        cluster_domain: CLUSTER_DOMAIN.to_string(),
+        gossip_port: GOSSIP_PORT,
+        transport_port: TRANSPORT_PORT,
+        key_secret: format!("{workload}-cluster-key"),
+        key_secret_key: render::CLUSTER_KEY_KEY.to_string(),
+    });
+    // The key ring reaches the sidecar as a file (rotation without restarts).
+    if let Some(mesh) = &mesh {
+        let volumes = pod.volumes.get_or_insert_with(Vec::new);
+        volumes.retain(|v| v.name != render::CLUSTER_KEY_VOLUME);
+        volumes.push(render::cluster_key_volume(mesh));
+    }
     let sidecar = render::sidecar_container(&SidecarSettings {
         image: opts.sidecar_image.clone(),
         cluster_id: opts
@@ -156,14 +170,7 @@ fn inject_pod(pod: &mut PodSpec, workload: &str, opts: &InjectOptions) -> Result
         challenge_port: CHALLENGE_PORT,
         // Unknown here: the sidecar takes proxy.admin.port from sb.yml.
         proxy_admin_port: None,
-        mesh: opts.mesh_service.as_ref().map(|service| MeshSettings {
-            service: service.clone(),
-            cluster_domain: CLUSTER_DOMAIN.to_string(),
-            gossip_port: GOSSIP_PORT,
-            transport_port: TRANSPORT_PORT,
-            key_secret: format!("{workload}-cluster-key"),
-            key_secret_key: render::CLUSTER_KEY_KEY.to_string(),
-        }),
+        mesh,
         authorization: None,
         resources: None,
         config_volume,

@@ -86,7 +86,7 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     Rule {
         api_group: "",
         resources: &["secrets"],
-        verbs: &["get", "create"],
+        verbs: &["get", "create", "patch"],
     },
     Rule {
         api_group: "events.k8s.io",

@@ -14,5 +14,6 @@ pub mod install;
 pub mod leader;
 pub mod reconcile;
 pub mod render;
+pub mod rotation;
 pub mod run;
 pub mod telemetry;

@@ -5,7 +5,7 @@
 //! (StatefulSet, Services, ConfigMap, PodDisruptionBudget — so a pod
 //! becoming ready re-reconciles and the status follows), and SBProxyConfigs:
 //! an edit of one reconciles, within seconds, every SBProxy of its namespace
-//! whose `spec.configRef.name` names it ([`proxies_for_config`]).
+//! whose `spec.configRef` names it ([`proxies_for_config`]).
 //!
 //! # API calls
 //!
@@ -20,13 +20,14 @@
 //! | `apps` | `statefulsets` | list, watch, create, patch | owned watch; server-side apply (its answer carries replicas / readyReplicas) |
 //! | core | `services`, `configmaps` | list, watch, create, patch | owned watch; server-side apply |
 //! | `policy` | `poddisruptionbudgets` | get, list, watch, create, patch, delete | owned watch; apply; GET + DELETE when replicas drop to 1 |
-//! | core | `secrets` | get, create | the cluster key: GET, then POST once; never list, watch, update, patch or delete |
+//! | core | `secrets` | get, create, patch | the cluster key: GET, then POST once; a merge PATCH of the operator's own Secret during a rotation ([`crate::rotation`]); never list, watch, update or delete, and never a `clusterSecretRef` Secret |
 //! | `events.k8s.io` | `events` | create, patch | Normal/Warning Events (a repeat is a patch of the series) |
 //!
 //! Calls made per reconcile, in order: GET the SBProxyConfig; GET the
 //! cluster-key Secret (only with clustering on and no `clusterSecretRef`);
 //! then either (refusal) PATCH status when it changed + POST a Warning
-//! Event, or (applied) POST the Secret when render asks for one, PATCH
+//! Event, or (applied) POST the Secret when render asks for one, PATCH the
+//! Secret when a key rotation moves (then a Normal Event), PATCH
 //! (apply) StatefulSet, headless Service, Service, ConfigMap, and the PDB
 //! or, without one, GET + DELETE of a PDB left from a larger scale; PATCH
 //! status when it changed; POST Normal Events for a created Secret, a
@@ -41,6 +42,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -57,8 +59,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tracing::{debug, info, warn};
 
-use crate::crd::{SBProxy, SBProxyConfig, SBProxyStatus};
+use crate::crd::{ClusterKeyStatus, SBProxy, SBProxyConfig, SBProxyStatus};
 use crate::render::{self, Refusal, RenderOptions, Rendered};
+use crate::rotation;
 use crate::telemetry::{Metrics, ReconcileResult};
 
 /// Field manager of every server-side apply (SPEC section 9).
@@ -209,7 +212,7 @@ impl Scope {
     }
 }
 
-/// The SBProxies of `config`'s namespace whose `spec.configRef.name` is
+/// The SBProxies of `config`'s namespace whose `spec.configRef` is
 /// `config`'s name: what an edit of `config` must reconcile.
 pub fn proxies_for_config(
     config: &SBProxyConfig,
@@ -221,7 +224,9 @@ pub fn proxies_for_config(
     let name = config.name_any();
     proxies
         .iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns) && p.spec.config_ref.name == name)
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.spec.config_ref.name() == Ok(&name)
+        })
         .map(|p| ObjectRef::from_obj(p.as_ref()))
         .collect()
 }
@@ -269,7 +274,8 @@ pub async fn run(
 /// How one reconcile ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Outcome {
-    Applied,
+    /// Applied; look again sooner than usual when a key rotation waits.
+    Applied(Option<Duration>),
     Refused,
     /// Being deleted: the garbage collector removes the owned objects;
     /// applying them again would only race it.
@@ -284,7 +290,7 @@ pub async fn reconcile(proxy: Arc<SBProxy>, ctx: Arc<Context>) -> Result<Action,
     let started = Instant::now();
     let outcome = reconcile_proxy(&proxy, &ctx).await;
     let result = match &outcome {
-        Ok(Outcome::Applied | Outcome::Deleting) => ReconcileResult::ok,
+        Ok(Outcome::Applied(_) | Outcome::Deleting) => ReconcileResult::ok,
         Ok(Outcome::Refused) => ReconcileResult::refused,
         Err(_) => ReconcileResult::error,
     };
@@ -293,7 +299,9 @@ pub async fn reconcile(proxy: Arc<SBProxy>, ctx: Arc<Context>) -> Result<Action,
         Ok(outcome) => {
             ctx.failures().remove(&ObjectRef::from_obj(proxy.as_ref()));
             Ok(match outcome {
-                Outcome::Applied => Action::requeue(REQUEUE_APPLIED),
+                Outcome::Applied(recheck) => {
+                    Action::requeue(recheck.map_or(REQUEUE_APPLIED, |r| r.min(REQUEUE_APPLIED)))
+                }
                 Outcome::Refused => Action::requeue(REQUEUE_REFUSED),
                 Outcome::Deleting => Action::await_change(),
             })
@@ -343,14 +351,17 @@ async fn reconcile_proxy(proxy: &SBProxy, ctx: &Context) -> Result<Outcome, Erro
     if proxy.metadata.deletion_timestamp.is_some() {
         return Ok(Outcome::Deleting);
     }
-    let config_name = &proxy.spec.config_ref.name;
-    let config = Api::<SBProxyConfig>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(config_name)
-        .await
-        .map_err(Error::kube(
-            "get",
-            format!("SBProxyConfig {ns}/{config_name}"),
-        ))?;
+    // A configRef that names nothing is refused by render (ConfigNotFound).
+    let config = match proxy.spec.config_ref.name() {
+        Ok(config_name) => Api::<SBProxyConfig>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(config_name)
+            .await
+            .map_err(Error::kube(
+                "get",
+                format!("SBProxyConfig {ns}/{config_name}"),
+            ))?,
+        Err(_) => None,
+    };
 
     // The generated key lives in a Secret the operator owns only when the
     // user names none; a clusterSecretRef Secret is theirs and not read.
@@ -374,10 +385,47 @@ async fn reconcile_proxy(proxy: &SBProxy, ctx: &Context) -> Result<Outcome, Erro
             String::new()
         },
     };
+    let requested = proxy.annotations().get(rotation::ROTATE_ANNOTATION);
+    if requested.is_some() && proxy.spec.clustering.cluster_secret_ref.is_some() {
+        publish(
+            proxy,
+            ctx,
+            EventType::Warning,
+            "ClusterKeyNotRotated",
+            "Rotate",
+            format!(
+                "{} is set, but spec.clustering.clusterSecretRef names a Secret of yours: \
+                 the operator never writes it. Rotate it yourself (new key first, then drop the \
+                 old one), or remove clusterSecretRef to let the operator own the key.",
+                rotation::ROTATE_ANNOTATION
+            ),
+        )
+        .await;
+    }
+    let grace = Duration::from_secs(
+        u64::try_from(proxy.spec.clustering.key_rotation_grace_seconds).unwrap_or(1),
+    );
+    let key = match &existing_secret {
+        Some(secret) => match rotation::plan(
+            requested.map(String::as_str),
+            secret,
+            grace,
+            Timestamp::now(),
+            &render::fresh_cluster_key,
+        ) {
+            Ok(plan) => KeyState::Planned(plan),
+            Err(message) => {
+                warn!(proxy = %format!("{ns}/{name}"), %message, "cluster key left as it is");
+                KeyState::Unknown
+            }
+        },
+        None if generated_key => KeyState::Fresh(rotation::key_id(&opts.fresh_cluster_key)),
+        None => KeyState::None,
+    };
     match render::render(proxy, config.as_ref(), existing_secret.as_ref(), &opts) {
         Ok(rendered) => {
-            apply(proxy, &ns, ctx, rendered).await?;
-            Ok(Outcome::Applied)
+            let recheck = apply(proxy, &ns, ctx, rendered, key).await?;
+            Ok(Outcome::Applied(recheck))
         }
         Err(refusal) => {
             refuse(proxy, &ns, ctx, &refusal).await?;
@@ -433,11 +481,49 @@ async fn refuse(proxy: &SBProxy, ns: &str, ctx: &Context, refusal: &Refusal) -> 
     Ok(())
 }
 
-async fn apply(proxy: &SBProxy, ns: &str, ctx: &Context, rendered: Rendered) -> Result<(), Error> {
+/// The cluster key as this reconcile finds it.
+enum KeyState {
+    /// No operator-made Secret (no clustering, or `clusterSecretRef`).
+    None,
+    /// About to be created with a key of this id.
+    Fresh(String),
+    /// The Secret exists: what to do with it ([`rotation::plan`]).
+    Planned(rotation::Plan),
+    /// The Secret exists but does not parse: left alone, status kept.
+    Unknown,
+}
+
+/// Applies `rendered`; returns when to look again for a key rotation.
+async fn apply(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    rendered: Rendered,
+    key: KeyState,
+) -> Result<Option<Duration>, Error> {
     let name = proxy.name_any();
     let client = &ctx.client;
     // Created/deleted objects, as (Event reason, note).
     let mut done: Vec<(&'static str, String)> = Vec::new();
+    let old = proxy.status.clone().unwrap_or_default();
+    let mut recheck = None;
+    let cluster_key = match key {
+        KeyState::None => None,
+        KeyState::Fresh(key_id) => Some(ClusterKeyStatus {
+            key_id,
+            phase: rotation::STABLE.to_string(),
+            rotated_at: None,
+        }),
+        KeyState::Unknown => old.cluster_key.clone(),
+        KeyState::Planned(plan) => {
+            if let Some(write) = &plan.write {
+                write_cluster_key(proxy, ns, ctx, write).await?;
+                done.push((write.reason, write.note.clone()));
+            }
+            recheck = plan.recheck_in;
+            Some(plan.status)
+        }
+    };
 
     if let Some(secret) = &rendered.cluster_key_secret {
         let secret_name = secret.name_any();
@@ -483,7 +569,6 @@ async fn apply(proxy: &SBProxy, ns: &str, ctx: &Context, rendered: Rendered) -> 
         }
     }
 
-    let old = proxy.status.clone().unwrap_or_default();
     let generation = proxy.metadata.generation;
     let desired = proxy.spec.replicas;
     let sts_status = sts.status.as_ref();
@@ -520,6 +605,7 @@ async fn apply(proxy: &SBProxy, ns: &str, ctx: &Context, rendered: Rendered) -> 
         ready_replicas: Some(ready),
         last_error: None,
         conditions,
+        cluster_key,
     };
     // Objects change when the spec or the config does; a requeue or a pod
     // turning ready changes none, and publishes no Event.
@@ -555,6 +641,29 @@ async fn apply(proxy: &SBProxy, ns: &str, ctx: &Context, rendered: Rendered) -> 
         );
         publish(proxy, ctx, EventType::Normal, "Applied", "Apply", note).await;
     }
+    Ok(recheck)
+}
+
+/// A merge patch of the operator's cluster-key Secret: the ring and the
+/// rotation marks in one write.
+async fn write_cluster_key(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    write: &rotation::Write,
+) -> Result<(), Error> {
+    let secret_name = render::cluster_key_secret_name(proxy);
+    let mut patch = json!({
+        "data": { render::CLUSTER_KEY_KEY: ByteString(write.ring.as_bytes().to_vec()) },
+    });
+    if !write.annotations.is_empty() {
+        patch["metadata"] = json!({ "annotations": write.annotations });
+    }
+    Api::<Secret>::namespaced(ctx.client.clone(), ns)
+        .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(Error::kube("patch", format!("Secret {ns}/{secret_name}")))?;
+    info!(secret = %format!("{ns}/{secret_name}"), reason = write.reason, note = %write.note, "cluster key written");
     Ok(())
 }
 
@@ -684,6 +793,7 @@ fn status_patch(status: &SBProxyStatus) -> Value {
         "replicas",
         "readyReplicas",
         "lastError",
+        "clusterKey",
     ] {
         map.entry(key).or_insert(Value::Null);
     }

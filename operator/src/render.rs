@@ -21,9 +21,10 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret, SecretKeySelector,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -54,6 +55,12 @@ pub const DATA_DIR: &str = "/var/lib/sbproxy";
 pub const CONFIG_KEY: &str = "sb.yml";
 /// The key of the generated cluster-key Secret.
 pub const CLUSTER_KEY_KEY: &str = "cluster-key";
+/// Volume of the cluster-key Secret, in the sidecar only.
+pub const CLUSTER_KEY_VOLUME: &str = "sbmesh-cluster-key";
+/// Where that Secret is mounted: a directory, never a `subPath`, so the
+/// kubelet updates the file in place when the Secret changes and the
+/// sidecar re-reads it (`--cluster-key-file`; key rotation, SPEC section 11).
+pub const CLUSTER_KEY_DIR: &str = "/etc/sbmesh/cluster-key";
 /// The uid (and gid) the sidecar runs as: distroless `nonroot`.
 pub const NONROOT_UID: i64 = 65532;
 /// Port of `<name>-svc` that reaches the sidecar's HTTP-01 responder.
@@ -242,18 +249,21 @@ pub fn render(
             ),
         ));
     }
+    let config_name = spec
+        .config_ref
+        .name()
+        .map_err(|message| Refusal::new(RefusalReason::ConfigNotFound, message))?;
     let Some(config) = config else {
         return Err(Refusal::new(
             RefusalReason::ConfigNotFound,
             format!(
-                "spec.configRef.name is {:?} but no SBProxyConfig of that name exists in namespace {ns:?}. \
-                 Create it, or point spec.configRef.name at an existing SBProxyConfig.",
-                spec.config_ref.name
+                "spec.configRef is {config_name:?} but no SBProxyConfig of that name exists in namespace {ns:?}. \
+                 Create it, or point spec.configRef at an existing SBProxyConfig."
             ),
         ));
     };
     let text = &config.spec.config;
-    check_config(proxy, &ns, text)?;
+    let facts = check_config(proxy, &ns, text)?;
 
     let owner = owner_reference(proxy);
     let meta = |object_name: String| ObjectMeta {
@@ -338,7 +348,7 @@ pub fn render(
                 match_labels: Some(selector.clone()),
                 ..LabelSelector::default()
             },
-            template: pod_template(proxy, &name, opts),
+            template: pod_template(proxy, &name, opts, facts.restarts_proxy),
             ..StatefulSetSpec::default()
         }),
         ..StatefulSet::default()
@@ -389,8 +399,17 @@ fn service_port(name: &str, protocol: &str, port: i32, target: &str) -> ServiceP
     }
 }
 
-/// The pod template. Reads neither `spec.replicas` nor the config text.
-fn pod_template(proxy: &SBProxy, name: &str, opts: &RenderOptions) -> PodTemplateSpec {
+/// The pod template. Reads neither `spec.replicas` nor the config text,
+/// except whether the sidecar restarts the proxy (`restarts_proxy`): it
+/// signals the proxy's process, which only a shared process namespace lets
+/// it see (SPEC sections 6 and 11). Changing `sbmesh.acme.apply` to or from
+/// `restart` therefore rolls the pods; no other config edit does.
+fn pod_template(
+    proxy: &SBProxy,
+    name: &str,
+    opts: &RenderOptions,
+    restarts_proxy: bool,
+) -> PodTemplateSpec {
     let spec = &proxy.spec;
     let mesh = spec.clustering.enabled.then(|| {
         let (secret, key) = match &spec.clustering.cluster_secret_ref {
@@ -406,6 +425,7 @@ fn pod_template(proxy: &SBProxy, name: &str, opts: &RenderOptions) -> PodTemplat
             key_secret_key: key,
         }
     });
+    let key_volume = mesh.as_ref().map(cluster_key_volume);
     let sidecar = sidecar_container(&SidecarSettings {
         image: spec
             .sidecar
@@ -458,6 +478,7 @@ fn pod_template(proxy: &SBProxy, name: &str, opts: &RenderOptions) -> PodTemplat
         spec: Some(PodSpec {
             init_containers: Some(vec![sidecar]),
             containers: vec![proxy_container],
+            share_process_namespace: restarts_proxy.then_some(true),
             // Both containers run as the sidecar's user: the certificate
             // keys it writes for the proxy are 0600 (SPEC section 6), so the
             // proxy must be the same user to read them. fsGroup makes the
@@ -473,19 +494,49 @@ fn pod_template(proxy: &SBProxy, name: &str, opts: &RenderOptions) -> PodTemplat
                 }),
                 ..PodSecurityContext::default()
             }),
-            volumes: Some(vec![
-                Volume {
-                    name: CONFIG_VOLUME.to_string(),
-                    config_map: Some(ConfigMapVolumeSource {
-                        name: format!("{name}-config"),
-                        ..ConfigMapVolumeSource::default()
-                    }),
-                    ..Volume::default()
-                },
-                data_volume(DATA_VOLUME),
-            ]),
+            volumes: Some(
+                [
+                    Volume {
+                        name: CONFIG_VOLUME.to_string(),
+                        config_map: Some(ConfigMapVolumeSource {
+                            name: format!("{name}-config"),
+                            ..ConfigMapVolumeSource::default()
+                        }),
+                        ..Volume::default()
+                    },
+                    data_volume(DATA_VOLUME),
+                ]
+                .into_iter()
+                .chain(key_volume)
+                .collect(),
+            ),
             ..PodSpec::default()
         }),
+    }
+}
+
+/// The file the sidecar reads its key ring from (`--cluster-key-file`).
+pub fn cluster_key_file() -> String {
+    format!("{CLUSTER_KEY_DIR}/{CLUSTER_KEY_KEY}")
+}
+
+/// The cluster-key Secret as a volume: its key `key` as the file
+/// [`cluster_key_file`] reads, whatever the Secret calls it.
+pub fn cluster_key_volume(mesh: &MeshSettings) -> Volume {
+    Volume {
+        name: CLUSTER_KEY_VOLUME.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(mesh.key_secret.clone()),
+            items: Some(vec![KeyToPath {
+                key: mesh.key_secret_key.clone(),
+                path: CLUSTER_KEY_KEY.to_string(),
+                ..KeyToPath::default()
+            }]),
+            // The default mode (0644): a pod `inject` adds the sidecar to may
+            // have no fsGroup, and the sidecar's user must read it.
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
     }
 }
 
@@ -576,7 +627,7 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
             value_env("SBMESH_CLUSTER_DOMAIN", &mesh.cluster_domain),
             value_env("SBMESH_GOSSIP_PORT", &mesh.gossip_port.to_string()),
             value_env("SBMESH_TRANSPORT_PORT", &mesh.transport_port.to_string()),
-            secret_env("SBMESH_CLUSTER_KEY", &mesh.key_secret, &mesh.key_secret_key),
+            value_env("SBMESH_CLUSTER_KEY_FILE", &cluster_key_file()),
         ]);
         ports.push(container_port("gossip", mesh.gossip_port, "UDP"));
         ports.push(container_port("transport", mesh.transport_port, "TCP"));
@@ -603,10 +654,19 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
                 .clone()
                 .unwrap_or_else(default_sidecar_resources),
         ),
-        volume_mounts: Some(vec![
-            mount(&s.config_volume, CONFIG_DIR, true),
-            mount(&s.data_volume, DATA_DIR, false),
-        ]),
+        volume_mounts: Some(
+            [
+                mount(&s.config_volume, CONFIG_DIR, true),
+                mount(&s.data_volume, DATA_DIR, false),
+            ]
+            .into_iter()
+            .chain(
+                s.mesh
+                    .as_ref()
+                    .map(|_| mount(CLUSTER_KEY_VOLUME, CLUSTER_KEY_DIR, true)),
+            )
+            .collect(),
+        ),
         security_context: Some(restricted_security_context()),
         ..Container::default()
     }
@@ -757,7 +817,7 @@ fn known_env(proxy: &SBProxy, ns: &str) -> BTreeMap<&'static str, String> {
             "SBMESH_TRANSPORT_PORT",
             spec.clustering.transport_port.to_string(),
         );
-        env.insert("SBMESH_CLUSTER_KEY", "0".repeat(64));
+        env.insert("SBMESH_CLUSTER_KEY_FILE", cluster_key_file());
     }
     if spec.admin_auth_secret_ref.is_some() {
         env.insert(
@@ -768,10 +828,16 @@ fn known_env(proxy: &SBProxy, ns: &str) -> BTreeMap<&'static str, String> {
     env
 }
 
+/// What the pod template needs from an accepted config.
+struct ConfigFacts {
+    /// `sbmesh.acme.apply: restart`: the sidecar restarts the proxy.
+    restarts_proxy: bool,
+}
+
 /// ConfigInvalid and AcmeStoreNotShared, in that order (the SPEC's message
 /// wins for `storage_backend: sqlite`, which the sidecar refuses as unknown).
-fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
-    let config_name = &proxy.spec.config_ref.name;
+fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Refusal> {
+    let config_name = proxy.spec.config_ref.name().unwrap_or_default();
     let invalid = |problems: Vec<String>| {
         Refusal::new(
             RefusalReason::ConfigInvalid,
@@ -851,9 +917,12 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
     // The conflicts of a parsed file, apart: a conflict is about the value at
     // its path (a port left to its default clashes whatever else the block
     // holds), so only that value can excuse it.
+    let mut restarts_proxy = false;
     let (mut problems, conflicts) = match sbmesh::config::parse_interpolated(&interpolated) {
         Ok(config) => {
             let sbmesh = config.sbmesh();
+            restarts_proxy = sbmesh.acme.as_ref().and_then(|a| a.apply)
+                == Some(sbmesh::config::CertApply::Restart);
             let conflicts = sbmesh::config::conflicts(
                 &config,
                 sbmesh::config::SidecarPorts {
@@ -900,7 +969,7 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<(), Refusal> {
             acme_store_not_shared_message(proxy.spec.replicas, &block, &backend),
         ));
     }
-    Ok(())
+    Ok(ConfigFacts { restarts_proxy })
 }
 
 /// The sidecar POSTs reloads to `spec.adminPort`: a config whose
@@ -1063,6 +1132,7 @@ fn references(text: &str) -> impl Iterator<Item = &str> {
 pub fn command(args: &crate::cli::RenderArgs) -> anyhow::Result<ExitCode> {
     let mut proxies = Vec::new();
     let mut configs = Vec::new();
+    let mut skipped = Vec::new();
     for file in &args.files {
         let text = read_input(file)?;
         for (index, doc) in yaml_documents(&text)
@@ -1071,12 +1141,21 @@ pub fn command(args: &crate::cli::RenderArgs) -> anyhow::Result<ExitCode> {
             .enumerate()
         {
             let at = format!("{} (document {})", file.display(), index + 1);
-            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
-            if kind != "SBProxy" && kind != "SBProxyConfig" {
+            let Some(kind) = doc.get("kind").and_then(Value::as_str) else {
                 anyhow::bail!(
-                    "{at}: kind {kind:?} is not read by render; expected SBProxy or SBProxyConfig ({})",
+                    "{at}: a document without a kind; render reads SBProxy and SBProxyConfig ({})",
                     crd::API_VERSION
                 );
+            };
+            // Other kinds of a `kubectl apply -f` bundle (the admin Secret,
+            // a Certificate) are the user's to apply: skipped.
+            if kind != "SBProxy" && kind != "SBProxyConfig" {
+                let name = doc
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no name)");
+                skipped.push(format!("{kind} {name} ({at})"));
+                continue;
             }
             if let Err(problems) = crd::validate(&doc) {
                 anyhow::bail!("{at}: the {kind} is not valid:\n{}", problems.join("\n"));
@@ -1100,6 +1179,13 @@ pub fn command(args: &crate::cli::RenderArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    if !skipped.is_empty() {
+        eprintln!(
+            "note: skipped {} document(s) of other kinds, which render does not read (it renders SBProxy and SBProxyConfig; apply the rest yourself): {}",
+            skipped.len(),
+            skipped.join(", ")
+        );
+    }
     if proxies.is_empty() {
         anyhow::bail!("no SBProxy document in the files given; nothing to render");
     }
@@ -1117,7 +1203,10 @@ pub fn command(args: &crate::cli::RenderArgs) -> anyhow::Result<ExitCode> {
             anyhow::bail!("{at}: the SBProxy has no metadata.name");
         }
         let config = configs.iter().find(|c| {
-            c.metadata.name.as_deref() == Some(proxy.spec.config_ref.name.as_str())
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| proxy.spec.config_ref.name() == Ok(n))
                 && c.metadata.namespace == proxy.metadata.namespace
         });
         let opts = RenderOptions {

@@ -113,7 +113,7 @@ fn the_schema_defaults_what_the_spec_says_and_serde_agrees() {
     assert_eq!(spec["adminPort"], 9090);
     assert_eq!(
         spec["clustering"],
-        json!({ "enabled": false, "gossipPort": 7946, "transportPort": 8946, "clusterDomain": "cluster.local" })
+        json!({ "enabled": false, "gossipPort": 7946, "transportPort": 8946, "clusterDomain": "cluster.local", "keyRotationGraceSeconds": 300 })
     );
     assert_eq!(
         spec["sidecar"],

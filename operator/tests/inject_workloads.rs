@@ -55,9 +55,20 @@ fn a_statefulset_gets_the_native_sidecar_and_the_shared_volume() {
         env_of(side, "SBMESH_MESH_SERVICE").unwrap()["value"],
         "edge-mesh"
     );
+    // The key ring as a file from the Secret's volume (rotation without
+    // restarts), not an environment variable.
+    assert!(env_of(side, "SBMESH_CLUSTER_KEY").is_none());
     assert_eq!(
-        env_of(side, "SBMESH_CLUSTER_KEY").unwrap()["valueFrom"]["secretKeyRef"],
-        json!({ "name": "edge-cluster-key", "key": "cluster-key" })
+        env_of(side, "SBMESH_CLUSTER_KEY_FILE").unwrap()["value"],
+        "/etc/sbmesh/cluster-key/cluster-key"
+    );
+    let key_volume = pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "sbmesh-cluster-key"))
+        .expect("the cluster-key volume");
+    assert_eq!(
+        key_volume["secret"],
+        json!({ "secretName": "edge-cluster-key", "items": [{ "key": "cluster-key", "path": "cluster-key" }] })
     );
     // The proxy's admin port is not known here: sb.yml's proxy.admin.port decides.
     assert!(env_of(side, "SBMESH_PROXY_RELOAD_URL").is_none());
@@ -67,6 +78,7 @@ fn a_statefulset_gets_the_native_sidecar_and_the_shared_volume() {
         json!([
             { "name": "config", "mountPath": "/etc/sbproxy", "readOnly": true },
             { "name": "sbproxy-data", "mountPath": "/var/lib/sbproxy" },
+            { "name": "sbmesh-cluster-key", "mountPath": "/etc/sbmesh/cluster-key", "readOnly": true },
         ])
     );
     // A new emptyDir, mounted in the proxy too.

@@ -28,7 +28,7 @@ fn expected_controller_rules() -> Value {
         { "apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["list", "watch", "create", "patch"] },
         { "apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["list", "watch", "create", "patch"] },
         { "apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
-        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"] },
+        { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"] },
         { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
     ])
 }
@@ -46,19 +46,6 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
 
-fn kinds(objects: &[Value]) -> Vec<String> {
-    objects
-        .iter()
-        .map(|o| {
-            format!(
-                "{}/{}",
-                o["kind"].as_str().unwrap(),
-                o["metadata"]["name"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
-
 fn env<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
     container["env"]
         .as_array()
@@ -71,7 +58,7 @@ fn env<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
 fn namespace_scope_is_a_role_in_the_operator_namespace() {
     let objects = install::install_objects(&args(RbacScope::Namespace));
     assert_eq!(
-        kinds(&objects),
+        fx::kinds(&objects),
         [
             "CustomResourceDefinition/sbproxies.sbproxy.dev",
             "CustomResourceDefinition/sbproxyconfigs.sbproxy.dev",
@@ -114,7 +101,7 @@ fn namespace_scope_is_a_role_in_the_operator_namespace() {
 fn cluster_scope_is_a_cluster_role_and_the_lease_stays_namespaced() {
     let objects = install::install_objects(&args(RbacScope::Cluster));
     assert_eq!(
-        kinds(&objects)[4..8],
+        fx::kinds(&objects)[4..8],
         [
             "ClusterRole/sbmesh-operator",
             "ClusterRoleBinding/sbmesh-operator",

@@ -113,6 +113,14 @@ fn every_printed_manifest_passes_kubernetes_validate() {
             &rendered.objects(),
         ));
     }
+    // The guide's manifests as they are (tests/seed_manifests.rs), through
+    // the command a user runs.
+    for name in fx::SEEDS_RENDERED {
+        let out = fx::render_seed(name);
+        assert!(out.status.success(), "{name} refused");
+        let docs = fx::yaml_docs_of(&String::from_utf8_lossy(&out.stdout));
+        record(check(&tool, dir.path(), &format!("seed-{name}"), &docs));
+    }
     for (scope, name) in [
         (RbacScope::Namespace, "namespace"),
         (RbacScope::Cluster, "cluster"),

@@ -651,3 +651,222 @@ async fn a_proxy_being_deleted_gets_no_call() {
     finish(task).await;
     assert_eq!(action, Action::await_change());
 }
+
+// ---------------------------------------------------------------------------
+// Cluster-key rotation (SPEC section 11)
+
+const KEY_OLD: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+fn key_secret(ring: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "demo-cluster-key", "namespace": "default", "annotations": annotations },
+        "data": { "cluster-key": base64(ring) },
+    })
+}
+
+fn base64(text: &str) -> Value {
+    serde_json::to_value(k8s_openapi::ByteString(text.as_bytes().to_vec())).unwrap()
+}
+
+fn annotated(mut p: Value, value: &str, grace_s: i64) -> Value {
+    p["metadata"]["annotations"] = json!({ sbmesh_operator::rotation::ROTATE_ANNOTATION: value });
+    p["spec"]["clustering"]["keyRotationGraceSeconds"] = json!(grace_s);
+    p
+}
+
+/// The requests of one reconcile of the clustered 3-replica fixture with the
+/// Secret as `secret`: its PATCH when `writes`, then the applies, then
+/// `tail` (status patch, Events).
+async fn reconcile_with(
+    p: &Value,
+    secret: Value,
+    writes: bool,
+    tail: Vec<Expect>,
+) -> (Action, Vec<Seen>) {
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let mut script = vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, Some(secret)),
+    ];
+    if writes {
+        script.push(Expect::patch(
+            SECRET,
+            json!({ "apiVersion": "v1", "kind": "Secret" }),
+        ));
+    }
+    script.extend([
+        sts_applied(3, 3),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        applied(PDB),
+    ]);
+    script.extend(tail);
+    let task = server.run(script);
+    let action = reconcile(proxy(p), ctx).await.expect("reconcile");
+    (action, finish(task).await)
+}
+
+fn ring_of(patch: &Value) -> String {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "data": patch["data"].clone(),
+    }))
+    .unwrap();
+    String::from_utf8(secret.data.unwrap()["cluster-key"].0.clone()).unwrap()
+}
+
+#[tokio::test]
+async fn a_rotation_writes_new_then_old_waits_the_grace_then_drops_the_old_key() {
+    use sbmesh_operator::rotation::{self, ROTATED_AT_ANNOTATION, ROTATED_FOR_ANNOTATION};
+    let base = proxy_json(3, true);
+    // Before: no annotation. The key is reported, nothing is written.
+    let (_, before) = reconcile_with(
+        &base,
+        key_secret(&format!("{KEY_OLD}\n"), json!({})),
+        false,
+        vec![
+            Expect::patch_status(STATUS, base.clone()),
+            Expect::create(EVENTS),
+        ],
+    )
+    .await;
+    let stable = &find(&before, "PATCH", STATUS).body["status"]["clusterKey"];
+    assert_eq!(stable["phase"], "Stable");
+    assert_eq!(stable["keyId"], rotation::key_id(KEY_OLD).as_str());
+    let sts_before = find(&before, "PATCH", STS).body.clone();
+
+    // (1) Annotated: the Secret gets [new, old] in one merge patch, with
+    // the marks; status Rotating; an Event; a recheck at the grace's end.
+    let p = annotated(base.clone(), "2026-12-02", 300);
+    let (action, seen) = reconcile_with(
+        &p,
+        key_secret(&format!("{KEY_OLD}\n"), json!({})),
+        true,
+        vec![
+            Expect::patch_status(STATUS, p.clone()),
+            Expect::create(EVENTS),
+            Expect::create(EVENTS),
+        ],
+    )
+    .await;
+    let patch = &find(&seen, "PATCH", SECRET).body;
+    let ring = ring_of(patch);
+    let lines: Vec<&str> = ring.lines().collect();
+    assert_eq!(lines.len(), 2, "{ring}");
+    assert_eq!(lines[1], KEY_OLD, "the old key second");
+    assert_ne!(lines[0], KEY_OLD);
+    assert_eq!(
+        patch["metadata"]["annotations"][ROTATED_FOR_ANNOTATION],
+        "2026-12-02"
+    );
+    let rotated_at = patch["metadata"]["annotations"][ROTATED_AT_ANNOTATION]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let status = &find(&seen, "PATCH", STATUS).body["status"]["clusterKey"];
+    assert_eq!(status["phase"], "Rotating");
+    assert_eq!(status["keyId"], rotation::key_id(lines[0]).as_str());
+    assert_eq!(status["rotatedAt"], rotated_at.as_str());
+    let event = seen
+        .iter()
+        .find(|s| s.path == EVENTS && s.body["reason"] == "ClusterKeyRotating")
+        .expect("a ClusterKeyRotating Event");
+    assert_eq!(event.body["type"], "Normal");
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert_eq!(
+        find(&seen, "PATCH", STS).body,
+        sts_before,
+        "the StatefulSet apply body is byte-identical: no pod restarts"
+    );
+
+    // (2) Inside the grace: nothing is written, however often.
+    let during = key_secret(
+        &ring,
+        json!({ ROTATED_FOR_ANNOTATION: "2026-12-02", ROTATED_AT_ANNOTATION: rotated_at }),
+    );
+    let p2 = with_status(p.clone(), &find(&seen, "PATCH", STATUS).body["status"]);
+    for _ in 0..2 {
+        // No Secret write, no status patch, no Event (the script has none).
+        let (action, seen) = reconcile_with(&p2, during.clone(), false, vec![]).await;
+        assert_eq!(find(&seen, "PATCH", STS).body, sts_before);
+        assert!(
+            action != Action::requeue(reconcile::REQUEUE_APPLIED),
+            "rechecked at the grace's end, not the usual 5 min"
+        );
+    }
+
+    // (3) After the grace (its start moved back past it): [new] only,
+    // status Stable, and again the same StatefulSet.
+    let long_ago = "2026-01-01T00:00:00Z";
+    let after = key_secret(
+        &ring,
+        json!({ ROTATED_FOR_ANNOTATION: "2026-12-02", ROTATED_AT_ANNOTATION: long_ago }),
+    );
+    let (_, seen) = reconcile_with(
+        &p2,
+        after,
+        true,
+        vec![
+            Expect::patch_status(STATUS, p2.clone()),
+            Expect::create(EVENTS),
+        ],
+    )
+    .await;
+    assert!(
+        seen.iter()
+            .any(|s| s.path == EVENTS && s.body["reason"] == "ClusterKeyRotated")
+    );
+    let patch = &find(&seen, "PATCH", SECRET).body;
+    assert_eq!(ring_of(patch), format!("{}\n", lines[0]));
+    assert!(
+        patch.get("metadata").is_none(),
+        "the marks are kept: {patch}"
+    );
+    let status = &find(&seen, "PATCH", STATUS).body["status"]["clusterKey"];
+    assert_eq!(status["phase"], "Stable");
+    assert_eq!(status["keyId"], rotation::key_id(lines[0]).as_str());
+    assert_eq!(find(&seen, "PATCH", STS).body, sts_before);
+
+    // (4) Settled: the same annotation writes nothing more.
+    let settled = key_secret(
+        &format!("{}\n", lines[0]),
+        json!({ ROTATED_FOR_ANNOTATION: "2026-12-02", ROTATED_AT_ANNOTATION: long_ago }),
+    );
+    let p4 = with_status(p2.clone(), &find(&seen, "PATCH", STATUS).body["status"]);
+    reconcile_with(&p4, settled, false, vec![]).await;
+}
+
+#[tokio::test]
+async fn a_cluster_secret_ref_secret_is_never_read_or_written_by_a_rotation() {
+    let mut p = annotated(proxy_json(3, true), "now", 300);
+    p["spec"]["clustering"]["clusterSecretRef"] = json!({ "name": "mine", "key": "ring" });
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::create(EVENTS),
+        sts_applied(3, 3),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        applied(PDB),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+    ]);
+    reconcile(proxy(&p), ctx).await.expect("reconcile");
+    let seen = finish(task).await;
+    assert!(
+        seen.iter().all(|s| !s.path.contains("/secrets")),
+        "no Secret request at all"
+    );
+    let warning = &seen[1].body;
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(warning["reason"], "ClusterKeyNotRotated");
+    assert!(
+        find(&seen, "PATCH", STATUS).body["status"]
+            .get("clusterKey")
+            .is_none_or(Value::is_null)
+    );
+}

@@ -87,7 +87,7 @@ fn proxy(name: &str, config: &str) -> Value {
         "metadata": { "name": name, "namespace": "test", "generation": 1 },
         "spec": {
             "image": "ghcr.io/sbproxy/sbproxy:0.9.0",
-            "configRef": { "name": config },
+            "configRef": config,
             "replicas": 1, "port": 8080, "adminPort": 9090,
             "clustering": { "enabled": true, "gossipPort": 7946, "transportPort": 8946, "clusterDomain": "cluster.local" },
             "sidecar": { "adminPort": 9091, "challengePort": 8089 },

@@ -143,7 +143,8 @@ fn a_refusal_exits_1_with_the_message_on_stderr() {
 }
 
 #[test]
-fn other_kinds_and_invalid_crs_are_errors_naming_the_file() {
+fn other_kinds_are_skipped_with_one_note_and_invalid_crs_are_errors_naming_the_file() {
+    // Alone, another kind leaves nothing to render.
     let out = operator(
         &["render", "-f", "-"],
         Some("apiVersion: v1\nkind: ConfigMap\nmetadata: { name: x }\n"),
@@ -151,7 +152,28 @@ fn other_kinds_and_invalid_crs_are_errors_naming_the_file() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stderr).trim(),
-        "error: - (document 1): kind \"ConfigMap\" is not read by render; expected SBProxy or SBProxyConfig (sbproxy.dev/v1alpha1)"
+        "note: skipped 1 document(s) of other kinds, which render does not read (it renders SBProxy and SBProxyConfig; apply the rest yourself): ConfigMap x (- (document 1))\n\
+         error: no SBProxy document in the files given; nothing to render"
+    );
+    // Beside an SBProxy, two of them: rendered, one note for both.
+    let bundle = "apiVersion: v1\nkind: Secret\nmetadata: { name: demo-admin }\nstringData: { authorization: Basic eDp5 }\n---\n\
+        apiVersion: sbproxy.dev/v1alpha1\nkind: SBProxyConfig\nmetadata: { name: demo-config }\nspec: { config: \"origins: {}\" }\n---\n\
+        apiVersion: v1\nkind: ConfigMap\nmetadata: { name: other }\n---\n\
+        apiVersion: sbproxy.dev/v1alpha1\nkind: SBProxy\nmetadata: { name: demo }\nspec: { image: sbproxy, configRef: demo-config }\n";
+    let out = operator(&["render", "-f", "-"], Some(bundle));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "note: skipped 2 document(s) of other kinds, which render does not read (it renders SBProxy and SBProxyConfig; apply the rest yourself): Secret demo-admin (- (document 1)), ConfigMap other (- (document 3))"
+    );
+    assert!(text(&out.stdout).contains("name: demo-proxy"));
+
+    let out = operator(&["render", "-f", "-"], Some("metadata: { name: x }\n"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("- (document 1): a document without a kind"),
+        "{}",
+        text(&out.stderr)
     );
 
     let bad = "apiVersion: sbproxy.dev/v1alpha1\nkind: SBProxy\nmetadata: { name: demo }\nspec: { image: sbproxy, configRef: { name: demo }, port: 9090 }\n";

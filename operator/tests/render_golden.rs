@@ -83,6 +83,46 @@ fn secret_ref(c: &Container, name: &str) -> Option<(String, String)> {
     Some((r.name.clone(), r.key.clone()))
 }
 
+/// The Secret (name, key) the sidecar's key ring comes from: mounted as a
+/// directory in the sidecar alone, read with `--cluster-key-file`. No
+/// `subPath` (the kubelet would not update it) and no environment variable
+/// (an env value never changes in a running pod).
+fn key_ring_secret(r: &Rendered) -> Option<(String, String)> {
+    let pod = r.stateful_set.spec.as_ref()?.template.spec.as_ref()?;
+    let side = sidecar(r);
+    assert!(env(&side, "SBMESH_CLUSTER_KEY").is_none());
+    assert_eq!(
+        env_value(&side, "SBMESH_CLUSTER_KEY_FILE")?,
+        render::cluster_key_file()
+    );
+    let mount = side
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == render::CLUSTER_KEY_VOLUME)?;
+    assert_eq!(mount.mount_path, render::CLUSTER_KEY_DIR);
+    assert_eq!(mount.read_only, Some(true));
+    assert_eq!(mount.sub_path, None);
+    assert!(
+        pod.containers
+            .iter()
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .all(|m| m.name != render::CLUSTER_KEY_VOLUME),
+        "the proxy does not get the key"
+    );
+    let secret = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == render::CLUSTER_KEY_VOLUME)?
+        .secret
+        .as_ref()?;
+    let items = secret.items.as_ref()?;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].path, render::CLUSTER_KEY_KEY);
+    Some((secret.secret_name.clone()?, items[0].key.clone()))
+}
+
 fn field_ref(c: &Container, name: &str) -> Option<String> {
     Some(
         env(c, name)?
@@ -248,7 +288,7 @@ fn statefulset_and_services_follow_the_spec() {
         assert_eq!(env_value(&side, name).as_deref(), Some(value), "{name}");
     }
     assert_eq!(
-        secret_ref(&side, "SBMESH_CLUSTER_KEY"),
+        key_ring_secret(&r),
         Some(("demo-cluster-key".into(), "cluster-key".into()))
     );
     let sc = side.security_context.as_ref().unwrap();
@@ -287,7 +327,7 @@ fn statefulset_and_services_follow_the_spec() {
             .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
             .collect();
         assert_eq!(
-            mounts,
+            mounts[..2],
             [
                 ("sbproxy-config", "/etc/sbproxy", Some(true)),
                 ("sbproxy-data", "/var/lib/sbproxy", None)
@@ -365,6 +405,7 @@ fn one_replica_unclustered_has_no_mesh_no_secret_and_no_pdb() {
     for name in [
         "SBMESH_MESH_SERVICE",
         "SBMESH_CLUSTER_KEY",
+        "SBMESH_CLUSTER_KEY_FILE",
         "SBMESH_GOSSIP_PORT",
         "SBMESH_PROXY_AUTHORIZATION",
     ] {
@@ -388,7 +429,7 @@ fn a_user_secret_is_referenced_and_none_is_created() {
     assert!(r.cluster_key_secret.is_none());
     let side = sidecar(&r);
     assert_eq!(
-        secret_ref(&side, "SBMESH_CLUSTER_KEY"),
+        key_ring_secret(&r),
         Some(("edge-mesh-key".into(), "ring".into()))
     );
     assert_eq!(
@@ -572,4 +613,29 @@ fn render_is_deterministic() {
             "{name}"
         );
     }
+}
+
+#[test]
+fn the_pods_share_a_process_namespace_exactly_when_the_sidecar_restarts_the_proxy() {
+    let proxy = fx::proxy("image: sbproxy\nconfigRef: demo\n");
+    let share = |apply: &str| {
+        let text = format!(
+            "proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, email: ops@example.com, storage_backend: memory{apply} }}\norigins:\n  \"demo.example.com\": {{}}\n"
+        );
+        let r = render::render(&proxy, Some(&fx::config(&text)), None, &fx::opts())
+            .unwrap_or_else(|r| panic!("{apply}: refused: {r}"));
+        r.stateful_set
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .share_process_namespace
+    };
+    // `restart` signals the proxy's process: it must be visible.
+    assert_eq!(share(", apply: restart"), Some(true));
+    // reload (the default) and none need no shared namespace: absent.
+    assert_eq!(share(""), None);
+    assert_eq!(share(", apply: reload"), None);
+    assert_eq!(share(", apply: none"), None);
 }

@@ -85,9 +85,46 @@ fn a_missing_config_is_refused_naming_it_and_its_namespace() {
     assert_eq!(r.reason, RefusalReason::ConfigNotFound);
     assert_eq!(
         r.message,
-        "spec.configRef.name is \"demo\" but no SBProxyConfig of that name exists in namespace \"default\". \
-         Create it, or point spec.configRef.name at an existing SBProxyConfig."
+        "spec.configRef is \"demo\" but no SBProxyConfig of that name exists in namespace \"default\". \
+         Create it, or point spec.configRef at an existing SBProxyConfig."
     );
+}
+
+#[test]
+fn config_ref_is_read_in_both_forms_and_anything_else_is_refused() {
+    // sbproxy's own form (a string) and this project's first form ({name}).
+    for form in ["configRef: demo\n", "configRef: { name: demo }\n"] {
+        let proxy = fx::proxy(&format!("image: sbproxy\n{form}"));
+        assert_eq!(proxy.spec.config_ref.name(), Ok("demo"), "{form}");
+        render::render(&proxy, Some(&fx::config(PLAIN_CONFIG)), None, &fx::opts())
+            .unwrap_or_else(|r| panic!("{form}: refused: {r}"));
+    }
+    // Neither: decoded all the same (the controller must see the object to
+    // report on it), and refused naming what was written and both forms.
+    for (form, shown) in [
+        ("configRef: 5\n", "5"),
+        ("configRef: \"\"\n", "\"\""),
+        ("configRef: {}\n", "{}"),
+        ("configRef: { name: \"\" }\n", "{\"name\":\"\"}"),
+        (
+            "configRef: { name: demo, kind: SBProxyConfig }\n",
+            "{\"kind\":\"SBProxyConfig\",\"name\":\"demo\"}",
+        ),
+        ("configRef: [demo]\n", "[\"demo\"]"),
+    ] {
+        let proxy = fx::proxy(&format!("image: sbproxy\n{form}"));
+        let r = render::render(&proxy, Some(&fx::config(PLAIN_CONFIG)), None, &fx::opts())
+            .expect_err(form);
+        assert_eq!(r.reason, RefusalReason::ConfigNotFound, "{form}");
+        assert_eq!(
+            r.message,
+            format!(
+                "spec.configRef is {shown}; it must name an SBProxyConfig in this namespace, \
+                 as a string (configRef: demo-config) or in the first form (configRef: {{name: demo-config}})"
+            ),
+            "{form}"
+        );
+    }
 }
 
 #[test]
@@ -436,7 +473,7 @@ fn a_refusal_displays_its_reason_and_message() {
     let r = refuse("", None);
     assert!(
         r.to_string()
-            .starts_with("ConfigNotFound: spec.configRef.name is \"demo\"")
+            .starts_with("ConfigNotFound: spec.configRef is \"demo\"")
     );
 }
 

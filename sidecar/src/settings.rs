@@ -938,6 +938,15 @@ fn resolve_cluster_key(
         }
         (None, None) => {
             let source = cluster.shared_key.as_deref()?;
+            // Used now, so an unresolved variable in it is an error (it is
+            // only a warning while a flag overrides it).
+            if let Some(name) = config::unresolved_in(source) {
+                r.problems.push(Problem::error(
+                    SHARED_KEY_PATH,
+                    config::unresolved_message(name),
+                ));
+                return None;
+            }
             match key_ring_from(SHARED_KEY_PATH, source, r.env, &read) {
                 Ok(ring) => Some(ring),
                 Err(problem) => {
@@ -1587,6 +1596,28 @@ origins: { api.example.com: {} }
         let ring = s.cluster_key.unwrap();
         assert_eq!(ring.len(), 2);
         assert_eq!(ring[0][0], 0xff);
+    }
+
+    #[test]
+    fn an_unset_variable_in_an_overridden_shared_key_is_not_a_problem() {
+        // The operator's pods read the key from a file; a config written for
+        // the environment form still passes there, and fails only where the
+        // shared key is what the sidecar uses.
+        let text = "proxy:\n  extensions:\n    sbmesh: { shared_key: \"${SBMESH_CLUSTER_KEY}\" }\n";
+        let case = Case::new(text);
+        let key_file = case.dir.file("ring", &format!("{K2}\n"));
+        let s = case
+            .env("SBMESH_CLUSTER_KEY_FILE", key_file.to_str().unwrap())
+            .ok();
+        assert_eq!(s.cluster_key.unwrap()[0][0], 0xff);
+        let problems = Case::new(text).problems();
+        assert_eq!(
+            problems.last().map(String::as_str),
+            Some(
+                "proxy.extensions.sbmesh.shared_key: uses ${SBMESH_CLUSTER_KEY}, but the environment variable SBMESH_CLUSTER_KEY is not set; set it, or write ${SBMESH_CLUSTER_KEY:-default}"
+            ),
+            "{problems:#?}"
+        );
     }
 
     #[test]

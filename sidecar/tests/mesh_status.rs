@@ -717,6 +717,27 @@ fn key_rotation_through_the_key_file_without_restart() {
     let members = vec![0, 1, 2];
     c.wait_converged(&members);
     let pids: Vec<Option<u32>> = c.nodes.iter().map(Node::pid).collect();
+    // Each node's entry shows the key it seals with, in every node's view.
+    let key_id = |hex: &str| {
+        sbmesh::mesh::seal::display_key_id(&sbmesh::config::parse_key_ring(hex).unwrap()[0])
+    };
+    let every_view_shows = |c: &Cluster, viewers: &[usize], shown: &[usize], id: &str| {
+        viewers.iter().all(|&i| {
+            c.nodes[i].status().is_some_and(|v| {
+                shown.iter().all(|&j| {
+                    node_entries(&v, c.nodes[j].id())
+                        .first()
+                        .is_some_and(|n| n["key_id"] == id)
+                })
+            })
+        })
+    };
+    let (old_id, new_id) = (key_id(KEY_OLD), key_id(KEY_NEW));
+    assert_ne!(old_id, new_id);
+    c.wait_until(
+        "every view shows every member's key_id as the old key's",
+        || every_view_shows(&c, &members, &members, &old_id),
+    );
 
     // Step 1: [new, old] everywhere. A node that only knows the new key can
     // join only once the members have re-read their files.
@@ -728,6 +749,10 @@ fn key_rotation_through_the_key_file_without_restart() {
     let p4 = c.spawn(probe_new);
     let with_probe = vec![0, 1, 2, p4];
     c.wait_converged(&with_probe);
+    c.wait_until(
+        "every view shows every node's key_id as the new key's",
+        || every_view_shows(&c, &with_probe, &with_probe, &new_id),
+    );
 
     // Step 2: [new] only. A node with the old key is now refused.
     for f in &files {

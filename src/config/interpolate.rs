@@ -294,3 +294,43 @@ mod tests {
         assert_eq!(run("é: ${A} ✓", &[("A", "ü")]), "é: ü ✓");
     }
 }
+
+/// The name of the first `${NAME}` left in an interpolated value: a
+/// variable that was not set (the proxy keeps such a reference as written;
+/// one with a default was replaced). Read with [`reference`], as
+/// [`interpolate_report`] reads them.
+pub fn unresolved_in(value: &str) -> Option<&str> {
+    value
+        .match_indices("${")
+        .find_map(|(at, _)| match reference(&value[at..]) {
+            Some((_, name, None)) => Some(name),
+            _ => None,
+        })
+}
+
+/// What is wrong with a value the sidecar uses that still holds `${name}`.
+pub fn unresolved_message(name: &str) -> String {
+    format!(
+        "uses ${{{name}}}, but the environment variable {name} is not set; set it, or \
+         write ${{{name}:-default}}"
+    )
+}
+
+#[cfg(test)]
+mod unresolved_tests {
+    #[test]
+    fn the_first_reference_left_is_named() {
+        assert_eq!(
+            super::unresolved_in("${SBMESH_CLUSTER_KEY}"),
+            Some("SBMESH_CLUSTER_KEY")
+        );
+        assert_eq!(super::unresolved_in("env:${A_1}x${B}"), Some("A_1"));
+        assert_eq!(super::unresolved_in("${} $x ${nope"), None);
+        assert_eq!(
+            super::unresolved_in("${1A} ${B}"),
+            Some("B"),
+            "a name starts with a letter or _"
+        );
+        assert_eq!(super::unresolved_in("0123abcd"), None);
+    }
+}

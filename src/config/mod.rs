@@ -48,7 +48,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use conflict::{SidecarPorts, conflicts};
-pub use interpolate::{Interpolated, Unresolved, interpolate, interpolate_report};
+pub use interpolate::{
+    Interpolated, Unresolved, interpolate, interpolate_report, unresolved_in, unresolved_message,
+};
 pub use key::{
     KeyGenError, KeySource, generate_key, key_to_hex, parse_key_ring, resolve_key_source,
 };

@@ -296,8 +296,16 @@ fn read_sbmesh(extensions: Option<&Value>, ctx: &mut Ctx<'_>) -> Option<SbmeshSe
     {
         f.error("advertise_addr", e.to_string());
     }
-    s.shared_key = f.string("shared_key");
-    if let Some(Err(message)) = s.shared_key.as_deref().map(|k| KeySource::parse(k).check()) {
+    // `--cluster-key` or `--cluster-key-file` (the operator's pods use the
+    // file) override it, and then it is not used: an unresolved variable in
+    // it is reported where it is used ([`super::unresolved_in`]), not here.
+    s.shared_key = f.without_strictness(|f| f.string("shared_key"));
+    if let Some(Err(message)) = s
+        .shared_key
+        .as_deref()
+        .filter(|k| super::unresolved_in(k).is_none())
+        .map(|k| KeySource::parse(k).check())
+    {
         f.error("shared_key", message);
     }
     s.acme = read_acme(&mut f);
@@ -664,15 +672,21 @@ impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
             .map(|u| u.name.as_str())
             .find(|name| self.strict && text.contains(&format!("${{{name}}}")))
         {
-            let message = format!(
-                "uses ${{{name}}}, but the environment variable {name} is not set; set it, or \
-                 write ${{{name}:-default}}"
-            );
+            let message = super::unresolved_message(name);
             self.error(key, message);
             return None;
         }
         (!text.trim().is_empty()).then_some(text)
     }
+    /// `read` with unresolved variables kept as written, like the proxy's
+    /// own blocks.
+    fn without_strictness<T>(&mut self, read: impl FnOnce(&mut Self) -> T) -> T {
+        let strict = std::mem::replace(&mut self.strict, false);
+        let out = read(self);
+        self.strict = strict;
+        out
+    }
+
     fn boolean(&mut self, key: &str) -> Option<bool> {
         match self.get(key)? {
             Value::Bool(b) => Some(*b),

@@ -34,6 +34,41 @@ pub fn repo_dir() -> PathBuf {
     operator_dir().join("..")
 }
 
+/// `Kind/name` of each object, in order.
+pub fn kinds(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Our versions of the manifests of sbproxy's own Kubernetes guide (the
+/// shapes its users apply as they are).
+pub fn seed_dir() -> PathBuf {
+    operator_dir().join("tests/seed_manifests")
+}
+
+/// The seed manifests the operator renders, and the one it refuses.
+pub const SEEDS_RENDERED: [&str; 4] = ["demo", "hot-reload", "clustered", "acme-redis"];
+pub const SEED_REFUSED: &str = "acme-redb";
+
+/// `sbmesh-operator render -f <seed>.yaml`.
+pub fn render_seed(name: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_sbmesh-operator"))
+        .arg("render")
+        .arg("-f")
+        .arg(seed_dir().join(format!("{name}.yaml")))
+        .env_remove("SBMESH_SIDECAR_IMAGE")
+        .output()
+        .expect("run sbmesh-operator render")
+}
+
 pub fn golden_dir() -> PathBuf {
     operator_dir().join("tests/golden")
 }
