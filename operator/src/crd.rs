@@ -9,7 +9,12 @@
 
 use std::process::ExitCode;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, PodSecurityContext, ResourceRequirements, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -46,7 +51,7 @@ const DISTINCT_PORTS_RULE: &str = "self.port != self.adminPort \
 
 /// A fleet of sbproxy pods, each carrying the sbmesh sidecar: the operator
 /// turns it into a StatefulSet, its Services, ConfigMap, cluster-key Secret
-/// and PodDisruptionBudget.
+/// and PodDisruptionBudget, and when asked a NetworkPolicy and a PodMonitor.
 // `printcolumn(type_ = ...)` repeats by design, one per column.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -109,6 +114,96 @@ pub struct SBProxySpec {
     /// The sbmesh sidecar container.
     #[serde(default)]
     pub sidecar: SidecarSpec,
+    /// What real clusters need in the pods beyond the operator's own:
+    /// scheduling, identity, extra volumes, mounts and environment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplate>,
+    /// Render a NetworkPolicy `<name>-mesh`: the mesh ports admit only pods
+    /// of this SBProxy; the proxy's ports, the challenge port and the
+    /// sidecar's admin port (for Prometheus) admit anyone.
+    #[serde(default)]
+    pub network_policy: bool,
+    /// Render a prometheus-operator PodMonitor `<name>` scraping the
+    /// sidecar's `/metrics`. Only when asked: its CRD may not exist.
+    #[serde(default)]
+    pub pod_monitor: bool,
+}
+
+/// `spec.podTemplate`: each field optional, copied into the StatefulSet's
+/// pod template. What would undo the operator's own settings (its labels,
+/// volumes, mount paths, environment) is refused (`PodTemplateInvalid`),
+/// naming the field to change instead.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplate {
+    /// Pod labels, added to the operator's `app.kubernetes.io/name`,
+    /// `instance` and `managed-by` (which cannot be changed: they select
+    /// the pods).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Pod annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Pod `nodeSelector`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Pod `tolerations`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Pod `affinity`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Pod `topologySpreadConstraints`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// Pod `priorityClassName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub priority_class_name: Option<String>,
+    /// Pod `serviceAccountName` (default: the namespace's `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub service_account_name: Option<String>,
+    /// Pod `imagePullSecrets`, for both images.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// The pod's security context, merged over the operator's field by
+    /// field: a field set here wins, the operator's other fields stay
+    /// (`runAsNonRoot`, `runAsUser`/`runAsGroup`/`fsGroup` 65532,
+    /// `seccompProfile: RuntimeDefault`). The sidecar keeps its own
+    /// container security context; the proxy runs as the pod's user, and
+    /// reads the certificate keys the sidecar writes (mode 0600, uid 65532)
+    /// only as that same user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
+    /// Pod `terminationGracePeriodSeconds` (Kubernetes' default: 30). Keep
+    /// it above the sidecar's drain budget (`SBPROXY_SHUTDOWN_GRACE_MS`,
+    /// 30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub termination_grace_period_seconds: Option<i64>,
+    /// Extra pod volumes (a cert-manager `kubernetes.io/tls` Secret, …),
+    /// named apart from the operator's (`sbproxy-config`, `sbproxy-data`,
+    /// `sbmesh-cluster-key`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Extra mounts of the proxy container, outside the operator's mount
+    /// paths (`/etc/sbproxy`, `/var/lib/sbproxy`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proxy_volume_mounts: Vec<VolumeMount>,
+    /// Extra mounts of the sidecar container, outside the operator's mount
+    /// paths (`/etc/sbproxy`, `/var/lib/sbproxy`, `/etc/sbmesh/cluster-key`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sidecar_volume_mounts: Vec<VolumeMount>,
+    /// Extra environment of the proxy container (not the variables the
+    /// operator sets there).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub proxy_env: Vec<EnvVar>,
+    /// Extra environment of the sidecar container (`SBMESH_WATCH_TLS`, …;
+    /// not the variables the operator sets there, which come from other
+    /// spec fields).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sidecar_env: Vec<EnvVar>,
 }
 
 /// `spec.configRef`: the SBProxyConfig's name as a string

@@ -81,6 +81,18 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         resources: &["poddisruptionbudgets"],
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
+    Rule {
+        api_group: "networking.k8s.io",
+        resources: &["networkpolicies"],
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+    },
+    // prometheus-operator's kind, which may not be served: applied and
+    // removed by name, never watched.
+    Rule {
+        api_group: "monitoring.coreos.com",
+        resources: &["podmonitors"],
+        verbs: &["get", "create", "patch", "delete"],
+    },
     // The cluster-key Secret is read by name and created once: never
     // listed, watched, updated or deleted.
     Rule {

@@ -1,6 +1,7 @@
 //! `sbmesh-operator`: turns an `SBProxy` (and the `SBProxyConfig` it names)
 //! into a StatefulSet whose pods carry the sbmesh sidecar, with its Services,
-//! ConfigMap, cluster-key Secret and PodDisruptionBudget.
+//! ConfigMap, cluster-key Secret and PodDisruptionBudget (and, when asked,
+//! a NetworkPolicy and a PodMonitor).
 //!
 //! It renders and applies objects, nothing else: reloads, pod addresses and
 //! ACME belong to the sidecar. One pure function, [`render::render`], makes
@@ -12,6 +13,7 @@ pub mod crd;
 pub mod inject;
 pub mod install;
 pub mod leader;
+pub mod podmonitor;
 pub mod reconcile;
 pub mod render;
 pub mod rotation;

@@ -2,10 +2,10 @@
 //! -> server-side apply -> status (SPEC section 9).
 //!
 //! It watches SBProxies (one namespace or all), the objects it owns
-//! (StatefulSet, Services, ConfigMap, PodDisruptionBudget — so a pod
-//! becoming ready re-reconciles and the status follows), and SBProxyConfigs:
-//! an edit of one reconciles, within seconds, every SBProxy of its namespace
-//! whose `spec.configRef` names it ([`proxies_for_config`]).
+//! (StatefulSet, Services, ConfigMap, PodDisruptionBudget, NetworkPolicy —
+//! so a pod becoming ready re-reconciles and the status follows), and
+//! SBProxyConfigs: an edit of one reconciles, within seconds, every SBProxy
+//! of its namespace whose `spec.configRef` names it ([`proxies_for_config`]).
 //!
 //! # API calls
 //!
@@ -20,6 +20,8 @@
 //! | `apps` | `statefulsets` | list, watch, create, patch | owned watch; server-side apply (its answer carries replicas / readyReplicas) |
 //! | core | `services`, `configmaps` | list, watch, create, patch | owned watch; server-side apply |
 //! | `policy` | `poddisruptionbudgets` | get, list, watch, create, patch, delete | owned watch; apply; GET + DELETE when replicas drop to 1 |
+//! | `networking.k8s.io` | `networkpolicies` | get, list, watch, create, patch, delete | owned watch; apply with `spec.networkPolicy`; GET + DELETE without |
+//! | `monitoring.coreos.com` | `podmonitors` | get, create, patch, delete | apply with `spec.podMonitor`; GET + DELETE without. Never watched: prometheus-operator's CRD may be absent, and a watch of a kind not served fails forever |
 //! | core | `secrets` | get, create, patch | the cluster key: GET, then POST once; a merge PATCH of the operator's own Secret during a rotation ([`crate::rotation`]); never list, watch, update or delete, and never a `clusterSecretRef` Secret |
 //! | `events.k8s.io` | `events` | create, patch | Normal/Warning Events (a repeat is a patch of the series) |
 //!
@@ -29,10 +31,20 @@
 //! Event, or (applied) POST the Secret when render asks for one, PATCH the
 //! Secret when a key rotation moves (then a Normal Event), PATCH
 //! (apply) StatefulSet, headless Service, Service, ConfigMap, and the PDB
-//! or, without one, GET + DELETE of a PDB left from a larger scale; PATCH
-//! status when it changed; POST Normal Events for a created Secret, a
-//! deleted PDB, and a changed spec or config. An SBProxy being deleted gets
-//! no call. After an API error: a best-effort PATCH of `status.lastError`.
+//! or, without one, GET + DELETE of a PDB left from a larger scale; the
+//! same for the NetworkPolicy and then the PodMonitor (applied when the spec
+//! asks, else GET + DELETE of one left from before); PATCH status when it
+//! changed; POST Normal Events for a created Secret, a deleted object, and
+//! a changed spec or config. An SBProxy being deleted gets no call. After
+//! an API error: a best-effort PATCH of `status.lastError`.
+//!
+//! A cluster without prometheus-operator answers the PodMonitor's apply
+//! with 404 (the kind is not served). That fails nothing else: everything
+//! else is applied, and the status says what is missing (`Degraded=True`,
+//! reason `PodMonitorNotServed`, `lastError` naming prometheus-operator), a
+//! Warning Event too, and the SBProxy is looked at again after 60 s, so
+//! installing prometheus-operator (or turning `spec.podMonitor` off) clears
+//! it within a minute.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -45,6 +57,7 @@ use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -70,7 +83,8 @@ pub const FIELD_MANAGER: &str = "sbmesh-operator";
 pub const REPORTING_CONTROLLER: &str = "sbmesh-operator";
 /// Periodic re-check of an applied SBProxy: repairs drift nobody watches.
 pub const REQUEUE_APPLIED: Duration = Duration::from_secs(5 * 60);
-/// Re-check of a refused SBProxy (SPEC section 9).
+/// Re-check of a refused SBProxy (SPEC section 9), or of one whose
+/// PodMonitor the cluster does not serve.
 pub const REQUEUE_REFUSED: Duration = Duration::from_secs(60);
 /// First retry after an API error; doubles per consecutive failure.
 pub const ERROR_BACKOFF_FIRST: Duration = Duration::from_secs(5);
@@ -87,8 +101,12 @@ const EVENT_NOTE_MAX: usize = 1024;
 
 /// Condition type: every replica is ready.
 pub const READY: &str = "Ready";
-/// Condition type: the spec was refused (True) or applied (False).
+/// Condition type: the spec was refused, or a part of it could not be
+/// applied (True), or it is applied (False).
 pub const DEGRADED: &str = "Degraded";
+/// `Degraded` reason (and Warning Event reason) when the cluster does not
+/// serve the PodMonitor kind that `spec.podMonitor` asks for.
+pub const POD_MONITOR_NOT_SERVED: &str = "PodMonitorNotServed";
 
 /// A reconcile that could not finish; the error policy retries it.
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +261,7 @@ pub fn controller(client: &Client, scope: &Scope) -> Controller<SBProxy> {
         .owns(scope.api::<Service>(client), owned())
         .owns(scope.api::<ConfigMap>(client), owned())
         .owns(scope.api::<PodDisruptionBudget>(client), owned())
+        .owns(scope.api::<NetworkPolicy>(client), owned())
         .watches(
             scope.api::<SBProxyConfig>(client),
             watcher::Config::default(),
@@ -552,21 +571,61 @@ async fn apply(
     server_side_apply(client, ns, &rendered.headless_service).await?;
     server_side_apply(client, ns, &rendered.service).await?;
     server_side_apply(client, ns, &rendered.config_map).await?;
-    let pdb_name = format!("{name}-pdb");
-    match &rendered.pdb {
-        Some(pdb) => {
-            server_side_apply(client, ns, pdb).await?;
+    // An optional object the spec no longer asks for is removed when this
+    // operator made it, so what runs is what `render` shows.
+    done.extend(
+        apply_or_remove(
+            proxy,
+            ns,
+            ctx,
+            rendered.pdb.as_ref(),
+            &format!("{name}-pdb"),
+            // SPEC: a PDB only when replicas > 1.
+            ("PodDisruptionBudgetDeleted", "one replica needs none"),
+        )
+        .await?,
+    );
+    done.extend(
+        apply_or_remove(
+            proxy,
+            ns,
+            ctx,
+            rendered.network_policy.as_ref(),
+            &render::mesh_name(&name),
+            ("NetworkPolicyDeleted", "spec.networkPolicy is off"),
+        )
+        .await?,
+    );
+    let monitor = apply_or_remove(
+        proxy,
+        ns,
+        ctx,
+        rendered.pod_monitor.as_ref(),
+        &name,
+        ("PodMonitorDeleted", "spec.podMonitor is off"),
+    )
+    .await;
+    // The message when the cluster does not serve the PodMonitor kind.
+    let not_served = match monitor {
+        Ok(deleted) => {
+            done.extend(deleted);
+            None
         }
-        // SPEC: a PDB only when replicas > 1. After a scale to 1, remove the
-        // one this operator made, so what runs is what `render` shows.
-        None => {
-            if delete_stale_pdb(proxy, ns, ctx, &pdb_name).await? {
-                done.push((
-                    "PodDisruptionBudgetDeleted",
-                    format!("deleted PodDisruptionBudget {pdb_name}: one replica needs none"),
-                ));
-            }
-        }
+        // An apply creates a missing object: a 404 is the kind itself.
+        Err(Error::Kube {
+            verb: "apply",
+            source: kube::Error::Api(status),
+            ..
+        }) if status.is_not_found() => Some(format!(
+            "spec.podMonitor is true, but this cluster does not serve \
+             monitoring.coreos.com/v1 PodMonitor (applying PodMonitor {ns}/{name} \
+             answered 404). Install prometheus-operator (its CRDs), or set \
+             spec.podMonitor to false; everything else is applied."
+        )),
+        Err(e) => return Err(e),
+    };
+    if not_served.is_some() {
+        recheck = Some(recheck.map_or(REQUEUE_REFUSED, |r| r.min(REQUEUE_REFUSED)));
     }
 
     let generation = proxy.metadata.generation;
@@ -589,21 +648,31 @@ async fn apply(
             &format!("{ready}/{desired} replicas ready"),
             generation,
         ),
-        condition(
-            &old.conditions,
-            DEGRADED,
-            false,
-            "Reconciled",
-            "the spec is applied",
-            generation,
-        ),
+        match &not_served {
+            Some(message) => condition(
+                &old.conditions,
+                DEGRADED,
+                true,
+                POD_MONITOR_NOT_SERVED,
+                message,
+                generation,
+            ),
+            None => condition(
+                &old.conditions,
+                DEGRADED,
+                false,
+                "Reconciled",
+                "the spec is applied",
+                generation,
+            ),
+        },
     ];
     let new = SBProxyStatus {
         observed_generation: generation,
         config_hash: Some(rendered.config_hash.clone()),
         replicas: Some(replicas.unwrap_or(0)),
         ready_replicas: Some(ready),
-        last_error: None,
+        last_error: not_served.clone(),
         conditions,
         cluster_key,
     };
@@ -632,6 +701,12 @@ async fn apply(
         if let Some(pdb) = &rendered.pdb {
             note.push_str(&format!(", PodDisruptionBudget {}", pdb.name_any()));
         }
+        if let Some(policy) = &rendered.network_policy {
+            note.push_str(&format!(", NetworkPolicy {}", policy.name_any()));
+        }
+        if let (Some(monitor), None) = (&rendered.pod_monitor, &not_served) {
+            note.push_str(&format!(", PodMonitor {}", monitor.name_any()));
+        }
         info!(
             proxy = %format!("{ns}/{name}"),
             generation = ?generation,
@@ -640,6 +715,18 @@ async fn apply(
             "applied"
         );
         publish(proxy, ctx, EventType::Normal, "Applied", "Apply", note).await;
+    }
+    if let Some(message) = not_served {
+        warn!(proxy = %format!("{ns}/{name}"), %message, "PodMonitor not applied");
+        publish(
+            proxy,
+            ctx,
+            EventType::Warning,
+            POD_MONITOR_NOT_SERVED,
+            "Apply",
+            message,
+        )
+        .await;
     }
     Ok(recheck)
 }
@@ -667,14 +754,29 @@ async fn write_cluster_key(
     Ok(())
 }
 
-async fn server_side_apply<K>(client: &Client, ns: &str, obj: &K) -> Result<K, Error>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+/// A namespaced kind with a static type, as the calls below read and
+/// write it.
+trait Namespaced:
+    Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType: Default>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+{
+}
+
+impl<K> Namespaced for K where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType: Default>
         + Clone
         + Debug
         + Serialize
-        + DeserializeOwned,
-    K::DynamicType: Default,
+        + DeserializeOwned
+{
+}
+
+async fn server_side_apply<K>(client: &Client, ns: &str, obj: &K) -> Result<K, Error>
+where
+    K: Namespaced,
 {
     let name = obj.name_any();
     let what = || format!("{} {ns}/{name}", K::kind(&K::DynamicType::default()));
@@ -692,19 +794,52 @@ where
         })
 }
 
-/// Deletes `<name>-pdb` when it exists and is this operator's (its
-/// managed-by label); true when it was deleted.
-async fn delete_stale_pdb(
+/// Applies `object` when the spec asks for it (`Some`), else deletes the
+/// `K` called `name` that this operator made before; returns the Event of
+/// a deletion, as (`reason`, a note ending with `why`).
+async fn apply_or_remove<K>(
     proxy: &SBProxy,
     ns: &str,
     ctx: &Context,
-    pdb_name: &str,
-) -> Result<bool, Error> {
-    let api = Api::<PodDisruptionBudget>::namespaced(ctx.client.clone(), ns);
-    let Some(existing) = api.get_opt(pdb_name).await.map_err(Error::kube(
-        "get",
-        format!("PodDisruptionBudget {ns}/{pdb_name}"),
-    ))?
+    object: Option<&K>,
+    name: &str,
+    (reason, why): (&'static str, &str),
+) -> Result<Option<(&'static str, String)>, Error>
+where
+    K: Namespaced,
+{
+    if let Some(object) = object {
+        server_side_apply(&ctx.client, ns, object).await?;
+        return Ok(None);
+    }
+    let deleted = delete_stale::<K>(proxy, ns, ctx, name).await?;
+    Ok(deleted.then(|| {
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        (reason, format!("deleted {kind} {name}: {why}"))
+    }))
+}
+
+/// Deletes the `K` called `name` when it exists and is this operator's for
+/// `proxy` (its managed-by and instance labels); true when it was deleted.
+/// Only its metadata is read: an object edited by hand (or a PodMonitor of
+/// a newer prometheus-operator) need not match the fields the operator
+/// writes. A kind the cluster does not serve answers 404 like a missing
+/// object.
+async fn delete_stale<K>(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    name: &str,
+) -> Result<bool, Error>
+where
+    K: Namespaced,
+{
+    let what = format!("{} {ns}/{name}", K::kind(&K::DynamicType::default()));
+    let api = Api::<K>::namespaced(ctx.client.clone(), ns);
+    let Some(existing) = api
+        .get_metadata_opt(name)
+        .await
+        .map_err(Error::kube("get", what.clone()))?
     else {
         return Ok(false);
     };
@@ -715,10 +850,10 @@ async fn delete_stale_pdb(
         == Some(FIELD_MANAGER)
         && labels.get("app.kubernetes.io/instance") == Some(&proxy.name_any());
     if !ours {
-        debug!(pdb = %pdb_name, "PodDisruptionBudget not made by this operator; left alone");
+        debug!(object = %what, "not made by this operator; left alone");
         return Ok(false);
     }
-    // The uid precondition: never delete a PDB recreated since the GET.
+    // The uid precondition: never delete an object recreated since the GET.
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: existing.uid(),
@@ -726,13 +861,10 @@ async fn delete_stale_pdb(
         }),
         ..DeleteParams::default()
     };
-    match api.delete(pdb_name, &params).await {
+    match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(false),
-        Err(e) => Err(Error::kube(
-            "delete",
-            format!("PodDisruptionBudget {ns}/{pdb_name}"),
-        )(e)),
+        Err(e) => Err(Error::kube("delete", what)(e)),
     }
 }
 

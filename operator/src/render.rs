@@ -1,5 +1,5 @@
 //! From an SBProxy (and the SBProxyConfig it names) to the objects of SPEC
-//! section 9: one pure function, [`render`], used by the `render` command and
+//! sections 9 and 11: one pure function, [`render`], used by the `render` command and
 //! by the controller, so what a user previews is what is applied.
 //!
 //! Two properties keep a running fleet calm:
@@ -26,6 +26,10 @@ use k8s_openapi::api::core::v1::{
     SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
     Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -35,7 +39,8 @@ use sbmesh::config::Problem;
 use serde_json::Value;
 use serde_norway::Value as Yaml;
 
-use crate::crd::{self, SBProxy, SBProxyConfig};
+use crate::crd::{self, PodTemplate, SBProxy, SBProxyConfig};
+use crate::podmonitor::{PodMetricsEndpoint, PodMonitor, PodMonitorSpec};
 
 /// Name of the proxy container.
 pub const PROXY_CONTAINER: &str = "proxy";
@@ -63,6 +68,9 @@ pub const CLUSTER_KEY_VOLUME: &str = "sbmesh-cluster-key";
 pub const CLUSTER_KEY_DIR: &str = "/etc/sbmesh/cluster-key";
 /// The uid (and gid) the sidecar runs as: distroless `nonroot`.
 pub const NONROOT_UID: i64 = 65532;
+/// Name of the sidecar's admin port: its probes, and the PodMonitor's
+/// scrape of `/metrics`.
+pub const SIDECAR_ADMIN_PORT: &str = "sidecar-admin";
 /// Port of `<name>-svc` that reaches the sidecar's HTTP-01 responder.
 pub const ACME_SERVICE_PORT: i32 = 80;
 /// `app.kubernetes.io/managed-by` of every object the operator makes.
@@ -94,13 +102,18 @@ pub struct Rendered {
     pub cluster_key_secret: Option<Secret>,
     /// `<name>-pdb`: only when replicas > 1.
     pub pdb: Option<PodDisruptionBudget>,
+    /// `<name>-mesh`: only with `spec.networkPolicy`.
+    pub network_policy: Option<NetworkPolicy>,
+    /// `<name>`: only with `spec.podMonitor`.
+    pub pod_monitor: Option<PodMonitor>,
     /// `sha256:<hex>` of the config text.
     pub config_hash: String,
 }
 
 impl Rendered {
     /// Every object, as JSON, in the order they are applied: ConfigMap,
-    /// Secret, Services, StatefulSet, PodDisruptionBudget.
+    /// Secret, Services, StatefulSet, PodDisruptionBudget, NetworkPolicy,
+    /// PodMonitor.
     pub fn objects(&self) -> Vec<Value> {
         let mut out = vec![to_json(&self.config_map)];
         if let Some(secret) = &self.cluster_key_secret {
@@ -111,6 +124,12 @@ impl Rendered {
         out.push(to_json(&self.stateful_set));
         if let Some(pdb) = &self.pdb {
             out.push(to_json(pdb));
+        }
+        if let Some(policy) = &self.network_policy {
+            out.push(to_json(policy));
+        }
+        if let Some(monitor) = &self.pod_monitor {
+            out.push(to_json(monitor));
         }
         out
     }
@@ -138,6 +157,8 @@ pub enum RefusalReason {
     ConfigInvalid,
     /// Several replicas would each order certificates into a pod-local store.
     AcmeStoreNotShared,
+    /// `spec.podTemplate` would undo what the operator sets in the pod.
+    PodTemplateInvalid,
 }
 
 impl RefusalReason {
@@ -148,6 +169,7 @@ impl RefusalReason {
             RefusalReason::ConfigNotFound => "ConfigNotFound",
             RefusalReason::ConfigInvalid => "ConfigInvalid",
             RefusalReason::AcmeStoreNotShared => "AcmeStoreNotShared",
+            RefusalReason::PodTemplateInvalid => "PodTemplateInvalid",
         }
     }
 }
@@ -196,6 +218,12 @@ pub fn cluster_key_secret_name(proxy: &SBProxy) -> String {
     format!("{}-cluster-key", proxy.name_any())
 }
 
+/// `<name>-mesh`: the headless Service of the mesh, and the NetworkPolicy
+/// that guards it.
+pub fn mesh_name(instance: &str) -> String {
+    format!("{instance}-mesh")
+}
+
 /// A fresh cluster key: 32 random bytes as 64 lowercase hex chars.
 pub fn fresh_cluster_key() -> String {
     hex::encode(rand::random::<[u8; 32]>())
@@ -227,8 +255,9 @@ pub fn selector_labels(instance: &str) -> BTreeMap<String, String> {
 /// are set when the SBProxy has a uid (it has one when read from a cluster).
 ///
 /// Checks, in order: replicas (TooManyReplicas), the config's presence
-/// (ConfigNotFound), the config itself (ConfigInvalid), then the ACME store
-/// against the replica count (AcmeStoreNotShared).
+/// (ConfigNotFound), the config itself (ConfigInvalid), the ACME store
+/// against the replica count (AcmeStoreNotShared), then `spec.podTemplate`
+/// against what the operator puts in the pod (PodTemplateInvalid).
 pub fn render(
     proxy: &SBProxy,
     config: Option<&SBProxyConfig>,
@@ -298,7 +327,7 @@ pub fn render(
 
     let selector = selector_labels(&name);
     let headless_service = Service {
-        metadata: meta(format!("{name}-mesh")),
+        metadata: meta(mesh_name(&name)),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             // Seeds must resolve before a pod is ready: readiness waits for the mesh.
@@ -331,11 +360,12 @@ pub fn render(
         ..Service::default()
     };
 
+    let template = pod_template(proxy, &name, opts, facts.restarts_proxy)?;
     let stateful_set = StatefulSet {
         metadata: meta(format!("{name}-proxy")),
         spec: Some(StatefulSetSpec {
             replicas: Some(spec.replicas),
-            service_name: Some(format!("{name}-mesh")),
+            service_name: Some(mesh_name(&name)),
             pod_management_policy: Some("OrderedReady".to_string()),
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".to_string()),
@@ -348,7 +378,7 @@ pub fn render(
                 match_labels: Some(selector.clone()),
                 ..LabelSelector::default()
             },
-            template: pod_template(proxy, &name, opts, facts.restarts_proxy),
+            template,
             ..StatefulSetSpec::default()
         }),
         ..StatefulSet::default()
@@ -367,6 +397,25 @@ pub fn render(
         ..PodDisruptionBudget::default()
     });
 
+    let network_policy = spec.network_policy.then(|| NetworkPolicy {
+        metadata: meta(mesh_name(&name)),
+        spec: Some(network_policy_spec(proxy, &selector, facts.https_port)),
+    });
+
+    let pod_monitor = spec.pod_monitor.then(|| PodMonitor {
+        metadata: meta(name.clone()),
+        spec: PodMonitorSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..LabelSelector::default()
+            },
+            pod_metrics_endpoints: vec![PodMetricsEndpoint {
+                port: SIDECAR_ADMIN_PORT.to_string(),
+                path: "/metrics".to_string(),
+            }],
+        },
+    });
+
     Ok(Rendered {
         stateful_set,
         headless_service,
@@ -374,6 +423,8 @@ pub fn render(
         config_map,
         cluster_key_secret,
         pdb,
+        network_policy,
+        pod_monitor,
         config_hash: format!("sha256:{}", sbmesh::config::sha256_hex(text.as_bytes())),
     })
 }
@@ -399,7 +450,8 @@ fn service_port(name: &str, protocol: &str, port: i32, target: &str) -> ServiceP
     }
 }
 
-/// The pod template. Reads neither `spec.replicas` nor the config text,
+/// The pod template: the operator's pod, then `spec.podTemplate` on top
+/// ([`add_pod_knobs`]). Reads neither `spec.replicas` nor the config text,
 /// except whether the sidecar restarts the proxy (`restarts_proxy`): it
 /// signals the proxy's process, which only a shared process namespace lets
 /// it see (SPEC sections 6 and 11). Changing `sbmesh.acme.apply` to or from
@@ -409,7 +461,7 @@ fn pod_template(
     name: &str,
     opts: &RenderOptions,
     restarts_proxy: bool,
-) -> PodTemplateSpec {
+) -> Result<PodTemplateSpec, Refusal> {
     let spec = &proxy.spec;
     let mesh = spec.clustering.enabled.then(|| {
         let (secret, key) = match &spec.clustering.cluster_secret_ref {
@@ -417,7 +469,7 @@ fn pod_template(
             None => (cluster_key_secret_name(proxy), CLUSTER_KEY_KEY.to_string()),
         };
         MeshSettings {
-            service: format!("{name}-mesh"),
+            service: mesh_name(name),
             cluster_domain: spec.clustering.cluster_domain.clone(),
             gossip_port: spec.clustering.gossip_port,
             transport_port: spec.clustering.transport_port,
@@ -470,7 +522,7 @@ fn pod_template(
         }),
         ..Container::default()
     };
-    PodTemplateSpec {
+    let mut template = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(name)),
             ..ObjectMeta::default()
@@ -512,6 +564,347 @@ fn pod_template(
             ),
             ..PodSpec::default()
         }),
+    };
+    if let Some(knobs) = &spec.pod_template {
+        add_pod_knobs(&mut template, knobs)?;
+    }
+    Ok(template)
+}
+
+/// Adds `spec.podTemplate` to the operator's pod `template`, or refuses it
+/// (`PodTemplateInvalid`, every problem on its own line) where it would
+/// undo what the operator set: "the operator's own" is what `template`
+/// holds before, so these checks follow whatever the pod gets.
+fn add_pod_knobs(template: &mut PodTemplateSpec, knobs: &PodTemplate) -> Result<(), Refusal> {
+    let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
+    let Some(pod) = template.spec.as_mut() else {
+        return Ok(());
+    };
+    let mut problems = Vec::new();
+
+    let own_labels = meta.labels.clone().unwrap_or_default();
+    for (key, value) in &knobs.labels {
+        if let Some(own) = own_labels.get(key).filter(|own| *own != value) {
+            problems.push(format!(
+                "spec.podTemplate.labels[{key:?}] is {value:?}, but the operator sets that label to \
+                 {own:?}: app.kubernetes.io/name and app.kubernetes.io/instance select the \
+                 SBProxy's pods (StatefulSet, Services, PodDisruptionBudget), and \
+                 app.kubernetes.io/managed-by marks them as the operator's. Remove it from \
+                 spec.podTemplate.labels; any other label is accepted."
+            ));
+        }
+    }
+
+    let own_volumes: Vec<&str> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    for (i, volume) in knobs.volumes.iter().enumerate() {
+        if own_volumes.contains(&volume.name.as_str()) {
+            problems.push(format!(
+                "spec.podTemplate.volumes[{i}].name is {:?}, the name of a volume the operator \
+                 puts in the pod ({}). Rename it, and the mounts that use it; any other name is \
+                 accepted.",
+                volume.name,
+                own_volumes.join(", ")
+            ));
+        } else if let Some(first) = knobs.volumes[..i]
+            .iter()
+            .position(|v| v.name == volume.name)
+        {
+            problems.push(format!(
+                "spec.podTemplate.volumes[{i}].name is {:?}, as is \
+                 spec.podTemplate.volumes[{first}].name; each volume of a pod needs its own name. \
+                 Rename one of them.",
+                volume.name
+            ));
+        }
+    }
+    let volume_names: Vec<&str> = own_volumes
+        .iter()
+        .copied()
+        .chain(knobs.volumes.iter().map(|v| v.name.as_str()))
+        .collect();
+
+    let sidecars = pod.init_containers.iter_mut().flatten();
+    let containers = pod.containers.iter_mut().chain(sidecars);
+    for container in containers {
+        let (mounts_field, mounts, env_field, env) = match container.name.as_str() {
+            PROXY_CONTAINER => (
+                "proxyVolumeMounts",
+                &knobs.proxy_volume_mounts,
+                "proxyEnv",
+                &knobs.proxy_env,
+            ),
+            SIDECAR_CONTAINER => (
+                "sidecarVolumeMounts",
+                &knobs.sidecar_volume_mounts,
+                "sidecarEnv",
+                &knobs.sidecar_env,
+            ),
+            _ => continue,
+        };
+        problems.extend(mount_problems(
+            container,
+            mounts_field,
+            mounts,
+            &volume_names,
+        ));
+        problems.extend(env_problems(container, env_field, env));
+        if !mounts.is_empty() {
+            container
+                .volume_mounts
+                .get_or_insert_with(Vec::new)
+                .extend(mounts.iter().cloned());
+        }
+        if !env.is_empty() {
+            container
+                .env
+                .get_or_insert_with(Vec::new)
+                .extend(env.iter().cloned());
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Refusal::new(
+            RefusalReason::PodTemplateInvalid,
+            problems.join("\n"),
+        ));
+    }
+
+    if !knobs.labels.is_empty() {
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .extend(knobs.labels.clone());
+    }
+    // The operator sets none of these itself.
+    meta.annotations = (!knobs.annotations.is_empty()).then(|| knobs.annotations.clone());
+    pod.node_selector = (!knobs.node_selector.is_empty()).then(|| knobs.node_selector.clone());
+    pod.tolerations = non_empty(&knobs.tolerations);
+    pod.affinity = knobs.affinity.clone();
+    pod.topology_spread_constraints = non_empty(&knobs.topology_spread_constraints);
+    pod.priority_class_name = knobs.priority_class_name.clone();
+    pod.service_account_name = knobs.service_account_name.clone();
+    pod.image_pull_secrets = non_empty(&knobs.image_pull_secrets);
+    pod.termination_grace_period_seconds = knobs.termination_grace_period_seconds;
+    if let Some(theirs) = &knobs.security_context {
+        pod.security_context = Some(merged_security_context(
+            pod.security_context.take().unwrap_or_default(),
+            theirs,
+        ));
+    }
+    if !knobs.volumes.is_empty() {
+        pod.volumes
+            .get_or_insert_with(Vec::new)
+            .extend(knobs.volumes.iter().cloned());
+    }
+    Ok(())
+}
+
+fn non_empty<T: Clone>(list: &[T]) -> Option<Vec<T>> {
+    (!list.is_empty()).then(|| list.to_vec())
+}
+
+/// The problems of the user's `mounts` (`spec.podTemplate.<field>`) for
+/// `container`, as the operator made it: each must name a volume of
+/// `volume_names`, and stay out of the operator's mount paths there.
+fn mount_problems(
+    container: &Container,
+    field: &str,
+    mounts: &[VolumeMount],
+    volume_names: &[&str],
+) -> Vec<String> {
+    let own: Vec<&VolumeMount> = container.volume_mounts.iter().flatten().collect();
+    let own_paths: Vec<&str> = own.iter().map(|m| m.mount_path.as_str()).collect();
+    let mut problems = Vec::new();
+    for (i, mount) in mounts.iter().enumerate() {
+        if !volume_names.contains(&mount.name.as_str()) {
+            problems.push(format!(
+                "spec.podTemplate.{field}[{i}].name is {:?}, but the pod has no volume of that \
+                 name. Name one of its volumes ({}), or add {:?} to spec.podTemplate.volumes.",
+                mount.name,
+                volume_names.join(", "),
+                mount.name
+            ));
+        }
+        if let Some(taken) = own
+            .iter()
+            .find(|m| at_or_under(&mount.mount_path, &m.mount_path))
+        {
+            problems.push(format!(
+                "spec.podTemplate.{field}[{i}].mountPath is {:?}, at or under {}, where the \
+                 operator mounts {} in the {} container. Mount it outside the operator's paths \
+                 there ({}).",
+                mount.mount_path,
+                taken.mount_path,
+                taken.name,
+                container.name,
+                own_paths.join(", ")
+            ));
+        }
+    }
+    problems
+}
+
+/// The problems of the user's `env` (`spec.podTemplate.<field>`) for
+/// `container`, as the operator made it: none may set a variable the
+/// operator sets there (its value comes from another spec field).
+fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<String> {
+    let own: Vec<&str> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    let mut problems = Vec::new();
+    for (i, var) in env.iter().enumerate() {
+        let name = var.name.as_str();
+        let why = if own.contains(&name) {
+            format!(
+                "which the operator sets on the {} container: it {}",
+                container.name,
+                set_from(name)
+            )
+        } else if name == "SBMESH_CLUSTER_KEY" && own.contains(&"SBMESH_CLUSTER_KEY_FILE") {
+            // The sidecar refuses both at once.
+            format!(
+                "but the operator gives the {} container SBMESH_CLUSTER_KEY_FILE, and the \
+                 sidecar takes one or the other: the key {}",
+                container.name,
+                set_from("SBMESH_CLUSTER_KEY_FILE")
+            )
+        } else {
+            continue;
+        };
+        problems.push(format!(
+            "spec.podTemplate.{field}[{i}].name is {name}, {why}. Remove it from \
+             spec.podTemplate.{field}; any variable the operator does not set is accepted."
+        ));
+    }
+    problems
+}
+
+/// Where the value of a variable the operator sets comes from, for the
+/// message refusing the same variable in `proxyEnv` or `sidecarEnv`.
+fn set_from(var: &str) -> &'static str {
+    match var {
+        "SBPROXY_POD_NAME" => "is the pod's name (downward API metadata.name)",
+        "SBPROXY_POD_IP" => "is the pod's IP (downward API status.podIP)",
+        "SBMESH_NAMESPACE" => "is the pod's namespace (downward API metadata.namespace)",
+        "SBMESH_CLUSTER_ID" => "comes from metadata.name, the SBProxy's name",
+        "SBMESH_CONFIG" => {
+            "is the sb.yml of the SBProxyConfig that spec.configRef names, mounted at /etc/sbproxy"
+        }
+        "SBMESH_ADMIN_LISTEN" => "comes from spec.sidecar.adminPort: set that instead",
+        "SBMESH_CHALLENGE_LISTEN" => "comes from spec.sidecar.challengePort: set that instead",
+        "SBMESH_CERT_DIR" => {
+            "is in the volume shared with the proxy (/var/lib/sbproxy), where the proxy reads the certificates"
+        }
+        "SBMESH_STATE_DIR" => "is in the pod's shared volume (/var/lib/sbproxy)",
+        "SBMESH_PROXY_RELOAD_URL" => "comes from spec.adminPort: set that instead",
+        "SBMESH_MESH_SERVICE" => "is the headless Service <metadata.name>-mesh the operator makes",
+        "SBMESH_CLUSTER_DOMAIN" => "comes from spec.clustering.clusterDomain: set that instead",
+        "SBMESH_GOSSIP_PORT" => "comes from spec.clustering.gossipPort: set that instead",
+        "SBMESH_TRANSPORT_PORT" => "comes from spec.clustering.transportPort: set that instead",
+        "SBMESH_CLUSTER_KEY_FILE" => {
+            "comes from the Secret of spec.clustering.clusterSecretRef (else <metadata.name>-cluster-key), \
+             mounted as a file: set clusterSecretRef instead"
+        }
+        "SBMESH_PROXY_AUTHORIZATION" => "comes from spec.adminAuthSecretRef: set that instead",
+        _ => "is the operator's own",
+    }
+}
+
+/// Whether `path` is `dir` or lies under it, by path components
+/// (`/etc/sbproxy2` is not under `/etc/sbproxy`; `/etc//sbproxy/` is it).
+fn at_or_under(path: &str, dir: &str) -> bool {
+    let (path, dir) = (path_components(path), path_components(dir));
+    path.len() >= dir.len() && path[..dir.len()] == dir[..]
+}
+
+fn path_components(path: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            part => out.push(part),
+        }
+    }
+    out
+}
+
+/// `theirs` over `own`, field by field: each field `theirs` sets wins
+/// whole (a `seccompProfile` of theirs replaces the operator's), the
+/// operator's other fields stay.
+fn merged_security_context(
+    own: PodSecurityContext,
+    theirs: &PodSecurityContext,
+) -> PodSecurityContext {
+    // As JSON objects, an unset field is an absent member.
+    let (Value::Object(mut merged), Value::Object(theirs)) = (to_json(&own), to_json(theirs))
+    else {
+        return own;
+    };
+    merged.extend(theirs);
+    serde_json::from_value(Value::Object(merged)).unwrap_or(own)
+}
+
+/// `<name>-mesh`'s rules. Ingress only (egress stays open: the sidecar
+/// reaches the CA, the store and the DNS, the proxy its origins):
+/// - the mesh (gossip UDP, transport TCP) from the pods of this SBProxy
+///   alone, when clustering is on: nothing else has the cluster key;
+/// - from anywhere: the proxy's data ports (`spec.port`, and the config's
+///   `proxy.https_bind_port` when it has one), the challenge port (the
+///   CA validates from the internet, through `<name>-svc`), and the
+///   sidecar's admin port, so that Prometheus, wherever it runs, can scrape
+///   `/metrics` (`/admin/*` there answers loopback or Basic auth only).
+///
+/// The proxy's admin port is not admitted: sbproxy binds it on 127.0.0.1
+/// and only the sidecar, in the same pod, calls it.
+fn network_policy_spec(
+    proxy: &SBProxy,
+    selector: &BTreeMap<String, String>,
+    https_port: Option<i32>,
+) -> NetworkPolicySpec {
+    let spec = &proxy.spec;
+    let pods = || LabelSelector {
+        match_labels: Some(selector.clone()),
+        ..LabelSelector::default()
+    };
+    let port = |protocol: &str, port: i32| NetworkPolicyPort {
+        protocol: Some(protocol.to_string()),
+        port: Some(IntOrString::Int(port)),
+        ..NetworkPolicyPort::default()
+    };
+    let mesh = spec.clustering.enabled.then(|| NetworkPolicyIngressRule {
+        from: Some(vec![NetworkPolicyPeer {
+            pod_selector: Some(pods()),
+            ..NetworkPolicyPeer::default()
+        }]),
+        ports: Some(vec![
+            port("UDP", spec.clustering.gossip_port),
+            port("TCP", spec.clustering.transport_port),
+        ]),
+    });
+    let open = NetworkPolicyIngressRule {
+        from: None,
+        ports: Some(
+            std::iter::once(spec.port)
+                .chain(https_port)
+                .chain([spec.sidecar.challenge_port, spec.sidecar.admin_port])
+                .map(|p| port("TCP", p))
+                .collect(),
+        ),
+    };
+    NetworkPolicySpec {
+        pod_selector: Some(pods()),
+        policy_types: Some(vec!["Ingress".to_string()]),
+        ingress: Some(mesh.into_iter().chain([open]).collect()),
+        ..NetworkPolicySpec::default()
     }
 }
 
@@ -618,7 +1011,7 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
         ));
     }
     let mut ports = vec![
-        container_port("sidecar-admin", s.admin_port, "TCP"),
+        container_port(SIDECAR_ADMIN_PORT, s.admin_port, "TCP"),
         container_port("acme", s.challenge_port, "TCP"),
     ];
     if let Some(mesh) = &s.mesh {
@@ -643,11 +1036,11 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
         restart_policy: Some("Always".to_string()),
         env: Some(env),
         ports: Some(ports),
-        readiness_probe: Some(http_probe("/readyz", "sidecar-admin")),
+        readiness_probe: Some(http_probe("/readyz", SIDECAR_ADMIN_PORT)),
         liveness_probe: Some(Probe {
             // Generous: a stuck process, not a slow CA, is what this catches.
             failure_threshold: Some(6),
-            ..http_probe("/healthz", "sidecar-admin")
+            ..http_probe("/healthz", SIDECAR_ADMIN_PORT)
         }),
         resources: Some(
             s.resources
@@ -775,9 +1168,12 @@ fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
 /// What the sidecar's environment will hold, as far as it is known before a
 /// pod exists: literal values the operator sets, and stand-ins of the right
 /// form for what only the pod knows (its name, its IP, Secret values).
-/// Every other variable is unknown: unset in the sidecar unless the image
-/// sets it, so a value that depends on one is left for the sidecar to check.
-fn known_env(proxy: &SBProxy, ns: &str) -> BTreeMap<&'static str, String> {
+/// The literal values of `spec.podTemplate.sidecarEnv` are known too (one
+/// that would change the operator's is refused: PodTemplateInvalid). Every
+/// other variable is unknown: unset in the sidecar unless the image sets it,
+/// or set from a Secret, so a value that depends on one is left for the
+/// sidecar to check.
+fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
     let spec = &proxy.spec;
     let name = proxy.name_any();
     let mut env = BTreeMap::from([
@@ -804,7 +1200,7 @@ fn known_env(proxy: &SBProxy, ns: &str) -> BTreeMap<&'static str, String> {
         ),
     ]);
     if spec.clustering.enabled {
-        env.insert("SBMESH_MESH_SERVICE", format!("{name}-mesh"));
+        env.insert("SBMESH_MESH_SERVICE", mesh_name(&name));
         env.insert(
             "SBMESH_CLUSTER_DOMAIN",
             spec.clustering.cluster_domain.clone(),
@@ -825,13 +1221,25 @@ fn known_env(proxy: &SBProxy, ns: &str) -> BTreeMap<&'static str, String> {
             "Basic c2JtZXNoOnNibWVzaA==".to_string(),
         );
     }
+    let literals = spec
+        .pod_template
+        .iter()
+        .flat_map(|t| &t.sidecar_env)
+        .filter(|var| var.value_from.is_none());
+    for var in literals {
+        env.entry(var.name.as_str())
+            .or_insert_with(|| var.value.clone().unwrap_or_default());
+    }
     env
 }
 
-/// What the pod template needs from an accepted config.
+/// What the other objects need from an accepted config.
 struct ConfigFacts {
-    /// `sbmesh.acme.apply: restart`: the sidecar restarts the proxy.
+    /// The sidecar restarts the proxy: `SBMESH_PROXY_CERT_APPLY` in
+    /// `sidecarEnv`, else `sbmesh.acme.apply`, is `restart`.
     restarts_proxy: bool,
+    /// `proxy.https_bind_port`: a port of the proxy the NetworkPolicy admits.
+    https_port: Option<i32>,
 }
 
 /// ConfigInvalid and AcmeStoreNotShared, in that order (the SPEC's message
@@ -921,8 +1329,12 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
     let (mut problems, conflicts) = match sbmesh::config::parse_interpolated(&interpolated) {
         Ok(config) => {
             let sbmesh = config.sbmesh();
-            restarts_proxy = sbmesh.acme.as_ref().and_then(|a| a.apply)
-                == Some(sbmesh::config::CertApply::Restart);
+            // The sidecar's precedence: its environment, then the file.
+            let apply = env
+                .get("SBMESH_PROXY_CERT_APPLY")
+                .and_then(|v| sbmesh::config::CertApply::from_name(v.trim()))
+                .or_else(|| sbmesh.acme.as_ref().and_then(|a| a.apply));
+            restarts_proxy = apply == Some(sbmesh::config::CertApply::Restart);
             let conflicts = sbmesh::config::conflicts(
                 &config,
                 sbmesh::config::SidecarPorts {
@@ -969,7 +1381,17 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
             acme_store_not_shared_message(proxy.spec.replicas, &block, &backend),
         ));
     }
-    Ok(ConfigFacts { restarts_proxy })
+    let https_port = tree
+        .as_ref()
+        .and_then(|t| yaml_at(t, &["proxy", "https_bind_port"]))
+        .and_then(scalar_text)
+        .and_then(|p| p.trim().parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .map(i32::from);
+    Ok(ConfigFacts {
+        restarts_proxy,
+        https_port,
+    })
 }
 
 /// The sidecar POSTs reloads to `spec.adminPort`: a config whose

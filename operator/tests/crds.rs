@@ -115,6 +115,9 @@ fn the_schema_defaults_what_the_spec_says_and_serde_agrees() {
         spec["clustering"],
         json!({ "enabled": false, "gossipPort": 7946, "transportPort": 8946, "clusterDomain": "cluster.local", "keyRotationGraceSeconds": 300 })
     );
+    assert_eq!(spec["networkPolicy"], false);
+    assert_eq!(spec["podMonitor"], false);
+    assert!(spec.get("podTemplate").is_none());
     assert_eq!(
         spec["sidecar"],
         json!({ "adminPort": 9091, "challengePort": 8089 })
@@ -215,6 +218,28 @@ fn ranges_and_required_fields_are_refused_by_the_schema() {
             json!({ "clustering": { "enabled": "yes" } }),
             "spec.clustering.enabled",
         ),
+        (json!({ "networkPolicy": "yes" }), "spec.networkPolicy"),
+        // The pod template's fields are Kubernetes' own types, checked as such.
+        (
+            json!({ "podTemplate": { "volumez": [] } }),
+            "spec.podTemplate",
+        ),
+        (
+            json!({ "podTemplate": { "terminationGracePeriodSeconds": -1 } }),
+            "spec.podTemplate.terminationGracePeriodSeconds",
+        ),
+        (
+            json!({ "podTemplate": { "volumes": [{ "secret": { "secretName": "tls" } }] } }),
+            "spec.podTemplate.volumes.0",
+        ),
+        (
+            json!({ "podTemplate": { "tolerations": [{ "key": "a", "tolerationSeconds": "soon" }] } }),
+            "spec.podTemplate.tolerations.0.tolerationSeconds",
+        ),
+        (
+            json!({ "podTemplate": { "sidecarEnv": [{ "value": "x" }] } }),
+            "spec.podTemplate.sidecarEnv.0",
+        ),
     ] {
         let p = problems(&with_spec(patch.clone()));
         assert!(p.starts_with(&format!("{path}: ")), "{patch}: {p:?}");
@@ -265,8 +290,8 @@ fn the_example_crs_pass_the_schema_and_the_cel_rules() {
         }
     }
     assert!(
-        checked >= 4,
-        "expected two SBProxies and two SBProxyConfigs, checked {checked}"
+        checked >= 6,
+        "expected three SBProxies and three SBProxyConfigs, checked {checked}"
     );
 }
 

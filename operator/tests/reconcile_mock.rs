@@ -26,6 +26,8 @@ const MESH: &str = "/api/v1/namespaces/default/services/demo-mesh";
 const SVC: &str = "/api/v1/namespaces/default/services/demo-svc";
 const CM: &str = "/api/v1/namespaces/default/configmaps/demo-config";
 const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/demo-pdb";
+const NETPOL: &str = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/demo-mesh";
+const PODMON: &str = "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors/demo";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
 /// The sidecar's ACME on a shared store.
@@ -122,6 +124,18 @@ fn sts_applied(replicas: i32, ready: i32) -> Expect {
     )
 }
 
+/// The applies of a fixture with `replicas` ready pods (more than one),
+/// up to the PodDisruptionBudget.
+fn applied_ready(replicas: i32) -> [Expect; 5] {
+    [
+        sts_applied(replicas, replicas),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        applied(PDB),
+    ]
+}
+
 fn find<'a>(seen: &'a [Seen], method: &str, path: &str) -> &'a Seen {
     seen.iter()
         .find(|s| s.method == method && s.path == path)
@@ -181,6 +195,8 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(SVC),
         applied(CM),
         applied(PDB),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
         Expect::create(EVENTS),
@@ -208,7 +224,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
     assert_eq!(seen[6].body["data"]["sb.yml"], SB_YML);
     assert_applied_with_ssa(&seen[7], "PodDisruptionBudget", "demo-pdb");
 
-    let patch = &seen[8];
+    let patch = &seen[10];
     assert_eq!(
         patch.content_type.as_deref(),
         Some("application/merge-patch+json")
@@ -247,7 +263,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         (&json!("False"), &json!("ReplicasNotReady"))
     );
 
-    let event = &seen[9].body;
+    let event = &seen[11].body;
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["reason"], "ClusterKeyCreated");
     assert!(
@@ -256,7 +272,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
             .is_some_and(|n| n.contains("created Secret demo-cluster-key")),
         "{event}"
     );
-    let event = &seen[10].body;
+    let event = &seen[12].body;
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["reason"], "Applied");
     assert!(
@@ -280,11 +296,13 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(SVC),
         applied(CM),
         applied(PDB),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
         Expect::patch_status(STATUS, p2.clone()),
     ]);
     reconcile(proxy(&p2), ctx).await.expect("second reconcile");
     let seen = finish(task).await;
-    let status = &seen[7].body["status"];
+    let status = &seen[9].body["status"];
     assert_eq!(status["configHash"], first_status["configHash"]);
     let ready = condition(status, "Ready");
     assert_eq!(
@@ -309,6 +327,8 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(SVC),
         applied(CM),
         applied(PDB),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
     ]);
     reconcile(proxy(&p3), ctx).await.expect("third reconcile");
     finish(task).await;
@@ -447,12 +467,14 @@ async fn a_fixed_spec_clears_the_refusal() {
         applied(SVC),
         applied(CM),
         Expect::get(PDB, None),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
     ]);
     reconcile(proxy(&p), ctx).await.expect("reconcile");
     let seen = finish(task).await;
-    let status = &seen[6].body["status"];
+    let status = &seen[8].body["status"];
     assert!(
         status
             .as_object()
@@ -467,7 +489,7 @@ async fn a_fixed_spec_clears_the_refusal() {
         "Degraded flipped: new time"
     );
     assert_eq!(condition(status, "Ready")["status"], "True");
-    assert_eq!(seen[7].body["type"], "Normal");
+    assert_eq!(seen[9].body["type"], "Normal");
 }
 
 #[tokio::test]
@@ -502,6 +524,8 @@ async fn scaling_to_one_replica_deletes_the_pdb() {
         applied(CM),
         Expect::get(PDB, Some(pdb)),
         Expect::delete(PDB),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
         Expect::create(EVENTS),
@@ -513,15 +537,15 @@ async fn scaling_to_one_replica_deletes_the_pdb() {
         seen[7].body["preconditions"]["uid"], "pdb-uid-1",
         "never deletes a recreated PDB"
     );
-    assert_eq!(seen[9].body["reason"], "PodDisruptionBudgetDeleted");
+    assert_eq!(seen[11].body["reason"], "PodDisruptionBudgetDeleted");
     assert!(
-        seen[9].body["note"]
+        seen[11].body["note"]
             .as_str()
             .is_some_and(|n| n.contains("deleted PodDisruptionBudget demo-pdb")),
         "{}",
-        seen[9].body
+        seen[11].body
     );
-    assert_eq!(seen[10].body["reason"], "Applied");
+    assert_eq!(seen[12].body["reason"], "Applied");
 }
 
 #[tokio::test]
@@ -541,6 +565,8 @@ async fn one_unclustered_replica_reads_no_secret_and_leaves_a_foreign_pdb() {
         applied(SVC),
         applied(CM),
         Expect::get(PDB, Some(foreign)),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
     ]);
@@ -696,13 +722,8 @@ async fn reconcile_with(
             json!({ "apiVersion": "v1", "kind": "Secret" }),
         ));
     }
-    script.extend([
-        sts_applied(3, 3),
-        applied(MESH),
-        applied(SVC),
-        applied(CM),
-        applied(PDB),
-    ]);
+    script.extend(applied_ready(3));
+    script.extend([Expect::get(NETPOL, None), Expect::get(PODMON, None)]);
     script.extend(tail);
     let task = server.run(script);
     let action = reconcile(proxy(p), ctx).await.expect("reconcile");
@@ -852,6 +873,8 @@ async fn a_cluster_secret_ref_secret_is_never_read_or_written_by_a_rotation() {
         applied(SVC),
         applied(CM),
         applied(PDB),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
     ]);
@@ -868,5 +891,228 @@ async fn a_cluster_secret_ref_secret_is_never_read_or_written_by_a_rotation() {
         find(&seen, "PATCH", STATUS).body["status"]
             .get("clusterKey")
             .is_none_or(Value::is_null)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// NetworkPolicy and PodMonitor (SPEC section 11)
+
+fn with_extras(mut p: Value, network_policy: bool, pod_monitor: bool) -> Value {
+    p["spec"]["networkPolicy"] = json!(network_policy);
+    p["spec"]["podMonitor"] = json!(pod_monitor);
+    p
+}
+
+/// An object as the operator applied it earlier: its labels and a uid.
+fn ours(api_version: &str, kind: &str, name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": api_version, "kind": kind,
+        "metadata": {
+            "name": name, "namespace": "default", "uid": uid,
+            "labels": {
+                "app.kubernetes.io/name": "sbproxy",
+                "app.kubernetes.io/instance": "demo",
+                "app.kubernetes.io/managed-by": "sbmesh-operator",
+            },
+        },
+        "spec": {},
+    })
+}
+
+#[tokio::test]
+async fn network_policy_and_pod_monitor_are_applied_when_asked_and_deleted_when_turned_off() {
+    let secret = key_secret(&format!("{KEY_OLD}\n"), json!({}));
+    // On: both applied by server-side apply, after the other objects; no
+    // GET of either.
+    let p = with_extras(proxy_json(3, true), true, true);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(
+        vec![
+            Expect::get(CONFIG, Some(config_json(SB_YML))),
+            Expect::get(SECRET, Some(secret.clone())),
+        ]
+        .into_iter()
+        .chain(applied_ready(3))
+        .chain([
+            applied(NETPOL),
+            applied(PODMON),
+            Expect::patch_status(STATUS, p.clone()),
+            Expect::create(EVENTS),
+        ])
+        .collect(),
+    );
+    let action = reconcile(proxy(&p), ctx).await.expect("reconcile");
+    let seen = finish(task).await;
+    assert_eq!(action, Action::requeue(reconcile::REQUEUE_APPLIED));
+    let policy = find(&seen, "PATCH", NETPOL);
+    assert_applied_with_ssa(policy, "NetworkPolicy", "demo-mesh");
+    assert_eq!(policy.body["apiVersion"], "networking.k8s.io/v1");
+    assert_eq!(
+        policy.body["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "demo"
+    );
+    let monitor = find(&seen, "PATCH", PODMON);
+    assert_applied_with_ssa(monitor, "PodMonitor", "demo");
+    assert_eq!(monitor.body["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(
+        monitor.body["spec"]["podMetricsEndpoints"],
+        json!([{ "port": "sidecar-admin", "path": "/metrics" }])
+    );
+    let status = &find(&seen, "PATCH", STATUS).body["status"];
+    assert_eq!(condition(status, "Degraded")["status"], "False");
+    let applied_note = seen[10].body["note"].as_str().unwrap_or_default();
+    assert!(
+        applied_note.contains("NetworkPolicy demo-mesh")
+            && applied_note.contains("PodMonitor demo"),
+        "{applied_note}"
+    );
+
+    // Off: each is found as the operator made it and deleted, uid-guarded,
+    // with an Event each.
+    let mut off = with_status(with_extras(proxy_json(3, true), false, false), status);
+    off["metadata"]["generation"] = json!(2);
+    let (client, server) = pair();
+    let (ctx, _) = context(client);
+    let task = server.run(
+        vec![
+            Expect::get(CONFIG, Some(config_json(SB_YML))),
+            Expect::get(SECRET, Some(secret)),
+        ]
+        .into_iter()
+        .chain(applied_ready(3))
+        .chain([
+            Expect::get(
+                NETPOL,
+                Some(ours(
+                    "networking.k8s.io/v1",
+                    "NetworkPolicy",
+                    "demo-mesh",
+                    "np-uid-1",
+                )),
+            ),
+            Expect::delete(NETPOL),
+            Expect::get(
+                PODMON,
+                Some(ours(
+                    "monitoring.coreos.com/v1",
+                    "PodMonitor",
+                    "demo",
+                    "pm-uid-1",
+                )),
+            ),
+            Expect::delete(PODMON),
+            Expect::patch_status(STATUS, off.clone()),
+            Expect::create(EVENTS),
+            Expect::create(EVENTS),
+            Expect::create(EVENTS),
+        ])
+        .collect(),
+    );
+    reconcile(proxy(&off), ctx).await.expect("reconcile");
+    let seen = finish(task).await;
+    assert_eq!(
+        find(&seen, "DELETE", NETPOL).body["preconditions"]["uid"],
+        "np-uid-1"
+    );
+    assert_eq!(
+        find(&seen, "DELETE", PODMON).body["preconditions"]["uid"],
+        "pm-uid-1"
+    );
+    let reasons: Vec<&str> = seen
+        .iter()
+        .filter(|s| s.path == EVENTS)
+        .map(|s| s.body["reason"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["NetworkPolicyDeleted", "PodMonitorDeleted", "Applied"]
+    );
+    assert!(
+        seen.iter()
+            .all(|s| s.method != "PATCH" || (s.path != NETPOL && s.path != PODMON)),
+        "nothing applied once turned off"
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_without_prometheus_operator_gets_everything_else_and_says_what_is_missing() {
+    const NOT_SERVED: &str = "spec.podMonitor is true, but this cluster does not serve \
+        monitoring.coreos.com/v1 PodMonitor (applying PodMonitor default/demo answered 404). \
+        Install prometheus-operator (its CRDs), or set spec.podMonitor to false; everything else \
+        is applied.";
+    let p = with_extras(proxy_json(1, false), false, true);
+    let (client, server) = pair();
+    let (ctx, metrics) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML))),
+        sts_applied(1, 1),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        Expect::get(PDB, None),
+        Expect::get(NETPOL, None),
+        // What an apiserver without the CRD answers for the kind.
+        Expect::patch(PODMON, json!({}))
+            .answer(Answer::Failure(http::StatusCode::NOT_FOUND, "NotFound")),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+        Expect::create(EVENTS),
+    ]);
+    let action = reconcile(proxy(&p), ctx).await.expect("not an error");
+    let seen = finish(task).await;
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(60)),
+        "looked at again soon: installing prometheus-operator clears it"
+    );
+    assert_eq!(metrics.reconciles_with(ReconcileResult::ok), 1);
+    let status = &find(&seen, "PATCH", STATUS).body["status"];
+    assert_eq!(status["lastError"], NOT_SERVED);
+    let degraded = condition(status, "Degraded");
+    assert_eq!(
+        (
+            &degraded["status"],
+            &degraded["reason"],
+            &degraded["message"]
+        ),
+        (
+            &json!("True"),
+            &json!("PodMonitorNotServed"),
+            &json!(NOT_SERVED)
+        )
+    );
+    assert_eq!(
+        condition(status, "Ready")["status"],
+        "True",
+        "the pods are fine"
+    );
+    assert!(status["configHash"].is_string(), "the rest is applied");
+    let events: Vec<&Seen> = seen.iter().filter(|s| s.path == EVENTS).collect();
+    assert_eq!(events[0].body["reason"], "Applied");
+    assert!(
+        !events[0].body["note"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("PodMonitor"),
+        "{}",
+        events[0].body
+    );
+    assert_eq!(events[1].body["type"], "Warning");
+    assert_eq!(events[1].body["reason"], "PodMonitorNotServed");
+    assert_eq!(events[1].body["note"], NOT_SERVED);
+}
+
+#[tokio::test]
+async fn an_invalid_pod_template_is_refused_without_workload_calls() {
+    let mut p = proxy_json(3, true);
+    p["spec"]["podTemplate"] =
+        json!({ "sidecarEnv": [{ "name": "SBMESH_CLUSTER_ID", "value": "other" }] });
+    let (status, _) = refused(p, Some(config_json(SB_YML)), "PodTemplateInvalid").await;
+    assert!(
+        status["lastError"].as_str().is_some_and(
+            |m| m.starts_with("spec.podTemplate.sidecarEnv[0].name is SBMESH_CLUSTER_ID")
+        ),
+        "{status}"
     );
 }

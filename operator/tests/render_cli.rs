@@ -140,6 +140,19 @@ fn a_refusal_exits_1_with_the_message_on_stderr() {
         "{}",
         text(&out.stderr)
     );
+
+    // A pod template that would undo the operator's own pod.
+    let template = "apiVersion: sbproxy.dev/v1alpha1\nkind: SBProxyConfig\nmetadata: { name: demo }\nspec: { config: 'proxy: {}' }\n---\napiVersion: sbproxy.dev/v1alpha1\nkind: SBProxy\nmetadata: { name: demo }\nspec:\n  image: sbproxy\n  configRef: demo\n  podTemplate:\n    proxyVolumeMounts: [{ name: tls, mountPath: /etc/tls }]\n";
+    let out = operator(&["render", "-f", "-"], Some(template));
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "");
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "SBProxy default/demo refused (PodTemplateInvalid): \
+         spec.podTemplate.proxyVolumeMounts[0].name is \"tls\", but the pod has no volume of that \
+         name. Name one of its volumes (sbproxy-config, sbproxy-data), or add \"tls\" to \
+         spec.podTemplate.volumes."
+    );
 }
 
 #[test]

@@ -639,3 +639,237 @@ fn the_pods_share_a_process_namespace_exactly_when_the_sidecar_restarts_the_prox
     assert_eq!(share(", apply: reload"), None);
     assert_eq!(share(", apply: none"), None);
 }
+
+// ---------------------------------------------------------------------------
+// spec.podTemplate, spec.networkPolicy, spec.podMonitor (SPEC section 11)
+
+fn pod_spec(r: &Rendered) -> k8s_openapi::api::core::v1::PodSpec {
+    r.stateful_set
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone()
+        .unwrap()
+}
+
+#[test]
+fn pod_template_knobs_are_added_after_the_operators_own() {
+    let r = fx::render_scenario("pod-template");
+    let template = &r.stateful_set.spec.as_ref().unwrap().template;
+    let labels = template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+    assert_eq!(labels["team"], "platform");
+    assert_eq!(labels["app.kubernetes.io/instance"], "edge");
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "sbmesh-operator");
+    assert_eq!(
+        r.stateful_set.spec.as_ref().unwrap().selector.match_labels,
+        Some(render::selector_labels("edge")),
+        "the selector is the operator's"
+    );
+    let pod = pod_spec(&r);
+    assert_eq!(pod.service_account_name.as_deref(), Some("edge-proxy"));
+    assert_eq!(pod.priority_class_name.as_deref(), Some("edge-critical"));
+    assert_eq!(pod.termination_grace_period_seconds, Some(45));
+    assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
+    assert!(pod.affinity.is_some());
+    assert_eq!(
+        pod.topology_spread_constraints.as_ref().map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        pod.image_pull_secrets.as_ref().unwrap()[0].name,
+        "registry-edge"
+    );
+
+    // Merged field by field: theirs win, the operator's others stay.
+    let sc = pod.security_context.as_ref().unwrap();
+    assert_eq!(sc.supplemental_groups.as_deref(), Some(&[2000][..]));
+    assert_eq!(
+        sc.seccomp_profile.as_ref().unwrap().type_,
+        "Localhost",
+        "their seccompProfile replaces the operator's whole"
+    );
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.fs_group, Some(65532));
+
+    // Volumes and mounts: the operator's first, theirs after.
+    let volumes: Vec<&str> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            "sbproxy-config",
+            "sbproxy-data",
+            "sbmesh-cluster-key",
+            "edge-tls"
+        ]
+    );
+    for c in [proxy_container(&r), sidecar(&r)] {
+        let last = c.volume_mounts.as_ref().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (last.name.as_str(), last.mount_path.as_str()),
+            ("edge-tls", "/etc/tls/edge"),
+            "{}",
+            c.name
+        );
+    }
+    let side = sidecar(&r);
+    assert_eq!(
+        env_value(&side, "SBMESH_WATCH_TLS").as_deref(),
+        Some("/etc/tls/edge")
+    );
+    assert_eq!(
+        secret_ref(&side, "SBMESH_ADMIN_PASSWORD"),
+        Some(("edge-admin".into(), "password".into()))
+    );
+    assert_eq!(
+        env_value(&proxy_container(&r), "RUST_LOG").as_deref(),
+        Some("info")
+    );
+    assert!(env(&proxy_container(&r), "SBMESH_WATCH_TLS").is_none());
+    // SBMESH_PROXY_CERT_APPLY=restart in the sidecar's environment wins
+    // over the file (which says nothing): the proxy must be visible to it.
+    assert_eq!(pod.share_process_namespace, Some(true));
+}
+
+#[test]
+fn an_empty_pod_template_and_the_extras_off_change_nothing() {
+    for name in fx::SCENARIOS {
+        let (mut proxy, config) = fx::scenario(name);
+        if proxy.spec.pod_template.is_some() {
+            continue;
+        }
+        let before = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+        proxy.spec.pod_template = Some(Default::default());
+        proxy.spec.network_policy = false;
+        proxy.spec.pod_monitor = false;
+        let after = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+        assert_eq!(before.objects_yaml(), after.objects_yaml(), "{name}");
+    }
+}
+
+#[test]
+fn scaling_with_every_knob_set_changes_only_the_replicas() {
+    let (mut proxy, config) = fx::scenario("pod-template");
+    let three = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    proxy.spec.replicas = 7;
+    let seven = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert_eq!(
+        three.stateful_set.spec.as_ref().unwrap().template,
+        seven.stateful_set.spec.as_ref().unwrap().template
+    );
+    assert_eq!(three.network_policy, seven.network_policy);
+    assert_eq!(three.pod_monitor, seven.pod_monitor);
+}
+
+/// One ingress rule: its peers' pod selectors (as JSON text; `None`: from
+/// anywhere) and its (protocol, port) pairs.
+type IngressRule = (Option<Vec<String>>, Vec<(String, Value)>);
+
+fn ingress_ports(r: &Rendered) -> Vec<IngressRule> {
+    let spec = r.network_policy.as_ref().unwrap().spec.as_ref().unwrap();
+    spec.ingress
+        .iter()
+        .flatten()
+        .map(|rule| {
+            let from = rule.from.as_ref().map(|peers| {
+                peers
+                    .iter()
+                    .map(|p| serde_json::to_string(&p.pod_selector).unwrap())
+                    .collect()
+            });
+            let ports = rule
+                .ports
+                .iter()
+                .flatten()
+                .map(|p| {
+                    (
+                        p.protocol.clone().unwrap(),
+                        serde_json::to_value(&p.port).unwrap(),
+                    )
+                })
+                .collect();
+            (from, ports)
+        })
+        .collect()
+}
+
+#[test]
+fn the_network_policy_admits_the_mesh_from_its_own_pods_and_the_rest_from_anywhere() {
+    let r = fx::render_scenario("pod-template");
+    let policy = r.network_policy.as_ref().unwrap();
+    assert_eq!(policy.metadata.name.as_deref(), Some("edge-mesh"));
+    let spec = policy.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.policy_types.as_deref(),
+        Some(&["Ingress".to_string()][..])
+    );
+    assert!(spec.egress.is_none());
+    let own_pods = serde_json::to_string(&Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+            match_labels: Some(render::selector_labels("edge")),
+            ..Default::default()
+        },
+    ))
+    .unwrap();
+    assert_eq!(serde_json::to_string(&spec.pod_selector).unwrap(), own_pods);
+    let tcp = |p: i32| ("TCP".to_string(), Value::from(p));
+    assert_eq!(
+        ingress_ports(&r),
+        [
+            (
+                Some(vec![own_pods]),
+                vec![("UDP".to_string(), Value::from(7946)), tcp(8946)]
+            ),
+            // spec.port, the config's https_bind_port, the challenge port,
+            // the sidecar's admin port (Prometheus).
+            (None, vec![tcp(8080), tcp(8443), tcp(8089), tcp(9091)]),
+        ]
+    );
+
+    // Without clustering there is no mesh to admit; other ports follow the spec.
+    let proxy = fx::proxy(
+        "image: sbproxy\nconfigRef: demo\nnetworkPolicy: true\nport: 8000\nsidecar: { adminPort: 9300, challengePort: 8300 }\n",
+    );
+    let config = fx::config("proxy:\n  admin: { enabled: true, port: 9090 }\n");
+    let r = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert_eq!(
+        ingress_ports(&r),
+        [(None, vec![tcp(8000), tcp(8300), tcp(9300)])]
+    );
+    assert!(r.pod_monitor.is_none());
+}
+
+#[test]
+fn the_pod_monitor_scrapes_the_sidecars_admin_port_by_name() {
+    let r = fx::render_scenario("pod-template");
+    let monitor = r.pod_monitor.as_ref().unwrap();
+    assert_eq!(monitor.metadata.name.as_deref(), Some("edge"));
+    let endpoint = &monitor.spec.pod_metrics_endpoints[0];
+    assert_eq!(endpoint.path, "/metrics");
+    // The port it names is the sidecar's, where /metrics is served.
+    let side = sidecar(&r);
+    let port = side
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(endpoint.port.as_str()))
+        .expect("a port of the sidecar by that name");
+    assert_eq!(port.container_port, admin_port_of(&side));
+    assert_eq!(
+        monitor.spec.selector.match_labels,
+        Some(render::selector_labels("edge"))
+    );
+}
+
+/// The port of the sidecar's `SBMESH_ADMIN_LISTEN`.
+fn admin_port_of(side: &Container) -> i32 {
+    env_value(side, "SBMESH_ADMIN_LISTEN")
+        .and_then(|v| v.rsplit(':').next()?.parse().ok())
+        .unwrap()
+}

@@ -598,3 +598,350 @@ fn the_proxys_own_acme_with_the_sidecars_is_invalid() {
     );
     accept("", &proxy_acme_config(""));
 }
+
+// ---------------------------------------------------------------------------
+// spec.podTemplate (SPEC section 11): what the schema cannot say.
+
+const CLUSTERED: &str = "clustering: { enabled: true }\n";
+
+/// The refusal of `pod_template` (YAML, indented for `podTemplate:`) on
+/// the base spec plus `spec_extra`.
+fn refuse_template(spec_extra: &str, pod_template: &str) -> Refusal {
+    let r = refuse(
+        &format!("{spec_extra}podTemplate:\n{pod_template}"),
+        Some(PLAIN_CONFIG),
+    );
+    assert_eq!(r.reason, RefusalReason::PodTemplateInvalid, "{}", r.message);
+    r
+}
+
+fn accept_template(spec_extra: &str, pod_template: &str) {
+    accept(
+        &format!("{spec_extra}podTemplate:\n{pod_template}"),
+        PLAIN_CONFIG,
+    );
+}
+
+#[test]
+fn pod_template_invalid_has_its_name() {
+    assert_eq!(
+        RefusalReason::PodTemplateInvalid.as_str(),
+        "PodTemplateInvalid"
+    );
+}
+
+#[test]
+fn a_label_that_would_change_the_operators_is_refused() {
+    for (key, own) in [
+        ("app.kubernetes.io/name", "sbproxy"),
+        ("app.kubernetes.io/instance", "demo"),
+        ("app.kubernetes.io/managed-by", "sbmesh-operator"),
+    ] {
+        let r = refuse_template("", &format!("  labels: {{ {key}: other }}\n"));
+        assert_eq!(
+            r.message,
+            format!(
+                "spec.podTemplate.labels[\"{key}\"] is \"other\", but the operator sets that label to \
+                 \"{own}\": app.kubernetes.io/name and app.kubernetes.io/instance select the \
+                 SBProxy's pods (StatefulSet, Services, PodDisruptionBudget), and \
+                 app.kubernetes.io/managed-by marks them as the operator's. Remove it from \
+                 spec.podTemplate.labels; any other label is accepted."
+            )
+        );
+        // The same value changes nothing.
+        accept_template("", &format!("  labels: {{ {key}: {own} }}\n"));
+    }
+    accept_template(
+        "",
+        "  labels: { app.kubernetes.io/part-of: edge, team: a }\n",
+    );
+}
+
+#[test]
+fn a_volume_named_as_the_operators_is_refused() {
+    let r = refuse_template(
+        "",
+        "  volumes:\n    - { name: sbproxy-data, emptyDir: {} }\n",
+    );
+    assert_eq!(
+        r.message,
+        "spec.podTemplate.volumes[0].name is \"sbproxy-data\", the name of a volume the operator \
+         puts in the pod (sbproxy-config, sbproxy-data). Rename it, and the mounts that use it; \
+         any other name is accepted."
+    );
+    // The cluster key's volume is the operator's when it mounts the key.
+    let r = refuse_template(
+        CLUSTERED,
+        "  volumes:\n    - { name: sbmesh-cluster-key, emptyDir: {} }\n",
+    );
+    assert_eq!(
+        r.message,
+        "spec.podTemplate.volumes[0].name is \"sbmesh-cluster-key\", the name of a volume the \
+         operator puts in the pod (sbproxy-config, sbproxy-data, sbmesh-cluster-key). Rename it, \
+         and the mounts that use it; any other name is accepted."
+    );
+}
+
+#[test]
+fn two_volumes_of_one_name_are_refused() {
+    let r = refuse_template(
+        "",
+        "  volumes:\n    - { name: tls, secret: { secretName: a } }\n    - { name: other, emptyDir: {} }\n    - { name: tls, secret: { secretName: b } }\n",
+    );
+    assert_eq!(
+        r.message,
+        "spec.podTemplate.volumes[2].name is \"tls\", as is spec.podTemplate.volumes[0].name; \
+         each volume of a pod needs its own name. Rename one of them."
+    );
+}
+
+#[test]
+fn a_mount_of_a_volume_nobody_defines_is_refused() {
+    let r = refuse_template(
+        "",
+        "  volumes:\n    - { name: tls, secret: { secretName: a } }\n  proxyVolumeMounts:\n    - { name: tsl, mountPath: /etc/tls }\n",
+    );
+    assert_eq!(
+        r.message,
+        "spec.podTemplate.proxyVolumeMounts[0].name is \"tsl\", but the pod has no volume of that \
+         name. Name one of its volumes (sbproxy-config, sbproxy-data, tls), or add \"tsl\" to \
+         spec.podTemplate.volumes."
+    );
+    // Without clustering the cluster key is no volume of the pod.
+    let r = refuse_template(
+        "",
+        "  sidecarVolumeMounts:\n    - { name: sbmesh-cluster-key, mountPath: /keys }\n",
+    );
+    assert_eq!(
+        r.message,
+        "spec.podTemplate.sidecarVolumeMounts[0].name is \"sbmesh-cluster-key\", but the pod has \
+         no volume of that name. Name one of its volumes (sbproxy-config, sbproxy-data), or add \
+         \"sbmesh-cluster-key\" to spec.podTemplate.volumes."
+    );
+    // The operator's own volumes may be mounted elsewhere.
+    accept_template(
+        "",
+        "  proxyVolumeMounts:\n    - { name: sbproxy-config, mountPath: /srv/sb.yml, subPath: sb.yml }\n",
+    );
+}
+
+#[test]
+fn a_mount_at_or_under_the_operators_paths_is_refused() {
+    let volume = "  volumes:\n    - { name: extra, emptyDir: {} }\n";
+    for (spec_extra, field, path, own, own_volume, container, own_paths) in [
+        (
+            "",
+            "proxyVolumeMounts",
+            "/etc/sbproxy",
+            "/etc/sbproxy",
+            "sbproxy-config",
+            "proxy",
+            "/etc/sbproxy, /var/lib/sbproxy",
+        ),
+        (
+            "",
+            "proxyVolumeMounts",
+            "/var/lib/sbproxy/certs/",
+            "/var/lib/sbproxy",
+            "sbproxy-data",
+            "proxy",
+            "/etc/sbproxy, /var/lib/sbproxy",
+        ),
+        (
+            "",
+            "sidecarVolumeMounts",
+            "/etc//sbproxy/./extra",
+            "/etc/sbproxy",
+            "sbproxy-config",
+            "sbmesh-sidecar",
+            "/etc/sbproxy, /var/lib/sbproxy",
+        ),
+        (
+            CLUSTERED,
+            "sidecarVolumeMounts",
+            "/etc/sbmesh/cluster-key/next",
+            "/etc/sbmesh/cluster-key",
+            "sbmesh-cluster-key",
+            "sbmesh-sidecar",
+            "/etc/sbproxy, /var/lib/sbproxy, /etc/sbmesh/cluster-key",
+        ),
+    ] {
+        let r = refuse_template(
+            spec_extra,
+            &format!("{volume}  {field}:\n    - {{ name: extra, mountPath: \"{path}\" }}\n"),
+        );
+        assert_eq!(
+            r.message,
+            format!(
+                "spec.podTemplate.{field}[0].mountPath is \"{path}\", at or under {own}, where the \
+                 operator mounts {own_volume} in the {container} container. Mount it outside the \
+                 operator's paths there ({own_paths})."
+            )
+        );
+    }
+    // Beside them, above them, and the key's path in the proxy (which does
+    // not get the key) are fine.
+    accept_template(
+        CLUSTERED,
+        &format!(
+            "{volume}  proxyVolumeMounts:\n    - {{ name: extra, mountPath: /etc/sbproxy2 }}\n    - {{ name: extra, mountPath: /etc/sbmesh/cluster-key }}\n  sidecarVolumeMounts:\n    - {{ name: extra, mountPath: /var/lib }}\n"
+        ),
+    );
+}
+
+#[test]
+fn a_variable_the_operator_sets_is_refused_naming_where_it_comes_from() {
+    for (spec_extra, field, var, container, source) in [
+        (
+            "",
+            "sidecarEnv",
+            "SBMESH_CLUSTER_ID",
+            "sbmesh-sidecar",
+            "comes from metadata.name, the SBProxy's name",
+        ),
+        (
+            "",
+            "sidecarEnv",
+            "SBMESH_ADMIN_LISTEN",
+            "sbmesh-sidecar",
+            "comes from spec.sidecar.adminPort: set that instead",
+        ),
+        (
+            "",
+            "proxyEnv",
+            "SBPROXY_POD_NAME",
+            "proxy",
+            "is the pod's name (downward API metadata.name)",
+        ),
+        (
+            CLUSTERED,
+            "sidecarEnv",
+            "SBMESH_GOSSIP_PORT",
+            "sbmesh-sidecar",
+            "comes from spec.clustering.gossipPort: set that instead",
+        ),
+        (
+            "adminAuthSecretRef: { name: admin }\n",
+            "sidecarEnv",
+            "SBMESH_PROXY_AUTHORIZATION",
+            "sbmesh-sidecar",
+            "comes from spec.adminAuthSecretRef: set that instead",
+        ),
+    ] {
+        let r = refuse_template(
+            spec_extra,
+            &format!("  {field}:\n    - {{ name: {var}, value: x }}\n"),
+        );
+        assert_eq!(
+            r.message,
+            format!(
+                "spec.podTemplate.{field}[0].name is {var}, which the operator sets on the \
+                 {container} container: it {source}. Remove it from spec.podTemplate.{field}; any \
+                 variable the operator does not set is accepted."
+            )
+        );
+    }
+    // With the key file, the key itself too: the sidecar takes one or the other.
+    let r = refuse_template(
+        CLUSTERED,
+        "  sidecarEnv:\n    - { name: SBMESH_CLUSTER_KEY, value: x }\n",
+    );
+    assert_eq!(
+        r.message,
+        "spec.podTemplate.sidecarEnv[0].name is SBMESH_CLUSTER_KEY, but the operator gives the \
+         sbmesh-sidecar container SBMESH_CLUSTER_KEY_FILE, and the sidecar takes one or the \
+         other: the key comes from the Secret of spec.clustering.clusterSecretRef (else \
+         <metadata.name>-cluster-key), mounted as a file: set clusterSecretRef instead. Remove \
+         it from spec.podTemplate.sidecarEnv; any variable the operator does not set is accepted."
+    );
+    // What the operator does not set on that container is the user's.
+    accept_template(
+        "",
+        "  sidecarEnv:\n    - { name: SBMESH_GOSSIP_PORT, value: \"7000\" }\n    - { name: SBMESH_CLUSTER_KEY, value: x }\n    - { name: SBPROXY_SHUTDOWN_GRACE_MS, value: \"20000\" }\n  proxyEnv:\n    - { name: SBMESH_CLUSTER_ID, value: x }\n",
+    );
+}
+
+#[test]
+fn every_variable_the_operator_sets_says_where_it_comes_from() {
+    // Everything on: each variable of either container, refused, names its
+    // source (none falls through to a generic answer).
+    let spec = "clustering: { enabled: true }\nadminAuthSecretRef: { name: admin }\n";
+    let (mut proxy, config) = (
+        fx::proxy(&format!("{BASE}{spec}")),
+        fx::config(PLAIN_CONFIG),
+    );
+    let rendered = render::render(&proxy, Some(&config), None, &fx::opts()).expect("accepted");
+    let pod = rendered.stateful_set.spec.unwrap().template.spec.unwrap();
+    let containers = [
+        ("proxyEnv", pod.containers[0].clone()),
+        ("sidecarEnv", pod.init_containers.unwrap()[0].clone()),
+    ];
+    for (field, container) in containers {
+        for var in container.env.unwrap() {
+            let mut knobs = sbmesh_operator::crd::PodTemplate::default();
+            let user = k8s_openapi::api::core::v1::EnvVar {
+                name: var.name.clone(),
+                value: Some("x".into()),
+                ..Default::default()
+            };
+            match field {
+                "proxyEnv" => knobs.proxy_env = vec![user],
+                _ => knobs.sidecar_env = vec![user],
+            }
+            proxy.spec.pod_template = Some(knobs);
+            let r = render::render(&proxy, Some(&config), None, &fx::opts()).expect_err(&var.name);
+            assert_eq!(r.reason, RefusalReason::PodTemplateInvalid);
+            assert!(
+                !r.message.contains("the operator's own"),
+                "{}: {}",
+                var.name,
+                r.message
+            );
+        }
+    }
+}
+
+#[test]
+fn every_problem_of_a_pod_template_is_listed_on_its_own_line() {
+    let r = refuse_template(
+        "",
+        "  labels: { app.kubernetes.io/instance: x }\n  volumes:\n    - { name: sbproxy-config, emptyDir: {} }\n  sidecarEnv:\n    - { name: SBMESH_CONFIG, value: /tmp/sb.yml }\n",
+    );
+    let lines: Vec<&str> = r.message.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", r.message);
+    assert!(
+        lines[0].starts_with("spec.podTemplate.labels[\"app.kubernetes.io/instance\"] is \"x\"")
+    );
+    assert!(lines[1].starts_with("spec.podTemplate.volumes[0].name is \"sbproxy-config\""));
+    assert!(lines[2].starts_with("spec.podTemplate.sidecarEnv[0].name is SBMESH_CONFIG"));
+}
+
+#[test]
+fn the_config_is_checked_before_the_pod_template() {
+    let proxy = fx::proxy(&format!(
+        "{BASE}podTemplate:\n  sidecarEnv:\n    - {{ name: SBMESH_CONFIG, value: x }}\n"
+    ));
+    let r = render::render(&proxy, None, None, &fx::opts()).expect_err("refused");
+    assert_eq!(r.reason, RefusalReason::ConfigNotFound);
+}
+
+#[test]
+fn a_literal_of_sidecar_env_is_known_to_the_config_checks() {
+    let config =
+        acme_config("        storage_backend: ${ACME_BACKEND}\n        storage_path: /x\n");
+    // Unknown: left to the sidecar.
+    accept("replicas: 3\n", &config);
+    // Set from a Secret: still unknown.
+    accept(
+        "replicas: 3\npodTemplate:\n  sidecarEnv:\n    - name: ACME_BACKEND\n      valueFrom: { secretKeyRef: { name: s, key: k } }\n",
+        &config,
+    );
+    // A literal: known, so the local store is refused as if written out.
+    let proxy = fx::proxy(&format!(
+        "{BASE}replicas: 3\npodTemplate:\n  sidecarEnv:\n    - {{ name: ACME_BACKEND, value: redb }}\n"
+    ));
+    let r = render::render(&proxy, Some(&fx::config(&config)), None, &fx::opts())
+        .expect_err("a local store");
+    assert_eq!(r.reason, RefusalReason::AcmeStoreNotShared);
+    assert_eq!(r.message, sidecar_message(3, "redb"));
+}

@@ -9,12 +9,13 @@ use sbmesh_operator::crd::{SBProxy, SBProxyConfig};
 use sbmesh_operator::render::{self, RenderOptions, Rendered};
 use serde_json::Value;
 
-/// The four golden scenarios, by file stem.
+/// The golden scenarios, by file stem.
 pub const SCENARIOS: &[&str] = &[
     "one-replica-unclustered",
     "three-replicas-clustered",
     "byo-secret",
     "acme-redis",
+    "pod-template",
 ];
 
 /// The uid every fixture SBProxy gets, as if read from a cluster.
@@ -60,13 +61,23 @@ pub const SEED_REFUSED: &str = "acme-redb";
 
 /// `sbmesh-operator render -f <seed>.yaml`.
 pub fn render_seed(name: &str) -> std::process::Output {
+    render_file(&seed_dir().join(format!("{name}.yaml")))
+}
+
+/// `sbmesh-operator render -f <path>`, as a user runs it.
+pub fn render_file(path: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_sbmesh-operator"))
         .arg("render")
         .arg("-f")
-        .arg(seed_dir().join(format!("{name}.yaml")))
+        .arg(path)
         .env_remove("SBMESH_SIDECAR_IMAGE")
         .output()
         .expect("run sbmesh-operator render")
+}
+
+/// The example of a cert-manager certificate mounted into the pods.
+pub fn cert_manager_example() -> PathBuf {
+    repo_dir().join("examples/k8s/sbproxy-cert-manager.yaml")
 }
 
 pub fn golden_dir() -> PathBuf {
