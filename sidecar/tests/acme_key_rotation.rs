@@ -13,7 +13,8 @@
 //!    file says `[new, old]` it installs them, without a restart.
 //! 4. `[new]` everywhere: a pod that starts now opens every record.
 //!
-//! Address block: 127.0.91.1-3.
+//! Address block: 127.0.91.1-3. The second test rolls the files out a pod
+//! at a time, as the kubelet does, and counts every packet (127.0.92.1-3).
 
 mod common;
 
@@ -161,6 +162,65 @@ fn restart(cluster: &mut Cluster, i: usize) {
     cluster.nodes[i].restart();
 }
 
+/// Three sidecars on 127.0.`block`.1-3 on `--cluster-key-file` `[old]`,
+/// ordering `hosts` on Redis from Pebble, each host's validation routed to
+/// a pod that does not order it.
+fn three_pods(
+    block: u8,
+    pebble: &Pebble,
+    redis: &str,
+    hosts: &[String],
+    extra_args: &[&str],
+) -> (Cluster, [Ipv4Addr; 3]) {
+    let ips: [Ipv4Addr; 3] = [1, 2, 3].map(|d| Ipv4Addr::new(127, 0, block, d));
+    let mut cluster = Cluster::new(&format!("127.0.{block}"));
+    cluster.cluster_id = format!("key-rotation-{block}-{}", now_unix_ms());
+    for h in hosts {
+        pebble.route(h, ips[(owner_of(h) + 1) % 3]);
+    }
+    write_atomic(
+        &cluster.config,
+        &acme_config(pebble, "redis", redis, hosts, ""),
+    );
+    let seeds: Vec<_> = ips
+        .iter()
+        .map(|ip| std::net::SocketAddr::from((*ip, GOSSIP_PORT)))
+        .collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let file = key_file(i, &cluster.dir);
+        write_keys(&file, &[KEY_OLD]);
+        let mut args = vec![
+            "--challenge-listen".to_owned(),
+            format!("{ip}:{}", pebble.http_port),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
+        cluster.spawn(NodeOpts {
+            node_id: NODES[i].to_owned(),
+            ip: *ip,
+            cluster_id: cluster.cluster_id.clone(),
+            key: KeySource::File(file),
+            seeds: seeds.clone(),
+            extra_args: args,
+        });
+    }
+    (cluster, ips)
+}
+
+/// Stops pod `i` and starts it again with no certificate files, as a new
+/// pod starts: what it installs comes from the store.
+fn restart_without_files(cluster: &mut Cluster, i: usize) {
+    cluster.nodes[i].sigterm();
+    assert!(
+        cluster.nodes[i]
+            .wait_exit(Duration::from_secs(30))
+            .is_some(),
+        "{} did not stop on SIGTERM",
+        NODES[i]
+    );
+    std::fs::remove_dir_all(cluster.nodes[i].dir.join("certs")).expect("cert dir");
+    cluster.nodes[i].restart();
+}
+
 fn log_lines_with(node: &Node, needles: &[&str]) -> usize {
     std::fs::read_to_string(&node.log_path)
         .unwrap_or_default()
@@ -187,38 +247,14 @@ fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificate
     let Some(redis) = redis_from_env() else {
         return;
     };
-    let ips: [Ipv4Addr; 3] = [1, 2, 3].map(|d| Ipv4Addr::new(127, 0, 91, d));
-    let mut cluster = Cluster::new("127.0.91");
-    cluster.cluster_id = format!("key-rotation-{}", now_unix_ms());
     let first = unique_hosts("rot-a", 3);
-    for h in &first {
-        pebble.route(h, ips[(owner_of(h) + 1) % 3]);
-    }
-    write_atomic(
-        &cluster.config,
-        &acme_config(&pebble, "redis", &redis, &first, ""),
+    let (mut cluster, ips) = three_pods(
+        91,
+        &pebble,
+        &redis,
+        &first,
+        &["--acme-order-lock-ttl-secs", "10"],
     );
-    let seeds: Vec<_> = ips
-        .iter()
-        .map(|ip| std::net::SocketAddr::from((*ip, GOSSIP_PORT)))
-        .collect();
-    for (i, ip) in ips.iter().enumerate() {
-        let file = key_file(i, &cluster.dir);
-        write_keys(&file, &[KEY_OLD]);
-        cluster.spawn(NodeOpts {
-            node_id: NODES[i].to_owned(),
-            ip: *ip,
-            cluster_id: cluster.cluster_id.clone(),
-            key: KeySource::File(file),
-            seeds: seeds.clone(),
-            extra_args: vec![
-                "--challenge-listen".to_owned(),
-                format!("{ip}:{}", pebble.http_port),
-                "--acme-order-lock-ttl-secs".to_owned(),
-                "10".to_owned(),
-            ],
-        });
-    }
     let (restarted, stayed, lagging) = (0, 1, 2);
     let before_rotation = wait_installed(&cluster, &pebble, &[0, 1, 2], &first);
 
@@ -318,16 +354,7 @@ fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificate
     }
     wait_key_reloads(&cluster, &reloads);
     // It starts with no files (a new pod): everything comes from the store.
-    cluster.nodes[stayed].sigterm();
-    assert!(
-        cluster.nodes[stayed]
-            .wait_exit(Duration::from_secs(30))
-            .is_some(),
-        "{} did not stop on SIGTERM",
-        NODES[stayed]
-    );
-    std::fs::remove_dir_all(cluster.nodes[stayed].dir.join("certs")).expect("cert dir");
-    cluster.nodes[stayed].restart();
+    restart_without_files(&mut cluster, stayed);
     wait_installed(&cluster, &pebble, &[0, 1, 2], &all);
     assert_eq!(
         missing_key_count(&cluster.nodes[stayed]),
@@ -342,5 +369,118 @@ fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificate
     }
     for n in &cluster.nodes {
         assert!(n.is_running(), "{} exited: {}", n.id(), n.describe());
+    }
+}
+
+/// Sum of `name{labels}` over every node's `/metrics`.
+fn total(cluster: &Cluster, name: &str, labels: &[(&str, &str)]) -> f64 {
+    cluster.metric_total(&cluster.all(), name, labels)
+}
+
+/// Every node lists every node (itself included) with `key_id`.
+fn every_view_shows_key(cluster: &Cluster, key_id: &str) -> bool {
+    cluster.nodes.iter().all(|viewer| {
+        viewer.status().is_some_and(|v| {
+            cluster.nodes.iter().all(|n| {
+                node_entries(&v, n.id())
+                    .first()
+                    .is_some_and(|e| e["key_id"] == key_id)
+            })
+        })
+    })
+}
+
+/// The kubelet's way with a mounted Secret: each pod's file changes on its
+/// own, a pod at a time. Waits until pod `i` has read it, then `gap` more
+/// before the next pod (the next pod's update comes later).
+fn roll_key_files(cluster: &Cluster, keys: &[&str], gap: Duration) {
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        let before = count_in_log(node, "cluster key ring reloaded");
+        write_keys(&key_file(i, &cluster.dir), keys);
+        cluster.wait_until(&format!("{} read its key file", node.id()), || {
+            count_in_log(node, "cluster key ring reloaded") > before
+        });
+        let t = Instant::now();
+        cluster.wait_until("the gap between two pods' updates", || t.elapsed() >= gap);
+    }
+}
+
+/// SPEC section 11: `[old]` → `[new, old]` → `[new]`, file by file, one pod
+/// at a time with a delay between pods: no member is ever marked down, no
+/// packet fails to decrypt, and the certificates stored before the rotation
+/// are still delivered after it (to a pod that starts with no files).
+///
+/// Address block: 127.0.92.1-3.
+#[test]
+fn a_rotation_rolled_out_pod_by_pod_drops_no_packet_and_keeps_the_certificates() {
+    let Some(pebble) = Pebble::from_env() else {
+        return;
+    };
+    let Some(redis) = redis_from_env() else {
+        return;
+    };
+    let hosts = unique_hosts("roll", 2);
+    let (mut cluster, _) = three_pods(92, &pebble, &redis, &hosts, &[]);
+    let all = cluster.all();
+    cluster.wait_converged(&all);
+    let before = wait_installed(&cluster, &pebble, &all, &hosts);
+    let old_id = sbmesh::mesh::seal::display_key_id(&key_bytes(KEY_OLD));
+    let new_id = sbmesh::mesh::seal::display_key_id(&key_bytes(KEY_NEW));
+    cluster.wait_until("every view shows the old key everywhere", || {
+        every_view_shows_key(&cluster, &old_id)
+    });
+    let pids: Vec<Option<u32>> = cluster.nodes.iter().map(Node::pid).collect();
+    const DECRYPT: (&str, &str) = ("reason", "decrypt");
+    const DOWN: (&str, &str) = ("state", "down");
+    let rejected = "mesh_packets_rejected_total";
+    let changes = "mesh_member_state_changes_total";
+    let (decrypt0, down0) = (
+        total(&cluster, rejected, &[DECRYPT]),
+        total(&cluster, changes, &[DOWN]),
+    );
+
+    // The new key first, pod by pod; then, once every node seals with it
+    // (what the operator's grace waits for), the old key goes, pod by pod.
+    let gap = Duration::from_secs(3);
+    roll_key_files(&cluster, &[KEY_NEW, KEY_OLD], gap);
+    cluster.wait_until("every view shows the new key everywhere", || {
+        every_view_shows_key(&cluster, &new_id)
+    });
+    roll_key_files(&cluster, &[KEY_NEW], gap);
+    // Traffic under the final ring: a full probe round and more.
+    let t = Instant::now();
+    cluster.wait_until("10 s of traffic on [new]", || {
+        t.elapsed() >= Duration::from_secs(10)
+    });
+    cluster.wait_converged(&all);
+    assert_eq!(
+        total(&cluster, rejected, &[DECRYPT]) - decrypt0,
+        0.0,
+        "packets failed to decrypt during the rotation"
+    );
+    assert_eq!(
+        total(&cluster, changes, &[DOWN]) - down0,
+        0.0,
+        "a member was marked down during the rotation"
+    );
+    for (i, n) in cluster.nodes.iter().enumerate() {
+        assert_eq!(n.pid(), pids[i], "{} was restarted", NODES[i]);
+    }
+
+    // A pod that starts now, with no files, gets the certificates stored
+    // before the rotation (resealed under the new key) from the store.
+    let fresh = 1;
+    restart_without_files(&mut cluster, fresh);
+    let after = wait_installed(&cluster, &pebble, &all, &hosts);
+    assert_eq!(before, after, "the same certificates, not new ones");
+    assert_eq!(
+        missing_key_count(&cluster.nodes[fresh]),
+        0.0,
+        "{}",
+        cluster.nodes[fresh].log_tail(40)
+    );
+    let mut cache = SerialCache::default();
+    for (h, n) in pebble.issued_counts(&hosts, &mut cache) {
+        assert_eq!(n, 1, "Pebble issued {n} certificates for {h}");
     }
 }

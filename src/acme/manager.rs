@@ -508,6 +508,19 @@ struct Runner {
     deferred_orders: FailedOrders,
 }
 
+/// The ring after its next change; never, once nobody can change it (a
+/// fixed ring's sender is gone) or there is none.
+async fn next_ring(rings: &mut Option<watch::Receiver<Arc<KeyRing>>>) -> Option<Arc<KeyRing>> {
+    let Some(rx) = rings else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *rings = None;
+        return std::future::pending().await;
+    }
+    Some(Arc::clone(&rx.borrow_and_update()))
+}
+
 /// The shell's clock, read once per input.
 fn now() -> Now {
     Now {
@@ -557,6 +570,8 @@ impl Runner {
 
     async fn run(mut self) {
         self.apply_config();
+        let mut rings = self.cfg.key_ring.subscribe();
+        let mut primary = self.cfg.key_ring.current().map(|r| r.primary_id());
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -569,6 +584,13 @@ impl Runner {
                     self.apply_config();
                 }
                 Some(input) = self.events_rx.recv() => self.answer(input),
+                Some(ring) = next_ring(&mut rings) => {
+                    let now_primary = Some(ring.primary_id());
+                    if now_primary != primary {
+                        primary = now_primary;
+                        self.feed(Input::KeyRingChanged);
+                    }
+                }
             }
             // Drain whatever else arrived, so one pass covers a batch.
             while let Ok(input) = self.events_rx.try_recv() {

@@ -328,6 +328,8 @@ pub enum Input {
     /// Time passed: decide what is due. The shell sends it after each
     /// batch of other inputs, and at least every few hundred milliseconds.
     Tick,
+    /// The cluster key ring's primary changed (a rotation).
+    KeyRingChanged,
 }
 
 /// Something a step reports, for logs and metrics.
@@ -479,6 +481,8 @@ pub struct Machine {
     ordering: Option<Ordering>,
     started: Instant,
     last_full_check: Instant,
+    /// The next tick is a full check (the cluster key ring changed).
+    full_check_due: bool,
     /// The alive members at the last [`Input::Members`], and since when
     /// they are so.
     alive: Vec<String>,
@@ -506,6 +510,7 @@ impl Machine {
             ordering: None,
             started: now.mono,
             last_full_check: now.mono,
+            full_check_due: false,
             alive: Vec::new(),
             view_changed: now.mono,
             has_peers: false,
@@ -587,6 +592,11 @@ impl Machine {
                 self.plan(now, &mut out);
                 self.publish(&mut out);
             }
+            // The old key may leave the key file once the grace of a
+            // rotation ends: every record (each read reseals one sealed
+            // under an older key) and the account move to the new primary
+            // at once, not at the next full check.
+            Input::KeyRingChanged => self.full_check_due = true,
         }
         out
     }
@@ -880,8 +890,9 @@ impl Machine {
         if self.units.is_empty() {
             return;
         }
-        let full = now.mono.saturating_duration_since(self.last_full_check)
-            >= self.settings.full_check_every;
+        let full = std::mem::take(&mut self.full_check_due)
+            || now.mono.saturating_duration_since(self.last_full_check)
+                >= self.settings.full_check_every;
         if full {
             self.last_full_check = now.mono;
             // New units got theirs with the config; this renews the ones
@@ -1207,6 +1218,33 @@ mod tests {
             "ordered once, alone, after settling"
         );
         rig
+    }
+
+    #[test]
+    fn a_new_primary_key_moves_the_account_at_once() {
+        let reseals = |actions: &[Action]| {
+            actions
+                .iter()
+                .filter(|a| matches!(a, Action::ResealAccount))
+                .count()
+        };
+        let mut rig = Rig::new("a", &["a.example.com", "b.example.com"]);
+        rig.tick();
+        let quiet = rig.tick();
+        assert_eq!((reseals(&quiet), reads(&quiet).len()), (0, 0), "{quiet:?}");
+        assert!(rig.step(Input::KeyRingChanged).is_empty());
+        // The next pass reads every record (a read reseals one sealed under
+        // an older key) and moves the account, long before a full check.
+        let moved = rig.tick();
+        assert_eq!(reseals(&moved), 1, "{moved:?}");
+        assert_eq!(
+            reads(&moved),
+            vec!["a.example.com".to_owned(), "b.example.com".to_owned()]
+        );
+        // Without an acme section there is no account to move.
+        let mut machine = Machine::new(settings("a"), rig.clock.now());
+        machine.step(Input::KeyRingChanged, rig.clock.now());
+        assert_eq!(reseals(&machine.step(Input::Tick, rig.clock.now())), 0);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tracing::debug;
 
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{
-    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted,
+    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted, key_ring_of,
 };
 use crate::mesh::seal::Reject;
 use crate::mesh::suspicion::{self, Heard, HearingCodec, LocalHealth, Suspicions};
@@ -186,6 +186,12 @@ pub(crate) enum Event {
     },
     /// Declared down by the cluster (not while leaving).
     Defunct,
+    /// A member's record lists the keys it opens (new, or changed): the
+    /// shell seals to it with its primary once that is among them.
+    KeyRing {
+        node_id: Arc<str>,
+        ids: Vec<u32>,
+    },
     /// Our own metadata was too large to publish.
     LocalMetaTooLarge {
         bytes: usize,
@@ -1232,25 +1238,28 @@ impl MeshCore {
             self.reject(Reject::Size);
             return;
         }
-        match self.metas.get_mut(&rec.node_id) {
+        let changed = match self.metas.get_mut(&rec.node_id) {
             Some(have) if rec.stamp() > have.stamp() => {
                 // Most updates only move the version: keep the name and
                 // JSON already held (shared with whoever we had them from).
-                let json = if rec.json == have.json {
-                    have.json.clone()
-                } else {
-                    rec.json
-                };
+                let same = rec.json == have.json;
+                let json = if same { have.json.clone() } else { rec.json };
                 *have = MetaRecord {
                     node_id: have.node_id.clone(),
                     json,
                     ..rec
                 };
+                (!same).then_some(have)
             }
-            Some(_) => {}
-            None => {
-                self.metas.insert(rec.node_id.clone(), rec);
-            }
+            Some(_) => None,
+            None => Some(self.metas.entry(rec.node_id.clone()).or_insert(rec)),
+        };
+        if let Some(rec) = changed {
+            let e = Event::KeyRing {
+                node_id: rec.node_id.clone(),
+                ids: key_ring_of(&rec.json),
+            };
+            self.event(e);
         }
     }
 

@@ -92,6 +92,26 @@ pub struct NodeMeta {
     /// [`crate::mesh::seal::display_key_id`] shows it (set by the mesh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
+    /// The ids of every key the node opens, primary first, as a sealed
+    /// packet's header carries them ([`crate::mesh::seal::KeyRing::ids`];
+    /// set by the mesh). A peer seals to this node with its own primary
+    /// only once this lists it, so a rotation rolled out pod by pod drops
+    /// no packet (docs in [`crate::mesh::runtime`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub key_ring: Vec<u32>,
+}
+
+/// The key ring a record's JSON lists ([`NodeMeta::key_ring`]); empty for
+/// a node from before it was published, or JSON that does not parse.
+pub(crate) fn key_ring_of(json: &[u8]) -> Vec<u32> {
+    #[derive(Deserialize)]
+    struct Ring {
+        #[serde(default)]
+        key_ring: Vec<u32>,
+    }
+    serde_json::from_slice::<Ring>(json)
+        .map(|r| r.key_ring)
+        .unwrap_or_default()
 }
 
 /// A node's metadata as exchanged between members.

@@ -5,7 +5,6 @@
 //! Flow: socket -> unseal -> core -> outputs -> seal -> socket; core events
 //! -> metrics and logs.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +22,8 @@ use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{MetaRecord, NodeMeta};
 use crate::mesh::seal::{
-    Channel, Isolation, KeyRing, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer, SkewWatch,
-    SkewedPeer,
+    Channel, Isolation, KeyRing, MAX_DATAGRAM, PeerKeys, REPLAY_WINDOW_MS, Reject, Sealer,
+    SkewWatch, SkewedPeer,
 };
 use crate::mesh::suspicion;
 use crate::mesh::view::{ClockSkewPeer, ClusterStatus, MemberInfo};
@@ -142,6 +141,7 @@ impl Mesh {
         let ring = KeyRing::new(cfg.keys.clone()).map_err(|e| MeshError::Key(e.to_string()))?;
         let meta = NodeMeta {
             key_id: Some(ring.display_id()),
+            key_ring: ring.ids(),
             ..meta
         };
         let rings = Arc::new(tokio::sync::watch::Sender::new(Arc::new(ring.clone())));
@@ -219,7 +219,7 @@ impl Mesh {
             seeds: cfg.seeds,
             resolving: false,
             next_gauges: Instant::now(),
-            peer_keys: HashMap::new(),
+            peer_keys: PeerKeys::default(),
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
             meta,
@@ -319,15 +319,15 @@ struct Driver {
     seeds: SeedSource,
     resolving: bool,
     next_gauges: Instant,
-    /// The ring key each peer last used: answering in kind keeps peers on
-    /// different rings of a rolling rotation talking.
-    peer_keys: HashMap<SocketAddr, u32>,
+    /// Which key each peer opens: a rotation rolled out pod by pod drops
+    /// no packet ([`PeerKeys`]).
+    peer_keys: PeerKeys,
     cmd_tx: mpsc::WeakSender<Command>,
     shared: Arc<Shared>,
-    /// The metadata last published, for republishing it with a new key id.
+    /// The metadata last published, for republishing it with a new ring.
     meta: NodeMeta,
     /// Every key ring change (the key file, [`Mesh::set_keys`]): our
-    /// metadata's `key_id` follows the primary.
+    /// metadata's `key_id` and `key_ring` follow it.
     rings: tokio::sync::watch::Receiver<Arc<KeyRing>>,
 }
 
@@ -366,9 +366,13 @@ impl Driver {
                     }
                 }
                 Ok(()) = self.rings.changed() => {
-                    let id = self.rings.borrow_and_update().display_id();
-                    if self.meta.key_id.as_deref() != Some(id.as_str()) {
+                    let (id, ids) = {
+                        let ring = self.rings.borrow_and_update();
+                        (ring.display_id(), ring.ids())
+                    };
+                    if self.meta.key_id.as_deref() != Some(id.as_str()) || self.meta.key_ring != ids {
                         self.meta.key_id = Some(id);
+                        self.meta.key_ring = ids;
                         self.core.set_local_meta(&self.meta, Instant::now());
                     }
                 }
@@ -396,10 +400,7 @@ impl Driver {
         let plain = match self.sealer.unseal_keyed(Channel::Udp, packet, now_ms()) {
             Ok((p, key_id)) => {
                 self.shared.skew().accepted(Instant::now());
-                if self.peer_keys.len() > 4096 {
-                    self.peer_keys.clear();
-                }
-                self.peer_keys.insert(from, key_id);
+                self.peer_keys.heard(from, key_id);
                 p
             }
             Err(r @ Reject::ClockSkew { offset_ms }) => {
@@ -436,19 +437,25 @@ impl Driver {
         }
     }
 
-    /// Seals a datagram for `to`, in the ring key that peer last used.
+    /// The key to seal with for the peer at `gossip` (`None`: our primary).
+    fn key_for(&self, gossip: SocketAddr) -> Option<u32> {
+        let primary = self.rings.borrow().primary_id();
+        self.peer_keys.key_for(gossip, primary)
+    }
+
+    /// Seals a datagram for `to`, in a key that peer opens.
     fn seal_for(&self, to: SocketAddr, plain: &[u8]) -> Option<Vec<u8>> {
         let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead());
-        let key = self.peer_keys.get(&to).copied();
+        let key = self.key_for(to);
         self.sealer
             .seal_with(Channel::Udp, key, plain, now_ms(), &mut sealed)
             .ok()?;
         Some(sealed)
     }
 
-    /// The transport address of a member, and the key it last used.
+    /// The transport address of a member, and the key to seal for it.
     fn transport_of(&self, id: &NodeIdentity) -> (SocketAddr, Option<u32>) {
-        (id.transport(), self.peer_keys.get(&id.gossip).copied())
+        (id.transport(), self.key_for(id.gossip))
     }
 
     fn on_command(&mut self, cmd: Command) {
@@ -487,6 +494,7 @@ impl Driver {
             Command::SetMeta(meta) => {
                 self.meta = NodeMeta {
                     key_id: self.meta.key_id.take(),
+                    key_ring: std::mem::take(&mut self.meta.key_ring),
                     ..meta
                 };
                 self.core.set_local_meta(&self.meta, now);
@@ -571,6 +579,7 @@ impl Driver {
         };
         match e {
             Event::MemberUp(id) => {
+                self.peer_keys.member(id.gossip, &id.node_id);
                 change(PeerState::alive);
                 info!(node_id = %id.node_id, address = %id.gossip, "member up");
                 self.update_gauges();
@@ -585,6 +594,7 @@ impl Driver {
                 debug!(node_id = %id.node_id, "member suspected");
             }
             Event::Renamed { old, new } => {
+                self.peer_keys.member(new.gossip, &new.node_id);
                 debug!(node_id = %new.node_id, old = old.generation, new = new.generation, "member identity renewed");
             }
             Event::Rejected(r) => self.metrics.mesh.rejected(r.label()),
@@ -594,6 +604,7 @@ impl Driver {
                 info!(generation, "rejoined the mesh under a renewed identity");
             }
             Event::Defunct => warn!("declared down by the cluster"),
+            Event::KeyRing { node_id, ids } => self.peer_keys.ring(node_id, ids),
             Event::LocalMetaTooLarge { bytes } => {
                 warn!(bytes, "node metadata over 64 KiB not published");
             }

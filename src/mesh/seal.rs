@@ -68,6 +68,7 @@
 //! [`KeyRing`]) well within that.
 
 mod key_ring;
+mod peer_keys;
 mod replay;
 mod skew;
 
@@ -80,6 +81,7 @@ use rand::TryRng;
 
 use key_ring::prefix;
 pub use key_ring::{KeyRing, MESH_AEAD_LABEL, display_key_id};
+pub(crate) use peer_keys::PeerKeys;
 use replay::ReplayCache;
 pub use skew::{Isolation, SKEW_REMEMBER, SKEW_WINDOW, SkewWarning, SkewWatch, SkewedPeer};
 

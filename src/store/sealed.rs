@@ -116,6 +116,11 @@ impl AtRestRing {
         }
     }
 
+    /// Every later change of the ring (`None` for [`AtRestRing::plain`]).
+    pub fn subscribe(&self) -> Option<watch::Receiver<Arc<KeyRing>>> {
+        self.ring.clone()
+    }
+
     /// The ring to seal or open with now.
     pub fn current(&self) -> Option<Arc<KeyRing>> {
         self.ring.as_ref().map(|rx| Arc::clone(&rx.borrow()))
