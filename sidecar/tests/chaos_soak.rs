@@ -25,11 +25,42 @@ fn chaos_soak_keeps_every_invariant() {
     require_iptables();
     let seed = chaos::seed_from_env();
     let secs = chaos::secs_from_env(300);
-    let outcome = chaos::run(seed, secs);
+    let mut outcome = chaos::run(seed, secs);
+    // Pebble 2.4 can deadlock under the first burst of orders (its log
+    // shows it); that tests nothing of ours, so the soak starts over once,
+    // with a fresh CA and fleet. A second wedge fails as any failure does.
+    if let Some(why) = &outcome.ca_wedged {
+        eprintln!("chaos: the CA wedged before the chaos began ({why}); starting over once");
+        outcome = chaos::run(seed, secs);
+    }
     if let Err(report) = chaos::report(&outcome) {
         panic!("{report}");
     }
     netns_test_passed();
+}
+
+/// The CA's own deadlock is told from a slow start by its log alone.
+#[test]
+fn a_wedged_pebble_is_recognised_by_its_log() {
+    let head = "Pebble 2026/12/02 06:48:07 There are now 15 orders in the db\n\
+                Pebble 2026/12/02 06:48:07 POST /finalize-order/ -> calling handler()\n";
+    let order = |t: &str| format!("Pebble 2026/12/02 {t} POST /order-plz -> calling handler()\n");
+    let wedged: String = [head.to_owned()]
+        .into_iter()
+        .chain(["06:48:37", "06:49:06", "06:49:36", "06:50:06", "06:51:38"].map(order))
+        .collect();
+    let why = chaos::pebble_wedged(&wedged).expect("wedged");
+    assert!(why.contains("5 new-order/new-account requests"), "{why}");
+    // Answered requests, or too few or too recent ones, are not a wedge.
+    let answered =
+        format!("{wedged}Pebble 2026/12/02 06:51:38 There are now 16 orders in the db\n");
+    assert_eq!(chaos::pebble_wedged(&answered), None);
+    let recent: String = [head.to_owned()]
+        .into_iter()
+        .chain(["06:48:08", "06:48:09", "06:48:10", "06:48:11", "06:48:12"].map(order))
+        .collect();
+    assert_eq!(chaos::pebble_wedged(&recent), None);
+    assert_eq!(chaos::pebble_wedged(""), None);
 }
 
 /// A seed replays: the schedule is a function of (seed, duration) only.

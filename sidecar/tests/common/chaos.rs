@@ -510,6 +510,39 @@ impl Ca {
     }
 }
 
+/// Why Pebble's log says it stopped serving: its request handlers wedged
+/// (seen twice in CI: new orders and new accounts logged as "calling
+/// handler()" and never answered, while `GET /dir` still was), a deadlock
+/// inside Pebble 2.4 and not something a sidecar can cause or recover from.
+/// The signature: at least 5 POSTs that create something (`/order-plz`,
+/// `/sign-me-up`) logged after the last object Pebble added ("There are now
+/// …"), over at least 60 s.
+pub fn pebble_wedged(log: &str) -> Option<String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let last_added = lines.iter().rposition(|l| l.contains("There are now "))?;
+    let stalled: Vec<&&str> = lines[last_added + 1..]
+        .iter()
+        .filter(|l| l.contains("POST /order-plz ") || l.contains("POST /sign-me-up "))
+        .collect();
+    // "Pebble 2026/12/02 06:48:07 ...": the clock as seconds of the day.
+    let secs = |line: &str| -> Option<u32> {
+        let hms = line.split_whitespace().nth(2)?;
+        let mut parts = hms.split(':').map(|p| p.parse::<u32>().ok());
+        Some(parts.next()?? * 3600 + parts.next()?? * 60 + parts.next()??)
+    };
+    let since = secs(lines[last_added])?;
+    let until = stalled.last().and_then(|l| secs(l))?;
+    let span = until.checked_sub(since)?;
+    (stalled.len() >= 5 && span >= 60).then(|| {
+        format!(
+            "Pebble stopped answering: {} new-order/new-account requests logged over {span} s \
+             after the last object it added, none answered ({})",
+            stalled.len(),
+            lines[last_added]
+        )
+    })
+}
+
 /// Every certificate Pebble says it issued: serial (as `parse_chain`
 /// writes it) -> names. Pebble's log lists the serials; its management
 /// API gives each certificate.
@@ -1210,6 +1243,9 @@ pub struct Outcome {
     pub faults: usize,
     pub failures: Vec<String>,
     pub notes: Vec<String>,
+    /// The CA itself stopped answering before the chaos began
+    /// ([`pebble_wedged`]): nothing about the sidecars was tested.
+    pub ca_wedged: Option<String>,
 }
 
 /// Runs the soak: start, chaos for `secs`, heal, check. Never panics on a
@@ -1249,6 +1285,20 @@ pub fn run(seed: u64, secs: u64) -> Outcome {
         if initial { "done" } else { "NOT done" },
         t0.elapsed().as_secs_f64()
     ));
+    if !initial {
+        let log = fs::read_to_string(&fleet.ca.pebble.log).unwrap_or_default();
+        if let Some(why) = pebble_wedged(&log) {
+            keep_logs(&mut fleet);
+            return Outcome {
+                seed,
+                secs,
+                faults: plan.len(),
+                failures: vec![why.clone()],
+                notes,
+                ca_wedged: Some(why),
+            };
+        }
+    }
 
     let monitor = Monitor::start(
         fleet
@@ -1323,6 +1373,7 @@ pub fn run(seed: u64, secs: u64) -> Outcome {
         faults: plan.len(),
         failures,
         notes,
+        ca_wedged: None,
     };
     if !outcome.failures.is_empty() {
         // Keep the logs for the failure report.
