@@ -236,9 +236,16 @@ pub struct ValidateArgs {
 /// Flags of `status`.
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
-    /// Base URL of a sidecar's admin listener
-    #[arg(long, value_name = "URL", default_value = DEFAULT_ADMIN_URL)]
-    pub admin: String,
+    /// Base URL of a sidecar's admin listener [default: from
+    /// SBMESH_ADMIN_LISTEN as `run` reads it, else http://127.0.0.1:9091]
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+
+    /// The proxy's config, for the credentials when --user and --password
+    /// are not given: proxy.admin.username / password, as `run` reads them
+    /// [default: /etc/sbproxy/sb.yml, skipped when absent]
+    #[arg(long, env = "SBMESH_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
 
     /// HTTP Basic user (the sidecar's --admin-user)
     #[arg(long, env = "SBMESH_ADMIN_USER", value_name = "USER")]
@@ -388,7 +395,7 @@ mod tests {
         let Command::Status(status) = cli.command else {
             panic!("not status");
         };
-        assert_eq!(status.admin, "http://10.0.0.5:9091");
+        assert_eq!(status.admin.as_deref(), Some("http://10.0.0.5:9091"));
         assert_eq!(status.user.as_deref(), Some("u"));
         assert_eq!(status.password.as_deref(), Some("p"));
 

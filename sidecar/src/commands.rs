@@ -1,7 +1,7 @@
 //! The short subcommands: `validate`, `keygen` and `status`.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use sbmesh::config::{self, EnvLookup, Problem};
 use serde_json::Value;
 
-use crate::cli::{DEFAULT_ADMIN_URL, RunArgs, ValidateArgs};
+use crate::cli::{DEFAULT_ADMIN_URL, DEFAULT_CONFIG, RunArgs, StatusArgs, ValidateArgs};
 use crate::settings;
 use crate::settings::{basic_authorization, process_env};
 
@@ -73,6 +73,104 @@ pub fn render_problems(problems: &[Problem]) -> String {
 pub fn keygen() -> anyhow::Result<String> {
     let key = config::generate_key()?;
     Ok(config::key_to_hex(&key))
+}
+
+/// Where `status` asks, and with which HTTP Basic credentials, when the
+/// flags do not say: as `run` reads them, so that on a pod the command
+/// needs no flags.
+///
+/// - The URL: `--admin`, else `SBMESH_ADMIN_LISTEN` (loopback when it
+///   listens on every address), else [`DEFAULT_ADMIN_URL`].
+/// - The credentials: `--user` / `--password` (or `SBMESH_ADMIN_USER` /
+///   `SBMESH_ADMIN_PASSWORD`), else `proxy.admin.username` / `password` of
+///   `--config` (`env:` and `file:` references resolved, the proxy's
+///   defaults while its admin API is enabled). The default config path is
+///   skipped when absent; a path given and unreadable is an error.
+pub fn status_target(
+    args: &StatusArgs,
+    env: &EnvLookup<'_>,
+) -> anyhow::Result<(String, Option<(String, String)>)> {
+    let url = match (&args.admin, env("SBMESH_ADMIN_LISTEN")) {
+        (Some(url), _) => url.clone(),
+        (None, Some(listen)) => {
+            let addr: std::net::SocketAddr = listen.trim().parse().map_err(|_| {
+                anyhow!(
+                    "SBMESH_ADMIN_LISTEN is {listen:?}, not an ip:port such as 0.0.0.0:9091; \
+                     fix it, or give --admin http://HOST:PORT"
+                )
+            })?;
+            let ip = match addr.ip() {
+                std::net::IpAddr::V4(v4) if v4.is_unspecified() => {
+                    std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+                }
+                std::net::IpAddr::V6(v6) if v6.is_unspecified() => {
+                    std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+                }
+                ip => ip,
+            };
+            format!("http://{}", std::net::SocketAddr::new(ip, addr.port()))
+        }
+        (None, None) => DEFAULT_ADMIN_URL.to_owned(),
+    };
+    if let (Some(user), Some(password)) = (&args.user, &args.password) {
+        return Ok((url, Some((user.clone(), password.clone()))));
+    }
+    // Each given one wins over the file's, as in `run`.
+    let given = |written: (String, String)| {
+        (
+            args.user.clone().unwrap_or(written.0),
+            args.password.clone().unwrap_or(written.1),
+        )
+    };
+    let path = args
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    if args.config.is_none() && !path.exists() {
+        return match (&args.user, &args.password) {
+            (None, None) => Ok((url, None)),
+            _ => bail!(
+                "--user and --password go together, and {} (proxy.admin) is not there to give \
+                 the other; give both or neither",
+                path.display()
+            ),
+        };
+    }
+    let loaded = config::load(&path, env).map_err(|problems| {
+        anyhow!(
+            "reading the credentials from {} (proxy.admin): {}give --user and --password instead",
+            path.display(),
+            render_problems(&problems)
+        )
+    })?;
+    let Some((user, password)) = loaded.config.proxy.admin.credentials() else {
+        return match (&args.user, &args.password) {
+            (None, None) => Ok((url, None)),
+            _ => bail!(
+                "--user and --password go together, and {} sets no proxy.admin credentials \
+                 to give the other; give both or neither",
+                path.display()
+            ),
+        };
+    };
+    let read = |p: &Path| std::fs::read_to_string(p);
+    let resolve = |field: &str, value: &str| {
+        config::resolve_field(field, value, env, &read).map_err(|problem| {
+            anyhow!(
+                "reading the credentials from {}: {problem}; give --user and --password instead",
+                path.display()
+            )
+        })
+    };
+    let user = match &args.user {
+        Some(_) => user,
+        None => resolve("proxy.admin.username", &user)?,
+    };
+    let password = match &args.password {
+        Some(_) => password,
+        None => resolve("proxy.admin.password", &password)?,
+    };
+    Ok((url, Some(given((user, password)))))
 }
 
 /// `sbmesh-sidecar status`: fetches `<admin_url>/admin/cluster/status`
@@ -287,6 +385,81 @@ mod tests {
     use super::*;
     use serde_json::json;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    fn status_args(config: Option<&Path>) -> StatusArgs {
+        StatusArgs {
+            admin: None,
+            config: config.map(Path::to_path_buf),
+            user: None,
+            password: None,
+        }
+    }
+
+    fn env_of<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn status_reads_the_admin_listener_and_the_proxys_credentials_as_run_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("sb.yml");
+        std::fs::write(
+            &config,
+            "proxy:\n  admin: { enabled: true, username: ops, password: \"env:ADMIN_PW\" }\n",
+        )
+        .unwrap();
+        let vars = [
+            ("SBMESH_ADMIN_LISTEN", "0.0.0.0:9300"),
+            ("ADMIN_PW", "s3cret"),
+        ];
+        let (url, creds) = status_target(&status_args(Some(&config)), &env_of(&vars)).unwrap();
+        assert_eq!(url, "http://127.0.0.1:9300");
+        assert_eq!(creds, Some(("ops".into(), "s3cret".into())));
+
+        // A flag wins over the file, each on its own; --admin over the env.
+        let mut args = status_args(Some(&config));
+        args.admin = Some("http://10.0.0.5:9091".into());
+        args.password = Some("given".into());
+        let (url, creds) = status_target(&args, &env_of(&vars)).unwrap();
+        assert_eq!(url, "http://10.0.0.5:9091");
+        assert_eq!(creds, Some(("ops".into(), "given".into())));
+
+        // An unresolvable reference names the field and the way out.
+        let e = status_target(&status_args(Some(&config)), &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("proxy.admin.password"), "{e}");
+        assert!(e.contains("ADMIN_PW"), "{e}");
+        assert!(e.ends_with("give --user and --password instead"), "{e}");
+    }
+
+    #[test]
+    fn status_without_a_config_file_or_listener_uses_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        // A path given that is missing is an error (only the default path
+        // is skipped when absent).
+        let missing = dir.path().join("nope.yml");
+        let e = status_target(&status_args(Some(&missing)), &env_of(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nope.yml"), "{e}");
+        // No admin block: no credentials, loopback-only access.
+        let config = dir.path().join("sb.yml");
+        std::fs::write(&config, "origins: {}\n").unwrap();
+        let (url, creds) = status_target(&status_args(Some(&config)), &env_of(&[])).unwrap();
+        assert_eq!((url.as_str(), creds), (DEFAULT_ADMIN_URL, None));
+        let e = status_target(
+            &status_args(Some(&config)),
+            &env_of(&[("SBMESH_ADMIN_LISTEN", "9091")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("SBMESH_ADMIN_LISTEN is \"9091\""), "{e}");
+    }
 
     fn example() -> Value {
         json!({

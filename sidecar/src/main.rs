@@ -34,13 +34,14 @@ fn main() -> ExitCode {
             }
         },
         cli::Command::Status(args) => {
-            let out = runtime().and_then(|rt| {
-                rt.block_on(commands::status(
-                    &args.admin,
-                    args.user.as_deref(),
-                    args.password.as_deref(),
-                ))
-            });
+            let out = commands::status_target(&args, &settings::process_env).and_then(
+                |(url, credentials)| {
+                    let (user, password) = credentials.unzip();
+                    runtime().and_then(|rt| {
+                        rt.block_on(commands::status(&url, user.as_deref(), password.as_deref()))
+                    })
+                },
+            );
             match out {
                 Ok(table) => {
                     print!("{table}");

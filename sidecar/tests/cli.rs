@@ -243,3 +243,43 @@ fn readyz_names_an_unreachable_store_and_the_process_drains_on_sigterm() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+/// `status` in a pod needs no flags: the listener from
+/// `SBMESH_ADMIN_LISTEN` and the credentials from `proxy.admin` of the
+/// config, as `run` reads them (address 127.0.77.1).
+#[test]
+fn status_finds_the_listener_and_the_credentials_as_run_does() {
+    let c = common::Cluster::start("127.0.77", 1);
+    c.wait_converged(&c.all());
+    let node = &c.nodes[0];
+    let config = c.dir.join("status-sb.yml");
+    let status = |password_ref: &str, pw: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "proxy:\n  admin: {{ enabled: true, username: {}, password: \"{password_ref}\" }}\n",
+                common::ADMIN_USER
+            ),
+        )
+        .unwrap();
+        Command::new(sidecar_bin())
+            .args(["status", "--config"])
+            .arg(&config)
+            .env("SBMESH_ADMIN_LISTEN", node.admin_addr().to_string())
+            .env("STATUS_TEST_PW", pw)
+            .env_remove("SBMESH_ADMIN_USER")
+            .env_remove("SBMESH_ADMIN_PASSWORD")
+            .stdin(Stdio::null())
+            .output()
+            .expect("sidecar runs")
+    };
+    let out = status("env:STATUS_TEST_PW", common::ADMIN_PASSWORD);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout.contains(node.id()), "{stdout}");
+    // The wrong password in the file: refused by the sidecar, and said so.
+    let out = status("env:STATUS_TEST_PW", "wrong");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("401"), "{stderr}");
+}
