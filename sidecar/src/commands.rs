@@ -93,84 +93,54 @@ pub fn status_target(
     let url = match (&args.admin, env("SBMESH_ADMIN_LISTEN")) {
         (Some(url), _) => url.clone(),
         (None, Some(listen)) => {
-            let addr: std::net::SocketAddr = listen.trim().parse().map_err(|_| {
+            let addr = settings::parse_listen(listen.trim()).map_err(|_| {
                 anyhow!(
                     "SBMESH_ADMIN_LISTEN is {listen:?}, not an ip:port such as 0.0.0.0:9091; \
                      fix it, or give --admin http://HOST:PORT"
                 )
             })?;
-            let ip = match addr.ip() {
-                std::net::IpAddr::V4(v4) if v4.is_unspecified() => {
-                    std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
-                }
-                std::net::IpAddr::V6(v6) if v6.is_unspecified() => {
-                    std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
-                }
-                ip => ip,
-            };
-            format!("http://{}", std::net::SocketAddr::new(ip, addr.port()))
+            config::local_url(addr)
         }
         (None, None) => DEFAULT_ADMIN_URL.to_owned(),
     };
-    if let (Some(user), Some(password)) = (&args.user, &args.password) {
-        return Ok((url, Some((user.clone(), password.clone()))));
-    }
-    // Each given one wins over the file's, as in `run`.
-    let given = |written: (String, String)| {
-        (
-            args.user.clone().unwrap_or(written.0),
-            args.password.clone().unwrap_or(written.1),
-        )
+    let written = match (&args.user, &args.password) {
+        (Some(_), Some(_)) => None,
+        _ => {
+            let path = args
+                .config
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+            // The default path is skipped when absent; a path given is read.
+            if args.config.is_none() && !path.exists() {
+                None
+            } else {
+                config::load(&path, env)
+                    .and_then(|loaded| settings::proxy_admin_credentials(&loaded.config, env))
+                    .map_err(|problems| {
+                        anyhow!(
+                            "reading the credentials from {} (proxy.admin): {}give --user and \
+                             --password instead",
+                            path.display(),
+                            render_problems(&problems)
+                        )
+                    })?
+            }
+        }
     };
-    let path = args
-        .config
+    // Each one given wins over the file's, as in `run`.
+    let user = args
+        .user
         .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
-    if args.config.is_none() && !path.exists() {
-        return match (&args.user, &args.password) {
-            (None, None) => Ok((url, None)),
-            _ => bail!(
-                "--user and --password go together, and {} (proxy.admin) is not there to give \
-                 the other; give both or neither",
-                path.display()
-            ),
-        };
+        .or_else(|| written.as_ref().map(|w| w.0.clone()));
+    let password = args.password.clone().or_else(|| written.map(|w| w.1));
+    match (user, password) {
+        (Some(user), Some(password)) => Ok((url, Some((user, password)))),
+        (None, None) => Ok((url, None)),
+        _ => bail!(
+            "--user and --password go together, and no proxy.admin credentials of --config give \
+             the other; give both or neither"
+        ),
     }
-    let loaded = config::load(&path, env).map_err(|problems| {
-        anyhow!(
-            "reading the credentials from {} (proxy.admin): {}give --user and --password instead",
-            path.display(),
-            render_problems(&problems)
-        )
-    })?;
-    let Some((user, password)) = loaded.config.proxy.admin.credentials() else {
-        return match (&args.user, &args.password) {
-            (None, None) => Ok((url, None)),
-            _ => bail!(
-                "--user and --password go together, and {} sets no proxy.admin credentials \
-                 to give the other; give both or neither",
-                path.display()
-            ),
-        };
-    };
-    let read = |p: &Path| std::fs::read_to_string(p);
-    let resolve = |field: &str, value: &str| {
-        config::resolve_field(field, value, env, &read).map_err(|problem| {
-            anyhow!(
-                "reading the credentials from {}: {problem}; give --user and --password instead",
-                path.display()
-            )
-        })
-    };
-    let user = match &args.user {
-        Some(_) => user,
-        None => resolve("proxy.admin.username", &user)?,
-    };
-    let password = match &args.password {
-        Some(_) => password,
-        None => resolve("proxy.admin.password", &password)?,
-    };
-    Ok((url, Some(given((user, password)))))
 }
 
 /// `sbmesh-sidecar status`: fetches `<admin_url>/admin/cluster/status`

@@ -495,24 +495,10 @@ pub fn resolve(
         )
         .unwrap_or(DEFAULT_CHALLENGE_LISTEN);
 
-    // The proxy resolves env: and file: references in these fields itself.
-    let proxy_credentials = config
-        .proxy
-        .admin
-        .credentials()
-        .and_then(|(user, password)| {
-            let read = |path: &Path| std::fs::read_to_string(path);
-            let user = config::resolve_field("proxy.admin.username", &user, env, &read);
-            let password = config::resolve_field("proxy.admin.password", &password, env, &read);
-            match (user, password) {
-                (Ok(user), Ok(password)) => Some((user, password)),
-                (user, password) => {
-                    r.problems.extend(user.err());
-                    r.problems.extend(password.err());
-                    None
-                }
-            }
-        });
+    let proxy_credentials = proxy_admin_credentials(&config, env).unwrap_or_else(|problems| {
+        r.problems.extend(problems);
+        None
+    });
     let admin_user = r
         .text(&ADMIN_USER, args.admin_user.as_deref())
         .or_else(|| proxy_credentials.as_ref().map(|(u, _)| u.clone()));
@@ -1006,7 +992,28 @@ fn parse_port(text: &str) -> Result<u16, String> {
     }
 }
 
-fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+/// `proxy.admin`'s credentials as the proxy checks them (its defaults while
+/// its admin API is enabled), with the `env:` and `file:` references the
+/// proxy resolves itself resolved: what `run` falls back to without
+/// `--admin-user` / `--admin-password`, and `status` without `--user` /
+/// `--password`.
+pub fn proxy_admin_credentials(
+    config: &SbConfig,
+    env: &EnvLookup<'_>,
+) -> Result<Option<(String, String)>, Vec<Problem>> {
+    let Some((user, password)) = config.proxy.admin.credentials() else {
+        return Ok(None);
+    };
+    let read = |path: &Path| std::fs::read_to_string(path);
+    let user = config::resolve_field("proxy.admin.username", &user, env, &read);
+    let password = config::resolve_field("proxy.admin.password", &password, env, &read);
+    match (user, password) {
+        (Ok(user), Ok(password)) => Ok(Some((user, password))),
+        (user, password) => Err(user.err().into_iter().chain(password.err()).collect()),
+    }
+}
+
+pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| {
         format!("{text:?} is not a listen address; expected ip:port such as 0.0.0.0:9091 ([::]:9091 for IPv6)")
     })

@@ -335,13 +335,19 @@ impl AdminSection {
     /// Base URL of the proxy's admin API as seen from inside the pod:
     /// `http://<bind>:<port>`, loopback when the proxy binds every address.
     pub fn base_url(&self) -> String {
-        let ip = match self.bind {
-            IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-            IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-            ip => ip,
-        };
-        format!("http://{}", SocketAddr::new(ip, self.port))
+        local_url(SocketAddr::new(self.bind, self.port))
     }
+}
+
+/// `http://<ip>:<port>` of a listener as seen from inside its pod: loopback
+/// when it listens on every address.
+pub fn local_url(listen: SocketAddr) -> String {
+    let ip = match listen.ip() {
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", SocketAddr::new(ip, listen.port()))
 }
 
 impl fmt::Debug for AdminSection {

@@ -21,7 +21,7 @@ use tracing::debug;
 
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{
-    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted, key_ring_of,
+    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted,
 };
 use crate::mesh::seal::Reject;
 use crate::mesh::suspicion::{self, Heard, HearingCodec, LocalHealth, Suspicions};
@@ -186,11 +186,12 @@ pub(crate) enum Event {
     },
     /// Declared down by the cluster (not while leaving).
     Defunct,
-    /// A member's record lists the keys it opens (new, or changed): the
-    /// shell seals to it with its primary once that is among them.
-    KeyRing {
+    /// A member's record is new or its JSON changed: the shell reads the
+    /// keys it opens from it ([`crate::mesh::meta::key_ring_of`]), and seals
+    /// to it with its primary once that is among them.
+    RecordChanged {
         node_id: Arc<str>,
-        ids: Vec<u32>,
+        json: Arc<[u8]>,
     },
     /// Our own metadata was too large to publish.
     LocalMetaTooLarge {
@@ -1255,9 +1256,9 @@ impl MeshCore {
             None => Some(self.metas.entry(rec.node_id.clone()).or_insert(rec)),
         };
         if let Some(rec) = changed {
-            let e = Event::KeyRing {
+            let e = Event::RecordChanged {
                 node_id: rec.node_id.clone(),
-                ids: key_ring_of(&rec.json),
+                json: rec.json.clone(),
             };
             self.event(e);
         }

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 use crate::mesh::core::{Event, MeshCore, Output, SwimTuning};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
-use crate::mesh::meta::{MetaRecord, NodeMeta};
+use crate::mesh::meta::{MetaRecord, NodeMeta, key_ring_of};
 use crate::mesh::seal::{
     Channel, Isolation, KeyRing, MAX_DATAGRAM, PeerKeys, REPLAY_WINDOW_MS, Reject, Sealer,
     SkewWatch, SkewedPeer,
@@ -139,11 +139,8 @@ impl Mesh {
             ));
         }
         let ring = KeyRing::new(cfg.keys.clone()).map_err(|e| MeshError::Key(e.to_string()))?;
-        let meta = NodeMeta {
-            key_id: Some(ring.display_id()),
-            key_ring: ring.ids(),
-            ..meta
-        };
+        let mut meta = meta;
+        stamp_ring(&mut meta, &ring);
         let rings = Arc::new(tokio::sync::watch::Sender::new(Arc::new(ring.clone())));
         let sealer = Arc::new(Sealer::new(&cfg.cluster_id, ring));
 
@@ -366,13 +363,8 @@ impl Driver {
                     }
                 }
                 Ok(()) = self.rings.changed() => {
-                    let (id, ids) = {
-                        let ring = self.rings.borrow_and_update();
-                        (ring.display_id(), ring.ids())
-                    };
-                    if self.meta.key_id.as_deref() != Some(id.as_str()) || self.meta.key_ring != ids {
-                        self.meta.key_id = Some(id);
-                        self.meta.key_ring = ids;
+                    let ring = Arc::clone(&self.rings.borrow_and_update());
+                    if stamp_ring(&mut self.meta, &ring) {
                         self.core.set_local_meta(&self.meta, Instant::now());
                     }
                 }
@@ -437,10 +429,12 @@ impl Driver {
         }
     }
 
-    /// The key to seal with for the peer at `gossip` (`None`: our primary).
+    /// The key to seal with for the peer at `gossip`: the primary we
+    /// publish (named, so that a ring changing meanwhile cannot swap in a
+    /// key the peer was not checked for), or one the peer opens.
     fn key_for(&self, gossip: SocketAddr) -> Option<u32> {
-        let primary = self.rings.borrow().primary_id();
-        self.peer_keys.key_for(gossip, primary)
+        let primary = self.meta.key_ring.first().copied()?;
+        Some(self.peer_keys.key_for(gossip, primary).unwrap_or(primary))
     }
 
     /// Seals a datagram for `to`, in a key that peer opens.
@@ -604,13 +598,25 @@ impl Driver {
                 info!(generation, "rejoined the mesh under a renewed identity");
             }
             Event::Defunct => warn!("declared down by the cluster"),
-            Event::KeyRing { node_id, ids } => self.peer_keys.ring(node_id, ids),
+            Event::RecordChanged { node_id, json } => {
+                self.peer_keys.ring(node_id, key_ring_of(&json));
+            }
             Event::LocalMetaTooLarge { bytes } => {
                 warn!(bytes, "node metadata over 64 KiB not published");
             }
             Event::Left { peers } => info!(peers, "left the mesh"),
         }
     }
+}
+
+/// Puts `ring`'s primary id (as status shows it) and every key id in our
+/// metadata; whether anything changed.
+fn stamp_ring(meta: &mut NodeMeta, ring: &KeyRing) -> bool {
+    let (key_id, key_ring) = (Some(ring.display_id()), ring.ids());
+    let changed = meta.key_id != key_id || meta.key_ring != key_ring;
+    meta.key_id = key_id;
+    meta.key_ring = key_ring;
+    changed
 }
 
 /// Unix time in milliseconds.
