@@ -1,6 +1,7 @@
-//! From an SBProxy (and the SBProxyConfig it names) to the objects of SPEC
-//! sections 9 and 11: one pure function, [`render`], used by the `render` command and
-//! by the controller, so what a user previews is what is applied.
+//! From an SBProxy (and the SBProxyConfig it names) to the objects of
+//! docs/reference.md#objects-the-operator-applies: one pure function,
+//! [`render`], used by the `render` command and by the controller, so what
+//! a user previews is what is applied.
 //!
 //! Two properties keep a running fleet calm:
 //! - the pod template depends on neither `spec.replicas` nor the config
@@ -35,7 +36,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use sbmesh::config::Problem;
+use sbmesh::config::{Problem, flags};
 use serde_json::Value;
 use serde_norway::Value as Yaml;
 
@@ -64,7 +65,8 @@ pub const CLUSTER_KEY_KEY: &str = "cluster-key";
 pub const CLUSTER_KEY_VOLUME: &str = "sbmesh-cluster-key";
 /// Where that Secret is mounted: a directory, never a `subPath`, so the
 /// kubelet updates the file in place when the Secret changes and the
-/// sidecar re-reads it (`--cluster-key-file`; key rotation, SPEC section 11).
+/// sidecar re-reads it (`--cluster-key-file`; key rotation,
+/// docs/operations.md#rotate-the-cluster-key).
 pub const CLUSTER_KEY_DIR: &str = "/etc/sbmesh/cluster-key";
 /// The uid (and gid) the sidecar runs as: distroless `nonroot`.
 pub const NONROOT_UID: i64 = 65532;
@@ -86,7 +88,8 @@ pub struct RenderOptions {
     pub fresh_cluster_key: String,
 }
 
-/// The objects of one SBProxy (SPEC section 9), all in its namespace.
+/// The objects of one SBProxy, all in its namespace
+/// (docs/reference.md#objects-the-operator-applies).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
     /// `<name>-proxy`.
@@ -146,7 +149,7 @@ pub(crate) fn to_json<T: serde::Serialize>(object: &T) -> Value {
     serde_json::to_value(object).unwrap_or(Value::Null)
 }
 
-/// Why an SBProxy is not applied (SPEC section 9, "Refusals").
+/// Why an SBProxy is not applied (docs/reference.md#refusal-reasons).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RefusalReason {
     /// `spec.replicas` is outside 1–128.
@@ -193,7 +196,7 @@ impl Refusal {
     }
 }
 
-/// The SPEC's AcmeStoreNotShared message for `replicas`, the ACME block
+/// The AcmeStoreNotShared message (docs/reference.md#refusal-reasons) for `replicas`, the ACME block
 /// (`proxy.acme`, the proxy's own, or `proxy.extensions.sbmesh.acme`, the
 /// sidecar's) and the backend it uses (`redb` when omitted: what both
 /// default to).
@@ -454,7 +457,7 @@ fn service_port(name: &str, protocol: &str, port: i32, target: &str) -> ServiceP
 /// ([`add_pod_knobs`]). Reads neither `spec.replicas` nor the config text,
 /// except whether the sidecar restarts the proxy (`restarts_proxy`): it
 /// signals the proxy's process, which only a shared process namespace lets
-/// it see (SPEC sections 6 and 11). Changing `sbmesh.acme.apply` to or from
+/// it see (docs/reference.md#certificate-files). Changing `sbmesh.acme.apply` to or from
 /// `restart` therefore rolls the pods; no other config edit does.
 fn pod_template(
     proxy: &SBProxy,
@@ -507,8 +510,8 @@ fn pod_template(
         // The proxy interpolates ${SBPROXY_POD_NAME} and ${SBPROXY_POD_IP}
         // in sb.yml as the sidecar does.
         env: Some(vec![
-            field_env("SBPROXY_POD_NAME", "metadata.name"),
-            field_env("SBPROXY_POD_IP", "status.podIP"),
+            field_env(flags::POD_NAME.env, "metadata.name"),
+            field_env(flags::POD_IP.env, "status.podIP"),
         ]),
         readiness_probe: Some(http_probe("/health", "http")),
         resources: spec.resources.clone(),
@@ -532,7 +535,7 @@ fn pod_template(
             containers: vec![proxy_container],
             share_process_namespace: restarts_proxy.then_some(true),
             // Both containers run as the sidecar's user: the certificate
-            // keys it writes for the proxy are 0600 (SPEC section 6), so the
+            // keys it writes for the proxy are 0600 (docs/reference.md#certificate-files), so the
             // proxy must be the same user to read them. fsGroup makes the
             // shared emptyDir writable by it.
             security_context: Some(PodSecurityContext {
@@ -766,13 +769,14 @@ fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<Strin
                 container.name,
                 set_from(name)
             )
-        } else if name == "SBMESH_CLUSTER_KEY" && own.contains(&"SBMESH_CLUSTER_KEY_FILE") {
+        } else if name == flags::CLUSTER_KEY.env && own.contains(&flags::CLUSTER_KEY_FILE.env) {
             // The sidecar refuses both at once.
             format!(
-                "but the operator gives the {} container SBMESH_CLUSTER_KEY_FILE, and the \
-                 sidecar takes one or the other: the key {}",
+                "but the operator gives the {} container {}, and the sidecar takes one or the \
+                 other: the key {}",
                 container.name,
-                set_from("SBMESH_CLUSTER_KEY_FILE")
+                flags::CLUSTER_KEY_FILE.env,
+                set_from(flags::CLUSTER_KEY_FILE.env)
             )
         } else {
             continue;
@@ -788,32 +792,76 @@ fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<Strin
 /// Where the value of a variable the operator sets comes from, for the
 /// message refusing the same variable in `proxyEnv` or `sidecarEnv`.
 fn set_from(var: &str) -> &'static str {
-    match var {
-        "SBPROXY_POD_NAME" => "is the pod's name (downward API metadata.name)",
-        "SBPROXY_POD_IP" => "is the pod's IP (downward API status.podIP)",
-        "SBMESH_NAMESPACE" => "is the pod's namespace (downward API metadata.namespace)",
-        "SBMESH_CLUSTER_ID" => "comes from metadata.name, the SBProxy's name",
-        "SBMESH_CONFIG" => {
-            "is the sb.yml of the SBProxyConfig that spec.configRef names, mounted at /etc/sbproxy"
-        }
-        "SBMESH_ADMIN_LISTEN" => "comes from spec.sidecar.adminPort: set that instead",
-        "SBMESH_CHALLENGE_LISTEN" => "comes from spec.sidecar.challengePort: set that instead",
-        "SBMESH_CERT_DIR" => {
-            "is in the volume shared with the proxy (/var/lib/sbproxy), where the proxy reads the certificates"
-        }
-        "SBMESH_STATE_DIR" => "is in the pod's shared volume (/var/lib/sbproxy)",
-        "SBMESH_PROXY_RELOAD_URL" => "comes from spec.adminPort: set that instead",
-        "SBMESH_MESH_SERVICE" => "is the headless Service <metadata.name>-mesh the operator makes",
-        "SBMESH_CLUSTER_DOMAIN" => "comes from spec.clustering.clusterDomain: set that instead",
-        "SBMESH_GOSSIP_PORT" => "comes from spec.clustering.gossipPort: set that instead",
-        "SBMESH_TRANSPORT_PORT" => "comes from spec.clustering.transportPort: set that instead",
-        "SBMESH_CLUSTER_KEY_FILE" => {
+    let from = [
+        (
+            &flags::POD_NAME,
+            "is the pod's name (downward API metadata.name)",
+        ),
+        (
+            &flags::POD_IP,
+            "is the pod's IP (downward API status.podIP)",
+        ),
+        (
+            &flags::NAMESPACE,
+            "is the pod's namespace (downward API metadata.namespace)",
+        ),
+        (
+            &flags::CLUSTER_ID,
+            "comes from metadata.name, the SBProxy's name",
+        ),
+        (
+            &flags::CONFIG,
+            "is the sb.yml of the SBProxyConfig that spec.configRef names, mounted at /etc/sbproxy",
+        ),
+        (
+            &flags::ADMIN_LISTEN,
+            "comes from spec.sidecar.adminPort: set that instead",
+        ),
+        (
+            &flags::CHALLENGE_LISTEN,
+            "comes from spec.sidecar.challengePort: set that instead",
+        ),
+        (
+            &flags::CERT_DIR,
+            "is in the volume shared with the proxy (/var/lib/sbproxy), where the proxy reads the certificates",
+        ),
+        (
+            &flags::STATE_DIR,
+            "is in the pod's shared volume (/var/lib/sbproxy)",
+        ),
+        (
+            &flags::PROXY_RELOAD_URL,
+            "comes from spec.adminPort: set that instead",
+        ),
+        (
+            &flags::MESH_SERVICE,
+            "is the headless Service <metadata.name>-mesh the operator makes",
+        ),
+        (
+            &flags::CLUSTER_DOMAIN,
+            "comes from spec.clustering.clusterDomain: set that instead",
+        ),
+        (
+            &flags::GOSSIP_PORT,
+            "comes from spec.clustering.gossipPort: set that instead",
+        ),
+        (
+            &flags::TRANSPORT_PORT,
+            "comes from spec.clustering.transportPort: set that instead",
+        ),
+        (
+            &flags::CLUSTER_KEY_FILE,
             "comes from the Secret of spec.clustering.clusterSecretRef (else <metadata.name>-cluster-key), \
-             mounted as a file: set clusterSecretRef instead"
-        }
-        "SBMESH_PROXY_AUTHORIZATION" => "comes from spec.adminAuthSecretRef: set that instead",
-        _ => "is the operator's own",
-    }
+             mounted as a file: set clusterSecretRef instead",
+        ),
+        (
+            &flags::PROXY_AUTHORIZATION,
+            "comes from spec.adminAuthSecretRef: set that instead",
+        ),
+    ];
+    from.iter()
+        .find(|(flag, _)| flag.env == var)
+        .map_or("is the operator's own", |(_, why)| why)
 }
 
 /// Whether `path` is `dir` or lies under it, by path components
@@ -991,22 +1039,25 @@ pub struct SidecarSettings {
 /// after it.
 pub fn sidecar_container(s: &SidecarSettings) -> Container {
     let mut env = vec![
-        field_env("SBPROXY_POD_NAME", "metadata.name"),
-        field_env("SBPROXY_POD_IP", "status.podIP"),
-        field_env("SBMESH_NAMESPACE", "metadata.namespace"),
-        value_env("SBMESH_CLUSTER_ID", &s.cluster_id),
-        value_env("SBMESH_CONFIG", &format!("{CONFIG_DIR}/{CONFIG_KEY}")),
-        value_env("SBMESH_ADMIN_LISTEN", &format!("0.0.0.0:{}", s.admin_port)),
+        field_env(flags::POD_NAME.env, "metadata.name"),
+        field_env(flags::POD_IP.env, "status.podIP"),
+        field_env(flags::NAMESPACE.env, "metadata.namespace"),
+        value_env(flags::CLUSTER_ID.env, &s.cluster_id),
+        value_env(flags::CONFIG.env, &format!("{CONFIG_DIR}/{CONFIG_KEY}")),
         value_env(
-            "SBMESH_CHALLENGE_LISTEN",
+            flags::ADMIN_LISTEN.env,
+            &format!("0.0.0.0:{}", s.admin_port),
+        ),
+        value_env(
+            flags::CHALLENGE_LISTEN.env,
             &format!("0.0.0.0:{}", s.challenge_port),
         ),
-        value_env("SBMESH_CERT_DIR", &format!("{DATA_DIR}/certs")),
-        value_env("SBMESH_STATE_DIR", &format!("{DATA_DIR}/sidecar")),
+        value_env(flags::CERT_DIR.env, &format!("{DATA_DIR}/certs")),
+        value_env(flags::STATE_DIR.env, &format!("{DATA_DIR}/sidecar")),
     ];
     if let Some(port) = s.proxy_admin_port {
         env.push(value_env(
-            "SBMESH_PROXY_RELOAD_URL",
+            flags::PROXY_RELOAD_URL.env,
             &format!("http://127.0.0.1:{port}/admin/reload"),
         ));
     }
@@ -1016,17 +1067,17 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
     ];
     if let Some(mesh) = &s.mesh {
         env.extend([
-            value_env("SBMESH_MESH_SERVICE", &mesh.service),
-            value_env("SBMESH_CLUSTER_DOMAIN", &mesh.cluster_domain),
-            value_env("SBMESH_GOSSIP_PORT", &mesh.gossip_port.to_string()),
-            value_env("SBMESH_TRANSPORT_PORT", &mesh.transport_port.to_string()),
-            value_env("SBMESH_CLUSTER_KEY_FILE", &cluster_key_file()),
+            value_env(flags::MESH_SERVICE.env, &mesh.service),
+            value_env(flags::CLUSTER_DOMAIN.env, &mesh.cluster_domain),
+            value_env(flags::GOSSIP_PORT.env, &mesh.gossip_port.to_string()),
+            value_env(flags::TRANSPORT_PORT.env, &mesh.transport_port.to_string()),
+            value_env(flags::CLUSTER_KEY_FILE.env, &cluster_key_file()),
         ]);
         ports.push(container_port("gossip", mesh.gossip_port, "UDP"));
         ports.push(container_port("transport", mesh.transport_port, "TCP"));
     }
     if let Some((secret, key)) = &s.authorization {
-        env.push(secret_env("SBMESH_PROXY_AUTHORIZATION", secret, key));
+        env.push(secret_env(flags::PROXY_AUTHORIZATION.env, secret, key));
     }
     Container {
         name: SIDECAR_CONTAINER.to_string(),
@@ -1177,47 +1228,47 @@ fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
     let spec = &proxy.spec;
     let name = proxy.name_any();
     let mut env = BTreeMap::from([
-        ("SBPROXY_POD_NAME", format!("{name}-proxy-0")),
+        (flags::POD_NAME.env, format!("{name}-proxy-0")),
         ("HOSTNAME", format!("{name}-proxy-0")),
         // TEST-NET-1: any address of the right form.
-        ("SBPROXY_POD_IP", "192.0.2.1".to_string()),
-        ("SBMESH_NAMESPACE", ns.to_string()),
-        ("SBMESH_CLUSTER_ID", name.clone()),
-        ("SBMESH_CONFIG", format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+        (flags::POD_IP.env, "192.0.2.1".to_string()),
+        (flags::NAMESPACE.env, ns.to_string()),
+        (flags::CLUSTER_ID.env, name.clone()),
+        (flags::CONFIG.env, format!("{CONFIG_DIR}/{CONFIG_KEY}")),
         (
-            "SBMESH_ADMIN_LISTEN",
+            flags::ADMIN_LISTEN.env,
             format!("0.0.0.0:{}", spec.sidecar.admin_port),
         ),
         (
-            "SBMESH_CHALLENGE_LISTEN",
+            flags::CHALLENGE_LISTEN.env,
             format!("0.0.0.0:{}", spec.sidecar.challenge_port),
         ),
-        ("SBMESH_CERT_DIR", format!("{DATA_DIR}/certs")),
-        ("SBMESH_STATE_DIR", format!("{DATA_DIR}/sidecar")),
+        (flags::CERT_DIR.env, format!("{DATA_DIR}/certs")),
+        (flags::STATE_DIR.env, format!("{DATA_DIR}/sidecar")),
         (
-            "SBMESH_PROXY_RELOAD_URL",
+            flags::PROXY_RELOAD_URL.env,
             format!("http://127.0.0.1:{}/admin/reload", spec.admin_port),
         ),
     ]);
     if spec.clustering.enabled {
-        env.insert("SBMESH_MESH_SERVICE", mesh_name(&name));
+        env.insert(flags::MESH_SERVICE.env, mesh_name(&name));
         env.insert(
-            "SBMESH_CLUSTER_DOMAIN",
+            flags::CLUSTER_DOMAIN.env,
             spec.clustering.cluster_domain.clone(),
         );
         env.insert(
-            "SBMESH_GOSSIP_PORT",
+            flags::GOSSIP_PORT.env,
             spec.clustering.gossip_port.to_string(),
         );
         env.insert(
-            "SBMESH_TRANSPORT_PORT",
+            flags::TRANSPORT_PORT.env,
             spec.clustering.transport_port.to_string(),
         );
-        env.insert("SBMESH_CLUSTER_KEY_FILE", cluster_key_file());
+        env.insert(flags::CLUSTER_KEY_FILE.env, cluster_key_file());
     }
     if spec.admin_auth_secret_ref.is_some() {
         env.insert(
-            "SBMESH_PROXY_AUTHORIZATION",
+            flags::PROXY_AUTHORIZATION.env,
             "Basic c2JtZXNoOnNibWVzaA==".to_string(),
         );
     }
@@ -1242,7 +1293,7 @@ struct ConfigFacts {
     https_port: Option<i32>,
 }
 
-/// ConfigInvalid and AcmeStoreNotShared, in that order (the SPEC's message
+/// ConfigInvalid and AcmeStoreNotShared, in that order (the documented message
 /// wins for `storage_backend: sqlite`, which the sidecar refuses as unknown).
 fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Refusal> {
     let config_name = proxy.spec.config_ref.name().unwrap_or_default();
@@ -1308,8 +1359,8 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
     // cannot know (and not set by spec.clustering) is left to the sidecar.
     let sidecar_port_unknown = |path: &str| {
         [
-            ("gossip_port", "SBMESH_GOSSIP_PORT"),
-            ("transport_port", "SBMESH_TRANSPORT_PORT"),
+            ("gossip_port", flags::GOSSIP_PORT.env),
+            ("transport_port", flags::TRANSPORT_PORT.env),
         ]
         .iter()
         .any(|(key, var)| {
@@ -1331,7 +1382,7 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
             let sbmesh = config.sbmesh();
             // The sidecar's precedence: its environment, then the file.
             let apply = env
-                .get("SBMESH_PROXY_CERT_APPLY")
+                .get(flags::PROXY_CERT_APPLY.env)
                 .and_then(|v| sbmesh::config::CertApply::from_name(v.trim()))
                 .or_else(|| sbmesh.acme.as_ref().and_then(|a| a.apply));
             restarts_proxy = apply == Some(sbmesh::config::CertApply::Restart);
@@ -1339,12 +1390,12 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
                 &config,
                 sbmesh::config::SidecarPorts {
                     gossip: ports(
-                        "SBMESH_GOSSIP_PORT",
+                        flags::GOSSIP_PORT.env,
                         sbmesh.gossip_port,
                         sbmesh::config::DEFAULT_GOSSIP_PORT,
                     ),
                     transport: ports(
-                        "SBMESH_TRANSPORT_PORT",
+                        flags::TRANSPORT_PORT.env,
                         sbmesh.transport_port,
                         sbmesh::config::DEFAULT_TRANSPORT_PORT,
                     ),

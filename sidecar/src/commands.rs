@@ -10,7 +10,7 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use sbmesh::config::{self, EnvLookup, Problem};
+use sbmesh::config::{self, EnvLookup, Problem, flags};
 use serde_json::Value;
 
 use crate::cli::{DEFAULT_ADMIN_URL, DEFAULT_CONFIG, RunArgs, StatusArgs, ValidateArgs};
@@ -90,13 +90,15 @@ pub fn status_target(
     args: &StatusArgs,
     env: &EnvLookup<'_>,
 ) -> anyhow::Result<(String, Option<(String, String)>)> {
-    let url = match (&args.admin, env("SBMESH_ADMIN_LISTEN")) {
+    let listen_env = flags::ADMIN_LISTEN.env;
+    let url = match (&args.admin, env(listen_env)) {
         (Some(url), _) => url.clone(),
         (None, Some(listen)) => {
             let addr = settings::parse_listen(listen.trim()).map_err(|_| {
                 anyhow!(
-                    "SBMESH_ADMIN_LISTEN is {listen:?}, not an ip:port such as 0.0.0.0:9091; \
-                     fix it, or give --admin http://HOST:PORT"
+                    "{listen_env} is {listen:?}, not an ip:port such as {}; \
+                     fix it, or give --admin http://HOST:PORT",
+                    flags::DEFAULT_ADMIN_LISTEN
                 )
             })?;
             config::local_url(addr)
@@ -208,7 +210,7 @@ pub async fn status(
     Ok(render_status_table(&document))
 }
 
-/// Renders an `/admin/cluster/status` document (SPEC section 3) as a header
+/// Renders an `/admin/cluster/status` document (docs/reference.md#cluster-status) as a header
 /// (cluster id, local node, totals, config hash agreement) and a table with
 /// the columns NODE, ADDRESS, STATE, HEALTH, INCARNATION, LAST SEEN,
 /// CONFIG HASH (shortened) and VERSION. Missing or mistyped fields show as

@@ -1,5 +1,5 @@
 //! Everything `run` needs, resolved once at start: flag > environment >
-//! `sb.yml` > default (SPEC section 1).
+//! `sb.yml` > default (docs/reference.md#sidecar-flags).
 //!
 //! [`resolve`] takes the environment as a function so the precedence can be
 //! tested without touching the process environment. In production clap has
@@ -8,40 +8,31 @@
 
 use std::fmt;
 use std::io::IsTerminal as _;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
-use sbmesh::config::{self, CertApply, EnvLookup, Problem, SbConfig, SidecarPorts};
+use sbmesh::acme::manager::{
+    DEFAULT_MAX_CONCURRENT_ORDERS, DEFAULT_MAX_ORDERS_PER_INTERVAL, DEFAULT_ORDER_INTERVAL,
+    DEFAULT_ORDER_LOCK_TTL,
+};
+use sbmesh::config::flags::{
+    self, DEFAULT_ADMIN_LISTEN, DEFAULT_BIND, DEFAULT_CERT_DIR, DEFAULT_CHALLENGE_LISTEN,
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONFIG_PATH, DEFAULT_NAMESPACE, DEFAULT_PROXY_PROCESS_NAME,
+    DEFAULT_PROXY_RESTART_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATE_DIR, Flag,
+};
+use sbmesh::config::{
+    self, CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_TRANSPORT_PORT, EnvLookup, Problem, SbConfig,
+    SidecarPorts,
+};
 use sbmesh::identity;
+use sbmesh::reload::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
 
-use crate::cli::{DEFAULT_CONFIG, RunArgs};
+use crate::cli::RunArgs;
 
-/// The default `--namespace`.
-pub const DEFAULT_NAMESPACE: &str = "default";
-/// The default `--cluster-domain`.
-pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 /// The cluster id when nothing else names one.
 pub const DEFAULT_CLUSTER_ID: &str = "sbmesh";
-pub use sbmesh::config::{DEFAULT_GOSSIP_PORT, DEFAULT_TRANSPORT_PORT};
-/// The default `--admin-listen`.
-pub const DEFAULT_ADMIN_LISTEN: SocketAddr =
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 9091);
-/// The default `--challenge-listen`.
-pub const DEFAULT_CHALLENGE_LISTEN: SocketAddr =
-    SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 8089);
-/// The default `--cert-dir`.
-pub const DEFAULT_CERT_DIR: &str = "/var/lib/sbproxy/certs";
-/// The default `--state-dir`.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
-/// The default `--shutdown-grace-ms`.
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
-/// The default `--proxy-process-name`: sbproxy's `/proc/<pid>/comm`.
-pub const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
-/// The default `--proxy-restart-interval-secs`: at most one restart per pod
-/// per 10 minutes (the contract's section 6).
-pub const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
 
 /// The resolved settings of `run`.
 #[derive(Clone, PartialEq, Eq)]
@@ -185,164 +176,6 @@ pub enum LogFormat {
     Text,
 }
 
-/// A `run` flag and the environment variable that stands in for it.
-struct Flag {
-    long: &'static str,
-    env: &'static str,
-}
-
-const CONFIG: Flag = Flag {
-    long: "--config",
-    env: "SBMESH_CONFIG",
-};
-const POD_NAME: Flag = Flag {
-    long: "--pod-name",
-    env: "SBPROXY_POD_NAME",
-};
-const POD_IP: Flag = Flag {
-    long: "--pod-ip",
-    env: "SBPROXY_POD_IP",
-};
-const NAMESPACE: Flag = Flag {
-    long: "--namespace",
-    env: "SBMESH_NAMESPACE",
-};
-const NODE_ID: Flag = Flag {
-    long: "--node-id",
-    env: "SBMESH_NODE_ID",
-};
-const CLUSTER_ID: Flag = Flag {
-    long: "--cluster-id",
-    env: "SBMESH_CLUSTER_ID",
-};
-const MESH_SERVICE: Flag = Flag {
-    long: "--mesh-service",
-    env: "SBMESH_MESH_SERVICE",
-};
-const CLUSTER_DOMAIN: Flag = Flag {
-    long: "--cluster-domain",
-    env: "SBMESH_CLUSTER_DOMAIN",
-};
-const SEEDS: Flag = Flag {
-    long: "--seeds",
-    env: "SBMESH_SEEDS",
-};
-const BIND: Flag = Flag {
-    long: "--bind",
-    env: "SBMESH_BIND",
-};
-const ADVERTISE: Flag = Flag {
-    long: "--advertise",
-    env: "SBMESH_ADVERTISE",
-};
-const GOSSIP_PORT: Flag = Flag {
-    long: "--gossip-port",
-    env: "SBMESH_GOSSIP_PORT",
-};
-const TRANSPORT_PORT: Flag = Flag {
-    long: "--transport-port",
-    env: "SBMESH_TRANSPORT_PORT",
-};
-const CLUSTER_KEY: Flag = Flag {
-    long: "--cluster-key",
-    env: "SBMESH_CLUSTER_KEY",
-};
-const CLUSTER_KEY_FILE: Flag = Flag {
-    long: "--cluster-key-file",
-    env: "SBMESH_CLUSTER_KEY_FILE",
-};
-const ADMIN_LISTEN: Flag = Flag {
-    long: "--admin-listen",
-    env: "SBMESH_ADMIN_LISTEN",
-};
-const ADMIN_USER: Flag = Flag {
-    long: "--admin-user",
-    env: "SBMESH_ADMIN_USER",
-};
-const ADMIN_PASSWORD: Flag = Flag {
-    long: "--admin-password",
-    env: "SBMESH_ADMIN_PASSWORD",
-};
-const CHALLENGE_LISTEN: Flag = Flag {
-    long: "--challenge-listen",
-    env: "SBMESH_CHALLENGE_LISTEN",
-};
-const PROXY_RELOAD_URL: Flag = Flag {
-    long: "--proxy-reload-url",
-    env: "SBMESH_PROXY_RELOAD_URL",
-};
-const PROXY_AUTHORIZATION: Flag = Flag {
-    long: "--proxy-authorization",
-    env: "SBMESH_PROXY_AUTHORIZATION",
-};
-const CERT_DIR: Flag = Flag {
-    long: "--cert-dir",
-    env: "SBMESH_CERT_DIR",
-};
-const STATE_DIR: Flag = Flag {
-    long: "--state-dir",
-    env: "SBMESH_STATE_DIR",
-};
-const LOG_FORMAT: Flag = Flag {
-    long: "--log-format",
-    env: "SBMESH_LOG_FORMAT",
-};
-const SHUTDOWN_GRACE_MS: Flag = Flag {
-    long: "--shutdown-grace-ms",
-    env: "SBPROXY_SHUTDOWN_GRACE_MS",
-};
-
-const RELOAD_DEBOUNCE_MS: Flag = Flag {
-    long: "--reload-debounce-ms",
-    env: "SBMESH_RELOAD_DEBOUNCE_MS",
-};
-
-const RELOAD_RESCAN_SECS: Flag = Flag {
-    long: "--reload-rescan-secs",
-    env: "SBMESH_RELOAD_RESCAN_SECS",
-};
-
-const ACME_ORDER_LOCK_TTL_SECS: Flag = Flag {
-    long: "--acme-order-lock-ttl-secs",
-    env: "SBMESH_ACME_ORDER_LOCK_TTL_SECS",
-};
-
-const ACME_MAX_ORDERS: Flag = Flag {
-    long: "--acme-max-orders",
-    env: "SBMESH_ACME_MAX_ORDERS",
-};
-
-const ACME_ORDERS_INTERVAL_SECS: Flag = Flag {
-    long: "--acme-orders-interval-secs",
-    env: "SBMESH_ACME_ORDERS_INTERVAL_SECS",
-};
-
-const ACME_CONCURRENT_ORDERS: Flag = Flag {
-    long: "--acme-concurrent-orders",
-    env: "SBMESH_ACME_CONCURRENT_ORDERS",
-};
-
-const PROXY_CERT_APPLY: Flag = Flag {
-    long: "--proxy-cert-apply",
-    env: "SBMESH_PROXY_CERT_APPLY",
-};
-const PROXY_PROCESS_NAME: Flag = Flag {
-    long: "--proxy-process-name",
-    env: "SBMESH_PROXY_PROCESS_NAME",
-};
-const PROXY_HEALTH_URL: Flag = Flag {
-    long: "--proxy-health-url",
-    env: "SBMESH_PROXY_HEALTH_URL",
-};
-const PROXY_RESTART_INTERVAL_SECS: Flag = Flag {
-    long: "--proxy-restart-interval-secs",
-    env: "SBMESH_PROXY_RESTART_INTERVAL_SECS",
-};
-const WATCH_TLS: Flag = Flag {
-    long: "--watch-tls",
-    env: "SBMESH_WATCH_TLS",
-};
-
 const SHARED_KEY_PATH: &str = "proxy.extensions.sbmesh.shared_key";
 
 /// Reads flag values (falling back to their environment variables) and
@@ -371,8 +204,8 @@ impl Resolver<'_> {
     /// A problem with a flag's value, named by the flag.
     fn bad(&mut self, flag: &Flag, message: impl fmt::Display) {
         self.problems.push(Problem::error(
-            flag.long,
-            format!("{message} (from {} or {})", flag.long, flag.env),
+            flag.flag(),
+            format!("{message} (from {} or {})", flag.flag(), flag.env),
         ));
     }
 
@@ -413,8 +246,8 @@ pub fn resolve(
     };
 
     let config_path = r
-        .path(&CONFIG, args.config.as_deref())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        .path(&flags::CONFIG, args.config.as_deref())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
     let (config, config_sha256) = match config::load(&config_path, env) {
         Ok(loaded) => {
             r.problems.extend(loaded.config.warnings());
@@ -428,14 +261,18 @@ pub fn resolve(
     let cluster = config.sbmesh();
 
     let pod_name = r
-        .text(&POD_NAME, args.pod_name.as_deref())
+        .text(&flags::POD_NAME, args.pod_name.as_deref())
         .map(|v| v.trim().to_string());
-    let pod_ip = r.parsed(&POD_IP, args.pod_ip.as_deref(), parse_ip);
+    let pod_ip = r.parsed(&flags::POD_IP, args.pod_ip.as_deref(), parse_ip);
     let namespace = r
-        .parsed(&NAMESPACE, args.namespace.as_deref(), parse_namespace)
+        .parsed(
+            &flags::NAMESPACE,
+            args.namespace.as_deref(),
+            parse_namespace,
+        )
         .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
     let cluster_domain = r
-        .text(&CLUSTER_DOMAIN, args.cluster_domain.as_deref())
+        .text(&flags::CLUSTER_DOMAIN, args.cluster_domain.as_deref())
         .map(|v| v.trim().to_string())
         .unwrap_or_else(|| DEFAULT_CLUSTER_DOMAIN.to_string());
 
@@ -443,22 +280,26 @@ pub fn resolve(
     let cluster_id = resolve_cluster_id(&mut r, args, cluster, pod_name.as_deref());
 
     let gossip_port = r
-        .parsed(&GOSSIP_PORT, args.gossip_port.as_deref(), parse_port)
+        .parsed(&flags::GOSSIP_PORT, args.gossip_port.as_deref(), parse_port)
         .or(cluster.gossip_port)
         .unwrap_or(DEFAULT_GOSSIP_PORT);
     let transport_port = r
-        .parsed(&TRANSPORT_PORT, args.transport_port.as_deref(), parse_port)
+        .parsed(
+            &flags::TRANSPORT_PORT,
+            args.transport_port.as_deref(),
+            parse_port,
+        )
         .or(cluster.transport_port)
         .unwrap_or(DEFAULT_TRANSPORT_PORT);
 
     let mesh_service = r
-        .text(&MESH_SERVICE, args.mesh_service.as_deref())
+        .text(&flags::MESH_SERVICE, args.mesh_service.as_deref())
         .map(|svc| identity::mesh_service_fqdn(&svc, &namespace, &cluster_domain));
     if let Some(name) = mesh_service.as_deref()
         && identity::normalize_seed(name, gossip_port).is_err()
     {
         r.bad(
-            &MESH_SERVICE,
+            &flags::MESH_SERVICE,
             format!("{name:?} is not a DNS name; expected a Service name such as demo-mesh"),
         );
     }
@@ -466,30 +307,39 @@ pub fn resolve(
     let seeds = resolve_seeds(&mut r, args, cluster, gossip_port);
 
     let bind = r
-        .parsed(&BIND, args.bind.as_deref(), parse_ip)
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        .parsed(&flags::BIND, args.bind.as_deref(), parse_ip)
+        .unwrap_or(DEFAULT_BIND);
     let advertise = resolve_advertise(&mut r, args, cluster, pod_ip, bind, gossip_port);
 
-    let cluster_key_file = r.path(&CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
+    let cluster_key_file = r.path(&flags::CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
     let problems_before_key = r.problems.len();
     let cluster_key = resolve_cluster_key(&mut r, args, cluster, cluster_key_file.as_deref());
     let key_was_refused = r.problems.len() > problems_before_key;
     if cluster_key.is_none() && !key_was_refused && (!seeds.is_empty() || mesh_service.is_some()) {
         r.problems.push(Problem::error(
-            CLUSTER_KEY.long,
-            "the mesh has peers to contact (--seeds / SBMESH_SEEDS, proxy.extensions.sbmesh.seeds or \
-             --mesh-service / SBMESH_MESH_SERVICE) but no cluster key to seal its traffic; set \
-             --cluster-key / SBMESH_CLUSTER_KEY, --cluster-key-file / SBMESH_CLUSTER_KEY_FILE or \
-             proxy.extensions.sbmesh.shared_key to a key generated with `sbmesh-sidecar keygen`",
+            flags::CLUSTER_KEY.flag(),
+            format!(
+                "the mesh has peers to contact ({}, proxy.extensions.sbmesh.seeds or {}) but no \
+                 cluster key to seal its traffic; set {}, {} or {SHARED_KEY_PATH} to a key \
+                 generated with `sbmesh-sidecar keygen`",
+                flags::SEEDS.names(),
+                flags::MESH_SERVICE.names(),
+                flags::CLUSTER_KEY.names(),
+                flags::CLUSTER_KEY_FILE.names(),
+            ),
         ));
     }
 
     let admin_listen = r
-        .parsed(&ADMIN_LISTEN, args.admin_listen.as_deref(), parse_listen)
+        .parsed(
+            &flags::ADMIN_LISTEN,
+            args.admin_listen.as_deref(),
+            parse_listen,
+        )
         .unwrap_or(DEFAULT_ADMIN_LISTEN);
     let challenge_listen = r
         .parsed(
-            &CHALLENGE_LISTEN,
+            &flags::CHALLENGE_LISTEN,
             args.challenge_listen.as_deref(),
             parse_listen,
         )
@@ -500,26 +350,32 @@ pub fn resolve(
         None
     });
     let admin_user = r
-        .text(&ADMIN_USER, args.admin_user.as_deref())
+        .text(&flags::ADMIN_USER, args.admin_user.as_deref())
         .or_else(|| proxy_credentials.as_ref().map(|(u, _)| u.clone()));
     let admin_password = r
-        .text(&ADMIN_PASSWORD, args.admin_password.as_deref())
+        .text(&flags::ADMIN_PASSWORD, args.admin_password.as_deref())
         .or_else(|| proxy_credentials.as_ref().map(|(_, p)| p.clone()));
     match (&admin_user, &admin_password) {
         (Some(_), None) => r.problems.push(Problem::error(
-            ADMIN_PASSWORD.long,
-            "an admin user is set (--admin-user / SBMESH_ADMIN_USER or proxy.admin.username) \
-             but no password; HTTP Basic needs both: set --admin-password / \
-             SBMESH_ADMIN_PASSWORD or proxy.admin.password",
+            flags::ADMIN_PASSWORD.flag(),
+            format!(
+                "an admin user is set ({} or proxy.admin.username) but no password; HTTP Basic \
+                 needs both: set {} or proxy.admin.password",
+                flags::ADMIN_USER.names(),
+                flags::ADMIN_PASSWORD.names(),
+            ),
         )),
         (None, Some(_)) => r.problems.push(Problem::error(
-            ADMIN_USER.long,
-            "an admin password is set (--admin-password / SBMESH_ADMIN_PASSWORD or \
-             proxy.admin.password) but no user; HTTP Basic needs both: set --admin-user / \
-             SBMESH_ADMIN_USER or proxy.admin.username",
+            flags::ADMIN_USER.flag(),
+            format!(
+                "an admin password is set ({} or proxy.admin.password) but no user; HTTP Basic \
+                 needs both: set {} or proxy.admin.username",
+                flags::ADMIN_PASSWORD.names(),
+                flags::ADMIN_USER.names(),
+            ),
         )),
         (Some(user), Some(_)) if user.contains(':') => r.bad(
-            &ADMIN_USER,
+            &flags::ADMIN_USER,
             "the user must not contain ':' (HTTP Basic separates the user from the password with it)",
         ),
         _ => {}
@@ -527,14 +383,14 @@ pub fn resolve(
 
     let proxy_reload_url = r
         .parsed(
-            &PROXY_RELOAD_URL,
+            &flags::PROXY_RELOAD_URL,
             args.proxy_reload_url.as_deref(),
             parse_http_url,
         )
         .unwrap_or_else(|| format!("{}/admin/reload", config.proxy.admin.base_url()));
     let proxy_authorization = r
         .parsed(
-            &PROXY_AUTHORIZATION,
+            &flags::PROXY_AUTHORIZATION,
             args.proxy_authorization.as_deref(),
             parse_header_value,
         )
@@ -544,13 +400,17 @@ pub fn resolve(
         });
 
     let cert_dir = r
-        .path(&CERT_DIR, args.cert_dir.as_deref())
+        .path(&flags::CERT_DIR, args.cert_dir.as_deref())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CERT_DIR));
     let state_dir = r
-        .path(&STATE_DIR, args.state_dir.as_deref())
+        .path(&flags::STATE_DIR, args.state_dir.as_deref())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     let log_format = r
-        .parsed(&LOG_FORMAT, args.log_format.as_deref(), parse_log_format)
+        .parsed(
+            &flags::LOG_FORMAT,
+            args.log_format.as_deref(),
+            parse_log_format,
+        )
         .unwrap_or_else(|| {
             if std::io::stderr().is_terminal() {
                 LogFormat::Text
@@ -560,55 +420,60 @@ pub fn resolve(
         });
     let shutdown_grace = r
         .parsed(
-            &SHUTDOWN_GRACE_MS,
+            &flags::SHUTDOWN_GRACE_MS,
             args.shutdown_grace_ms.as_deref(),
             parse_millis,
         )
         .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
     let reload_debounce = r
         .parsed(
-            &RELOAD_DEBOUNCE_MS,
+            &flags::RELOAD_DEBOUNCE_MS,
             args.reload_debounce_ms.as_deref(),
             parse_millis,
         )
-        .unwrap_or(Duration::from_millis(200));
+        .unwrap_or(DEFAULT_DEBOUNCE);
     let reload_rescan = r
         .parsed(
-            &RELOAD_RESCAN_SECS,
+            &flags::RELOAD_RESCAN_SECS,
             args.reload_rescan_secs.as_deref(),
             parse_secs,
         )
-        .unwrap_or(Duration::from_secs(30));
+        .unwrap_or(DEFAULT_RESCAN);
     let acme_order_lock_ttl = r
         .parsed(
-            &ACME_ORDER_LOCK_TTL_SECS,
+            &flags::ACME_ORDER_LOCK_TTL_SECS,
             args.acme_order_lock_ttl_secs.as_deref(),
             parse_secs,
         )
-        .unwrap_or(Duration::from_secs(60));
+        .unwrap_or(DEFAULT_ORDER_LOCK_TTL);
     let acme_max_orders = r
-        .parsed(&ACME_MAX_ORDERS, args.acme_max_orders.as_deref(), |t| {
-            parse_count(t).and_then(|n| u32::try_from(n).map_err(|_| format!("{t:?} is too large")))
-        })
-        .unwrap_or(300);
+        .parsed(
+            &flags::ACME_MAX_ORDERS,
+            args.acme_max_orders.as_deref(),
+            |t| {
+                parse_count(t)
+                    .and_then(|n| u32::try_from(n).map_err(|_| format!("{t:?} is too large")))
+            },
+        )
+        .unwrap_or(DEFAULT_MAX_ORDERS_PER_INTERVAL);
     let acme_orders_interval = r
         .parsed(
-            &ACME_ORDERS_INTERVAL_SECS,
+            &flags::ACME_ORDERS_INTERVAL_SECS,
             args.acme_orders_interval_secs.as_deref(),
             parse_secs,
         )
-        .unwrap_or(Duration::from_secs(3 * 3600));
+        .unwrap_or(DEFAULT_ORDER_INTERVAL);
     let acme_concurrent_orders = r
         .parsed(
-            &ACME_CONCURRENT_ORDERS,
+            &flags::ACME_CONCURRENT_ORDERS,
             args.acme_concurrent_orders.as_deref(),
             parse_count,
         )
-        .unwrap_or(8);
+        .unwrap_or(DEFAULT_MAX_CONCURRENT_ORDERS);
 
     let proxy_cert_apply = r
         .parsed(
-            &PROXY_CERT_APPLY,
+            &flags::PROXY_CERT_APPLY,
             args.proxy_cert_apply.as_deref(),
             parse_cert_apply,
         )
@@ -616,28 +481,28 @@ pub fn resolve(
         .unwrap_or_default();
     let proxy_process_name = r
         .parsed(
-            &PROXY_PROCESS_NAME,
+            &flags::PROXY_PROCESS_NAME,
             args.proxy_process_name.as_deref(),
             parse_process_name,
         )
         .unwrap_or_else(|| DEFAULT_PROXY_PROCESS_NAME.to_owned());
     let proxy_health_url = r
         .parsed(
-            &PROXY_HEALTH_URL,
+            &flags::PROXY_HEALTH_URL,
             args.proxy_health_url.as_deref(),
             parse_http_url,
         )
         .unwrap_or_else(|| format!("{}/health", config.proxy.admin.base_url()));
     let proxy_restart_interval = r
         .parsed(
-            &PROXY_RESTART_INTERVAL_SECS,
+            &flags::PROXY_RESTART_INTERVAL_SECS,
             args.proxy_restart_interval_secs.as_deref(),
             parse_secs,
         )
         .unwrap_or(DEFAULT_PROXY_RESTART_INTERVAL);
     let watch_tls = if args.watch_tls.is_empty() {
         // The environment holds a comma-separated list.
-        r.text(&WATCH_TLS, None)
+        r.text(&flags::WATCH_TLS, None)
             .map(|list| {
                 list.split(',')
                     .map(str::trim)
@@ -651,15 +516,18 @@ pub fn resolve(
     };
     if proxy_cert_apply == CertApply::Restart
         && args.proxy_health_url.is_none()
-        && (env)(PROXY_HEALTH_URL.env).is_none()
+        && (env)(flags::PROXY_HEALTH_URL.env).is_none()
         && !config.proxy.admin.enabled
     {
         r.problems.push(Problem::warning(
-            PROXY_HEALTH_URL.long,
-            "certificates are applied by restarting the proxy, and a restarted proxy counts as \
-             back once its health check answers 200; proxy.admin is not enabled, so the default \
-             (the admin port's /health) will never answer: enable proxy.admin or set \
-             --proxy-health-url / SBMESH_PROXY_HEALTH_URL (e.g. the data port's /health)",
+            flags::PROXY_HEALTH_URL.flag(),
+            format!(
+                "certificates are applied by restarting the proxy, and a restarted proxy counts \
+                 as back once its health check answers 200; proxy.admin is not enabled, so the \
+                 default (the admin port's /health) will never answer: enable proxy.admin or set \
+                 {} (e.g. the data port's /health)",
+                flags::PROXY_HEALTH_URL.names(),
+            ),
         ));
     }
     if config.certificate_mode() == config::CertificateMode::San {
@@ -684,10 +552,11 @@ pub fn resolve(
                     format!(
                         "is {}, but with certificates: san the sidecar writes {}; the proxy \
                          will not serve its certificate (point proxy.tls_cert_file and \
-                         tls_key_file into the sidecar's --cert-dir, or set --cert-dir / \
-                         SBMESH_CERT_DIR)",
+                         tls_key_file into the sidecar's {}, or set {})",
                         file.display(),
-                        ours.display()
+                        ours.display(),
+                        flags::CERT_DIR.flag(),
+                        flags::CERT_DIR.names(),
                     ),
                 ));
             }
@@ -753,29 +622,39 @@ fn resolve_node_id(
     pod_name: Option<&str>,
     hostname: &str,
 ) -> String {
-    let (node_id, source) = if let Some(id) = r.text(&NODE_ID, args.node_id.as_deref()) {
-        (id.trim().to_string(), NODE_ID.long)
+    /// Where the node id came from, to name it in a problem.
+    enum Source {
+        Flag,
+        File,
+        PodName,
+        HostName,
+    }
+    const FILE_KEY: &str = "proxy.extensions.sbmesh.node_id";
+    let (node_id, source) = if let Some(id) = r.text(&flags::NODE_ID, args.node_id.as_deref()) {
+        (id.trim().to_string(), Source::Flag)
     } else if let Some(id) = cluster.node_id.as_deref() {
-        (id.trim().to_string(), "proxy.extensions.sbmesh.node_id")
+        (id.trim().to_string(), Source::File)
     } else if pod_name.is_some() {
-        (identity::default_node_id(pod_name, hostname), POD_NAME.long)
+        (
+            identity::default_node_id(pod_name, hostname),
+            Source::PodName,
+        )
     } else {
-        (identity::default_node_id(None, hostname), "hostname")
+        (identity::default_node_id(None, hostname), Source::HostName)
     };
     if let Err(e) = identity::validate_node_id(&node_id) {
         match source {
-            "proxy.extensions.sbmesh.node_id" => {
-                r.problems.push(Problem::error(source, e.to_string()))
-            }
-            "hostname" => r.problems.push(Problem::error(
-                NODE_ID.long,
+            Source::File => r.problems.push(Problem::error(FILE_KEY, e.to_string())),
+            Source::HostName => r.problems.push(Problem::error(
+                flags::NODE_ID.flag(),
                 format!(
-                    "no node id is set and the host name cannot be one: {e}; set --node-id / \
-                     SBMESH_NODE_ID or --pod-name / SBPROXY_POD_NAME"
+                    "no node id is set and the host name cannot be one: {e}; set {} or {}",
+                    flags::NODE_ID.names(),
+                    flags::POD_NAME.names(),
                 ),
             )),
-            "--pod-name" => r.bad(&POD_NAME, format!("used as the node id: {e}")),
-            _ => r.bad(&NODE_ID, e),
+            Source::PodName => r.bad(&flags::POD_NAME, format!("used as the node id: {e}")),
+            Source::Flag => r.bad(&flags::NODE_ID, e),
         }
     }
     node_id
@@ -787,14 +666,14 @@ fn resolve_cluster_id(
     cluster: &config::SbmeshSection,
     pod_name: Option<&str>,
 ) -> String {
-    let explicit = r.text(&CLUSTER_ID, args.cluster_id.as_deref());
+    let explicit = r.text(&flags::CLUSTER_ID, args.cluster_id.as_deref());
     let from_yml = cluster.cluster_id.as_deref();
     let Some(id) = identity::default_cluster_id(explicit.as_deref(), from_yml, pod_name) else {
         return DEFAULT_CLUSTER_ID.to_string();
     };
     if let Err(e) = identity::validate_cluster_id(&id) {
         if explicit.is_some() {
-            r.bad(&CLUSTER_ID, e);
+            r.bad(&flags::CLUSTER_ID, e);
         } else if from_yml.is_some() {
             r.problems.push(Problem::error(
                 "proxy.extensions.sbmesh.cluster_id",
@@ -802,7 +681,7 @@ fn resolve_cluster_id(
             ));
         } else {
             r.bad(
-                &POD_NAME,
+                &flags::POD_NAME,
                 format!("its StatefulSet part, used as the cluster id: {e}"),
             );
         }
@@ -817,11 +696,11 @@ fn resolve_seeds(
     gossip_port: u16,
 ) -> Vec<String> {
     let mut seeds = Vec::new();
-    if let Some(list) = r.text(&SEEDS, args.seeds.as_deref()) {
+    if let Some(list) = r.text(&flags::SEEDS, args.seeds.as_deref()) {
         for entry in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match identity::normalize_seed(entry, gossip_port) {
                 Ok(seed) => seeds.push(seed),
-                Err(e) => r.bad(&SEEDS, e),
+                Err(e) => r.bad(&flags::SEEDS, e),
             }
         }
     } else {
@@ -848,8 +727,10 @@ fn resolve_advertise(
     bind: IpAddr,
     gossip_port: u16,
 ) -> Option<SocketAddr> {
-    if r.text(&ADVERTISE, args.advertise.as_deref()).is_some() {
-        return r.parsed(&ADVERTISE, args.advertise.as_deref(), |text| {
+    if r.text(&flags::ADVERTISE, args.advertise.as_deref())
+        .is_some()
+    {
+        return r.parsed(&flags::ADVERTISE, args.advertise.as_deref(), |text| {
             identity::parse_advertise(text, gossip_port).map_err(|e| e.to_string())
         });
     }
@@ -878,14 +759,17 @@ fn resolve_cluster_key(
     key_file: Option<&Path>,
 ) -> Option<Vec<[u8; 32]>> {
     let read = |path: &Path| std::fs::read_to_string(path);
-    let key_flag = r.text(&CLUSTER_KEY, args.cluster_key.as_deref());
+    let key_flag = r.text(&flags::CLUSTER_KEY, args.cluster_key.as_deref());
     match (key_flag, key_file) {
         (Some(_), Some(_)) => {
             r.problems.push(Problem::error(
-                CLUSTER_KEY.long,
-                "both --cluster-key / SBMESH_CLUSTER_KEY and --cluster-key-file / \
-                 SBMESH_CLUSTER_KEY_FILE are set; keep one (the file allows key rotation without \
-                 a restart)",
+                flags::CLUSTER_KEY.flag(),
+                format!(
+                    "both {} and {} are set; keep one (the file allows key rotation without a \
+                     restart)",
+                    flags::CLUSTER_KEY.names(),
+                    flags::CLUSTER_KEY_FILE.names(),
+                ),
             ));
             None
         }
@@ -894,7 +778,7 @@ fn resolve_cluster_key(
                 Ok(text) => text,
                 Err(e) => {
                     r.bad(
-                        &CLUSTER_KEY_FILE,
+                        &flags::CLUSTER_KEY_FILE,
                         format!("cannot read {}: {e}", file.display()),
                     );
                     return None;
@@ -903,19 +787,23 @@ fn resolve_cluster_key(
             match config::parse_key_ring(&text) {
                 Ok(ring) => Some(ring),
                 Err(message) => {
-                    r.bad(&CLUSTER_KEY_FILE, format!("{}: {message}", file.display()));
+                    r.bad(
+                        &flags::CLUSTER_KEY_FILE,
+                        format!("{}: {message}", file.display()),
+                    );
                     None
                 }
             }
         }
         (Some(source), None) => {
-            match key_ring_from(CLUSTER_KEY.long, &source, r.env, &read) {
+            match key_ring_from(&flags::CLUSTER_KEY.flag(), &source, r.env, &read) {
                 Ok(ring) => Some(ring),
                 Err(mut problem) => {
                     // Name the environment variable too, as for other flags.
                     problem.message.push_str(&format!(
                         " (from {} or {})",
-                        CLUSTER_KEY.long, CLUSTER_KEY.env
+                        flags::CLUSTER_KEY.flag(),
+                        flags::CLUSTER_KEY.env
                     ));
                     r.problems.push(problem);
                     None
@@ -1299,7 +1187,7 @@ origins: { api.example.com: {} }
         assert_eq!(s.cluster_id, "sbmesh");
         assert_eq!(s.mesh_service, None);
         assert!(s.seeds.is_empty());
-        assert_eq!(s.bind, IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(s.bind, IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         assert_eq!(s.gossip_port, 7946);
         assert_eq!(s.transport_port, 8946);
         assert_eq!(s.advertise, None);
@@ -1314,6 +1202,17 @@ origins: { api.example.com: {} }
         assert_eq!(s.cert_dir, Path::new("/var/lib/sbproxy/certs"));
         assert_eq!(s.state_dir, Path::new("/var/lib/sbproxy/sidecar"));
         assert_eq!(s.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(s.reload_debounce, Duration::from_millis(200));
+        assert_eq!(s.reload_rescan, Duration::from_secs(30));
+        assert_eq!(s.acme_order_lock_ttl, Duration::from_secs(60));
+        assert_eq!(s.acme_max_orders, 300);
+        assert_eq!(s.acme_orders_interval, Duration::from_secs(3 * 3600));
+        assert_eq!(s.acme_concurrent_orders, 8);
+        assert_eq!(s.proxy_cert_apply, CertApply::Reload);
+        assert_eq!(s.proxy_process_name, "sbproxy");
+        assert_eq!(s.proxy_health_url, "http://127.0.0.1:9090/health");
+        assert_eq!(s.proxy_restart_interval, Duration::from_secs(600));
+        assert!(s.watch_tls.is_empty());
         let expected_format = if std::io::stderr().is_terminal() {
             LogFormat::Text
         } else {
@@ -1334,8 +1233,8 @@ origins: { api.example.com: {} }
         let case = case.args(|a| a.config = None);
         let env = |_: &str| None;
         let problems = resolve(&case.args, &env, "h").unwrap_err();
-        if !Path::new(DEFAULT_CONFIG).exists() {
-            assert_eq!(problems[0].path, DEFAULT_CONFIG);
+        if !Path::new(DEFAULT_CONFIG_PATH).exists() {
+            assert_eq!(problems[0].path, DEFAULT_CONFIG_PATH);
         }
     }
 
@@ -1678,6 +1577,47 @@ origins: { api.example.com: {} }
                 "proxy.extensions.sbmesh.shared_key: environment variable UNSET_KEY (named by env:UNSET_KEY) is not set or empty"
             ]
         );
+    }
+
+    /// Each flag of the table, given a value its kind refuses, by flag and
+    /// by variable: the problem names that flag and that variable, so each
+    /// is parsed as its kind says and read from its own field.
+    #[test]
+    fn every_flag_is_parsed_as_its_kind() {
+        use clap::Parser as _;
+        let checked: Vec<&Flag> = flags::RUN
+            .iter()
+            .filter(|f| f.kind.invalid_example().is_some())
+            .collect();
+        assert!(checked.len() > 20, "{} flags checked", checked.len());
+        for flag in checked {
+            let bad = flag.kind.invalid_example().unwrap();
+            let expected = format!("{}: ", flag.flag());
+            let from_env = Case::new("origins: {}\n").env(flag.env, bad).problems();
+            assert!(
+                from_env
+                    .iter()
+                    .any(|p| p.starts_with(&expected) && p.contains(flag.env)),
+                "{} = {bad:?}: {from_env:?}",
+                flag.env
+            );
+
+            let case = Case::new("origins: {}\n");
+            let config = case.args.config.clone().unwrap();
+            let mut argv: Vec<std::ffi::OsString> =
+                vec!["sbmesh-sidecar".into(), "run".into(), "--config".into()];
+            argv.extend([config.into_os_string(), flag.flag().into(), bad.into()]);
+            let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+            let crate::cli::Command::Run(args) = cli.command else {
+                panic!("not run");
+            };
+            let from_flag = case.args(|a| *a = *args).problems();
+            assert!(
+                from_flag.iter().any(|p| p.starts_with(&expected)),
+                "{} {bad:?}: {from_flag:?}",
+                flag.flag()
+            );
+        }
     }
 
     #[test]

@@ -69,6 +69,16 @@ use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
 use crate::store::sealed::{AtRestRing, sealed_key_id};
 use crate::store::{Store, StoreError, now_unix_ms};
 
+/// Orders one replica runs at once, by default (`--acme-concurrent-orders`).
+pub const DEFAULT_MAX_CONCURRENT_ORDERS: usize = 8;
+/// New orders the whole cluster may place per account and interval, by
+/// default (`--acme-max-orders`).
+pub const DEFAULT_MAX_ORDERS_PER_INTERVAL: u32 = 300;
+/// The interval of [`DEFAULT_MAX_ORDERS_PER_INTERVAL`] (`--acme-orders-interval-secs`).
+pub const DEFAULT_ORDER_INTERVAL: Duration = Duration::from_secs(3 * 3600);
+/// The lease of a host's order lock, by default (`--acme-order-lock-ttl-secs`).
+pub const DEFAULT_ORDER_LOCK_TTL: Duration = Duration::from_secs(60);
+
 /// How the manager behaves; the defaults suit production.
 #[derive(Clone, Debug)]
 pub struct AcmeManagerConfig {
@@ -112,10 +122,10 @@ impl AcmeManagerConfig {
             boot_id: format!("{:016x}", rand::random::<u64>()),
             cert_dir: cert_dir.into(),
             key_ring: AtRestRing::plain(),
-            max_concurrent_orders: 8,
-            max_orders_per_interval: 300,
-            order_interval: Duration::from_secs(3 * 3600),
-            order_lock_ttl: Duration::from_secs(60),
+            max_concurrent_orders: DEFAULT_MAX_CONCURRENT_ORDERS,
+            max_orders_per_interval: DEFAULT_MAX_ORDERS_PER_INTERVAL,
+            order_interval: DEFAULT_ORDER_INTERVAL,
+            order_lock_ttl: DEFAULT_ORDER_LOCK_TTL,
             settle: Duration::from_secs(3),
             full_check_every: Duration::from_secs(60),
             missing_check_every: Duration::from_secs(2),

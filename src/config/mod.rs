@@ -35,6 +35,7 @@
 //! blocks are [`conflicts`].
 
 mod conflict;
+pub mod flags;
 pub mod hostname;
 mod interpolate;
 pub mod key;

@@ -1,0 +1,756 @@
+//! The flags of `sbmesh-sidecar run`: each one's long name, environment
+//! variable, value name, kind, default and meaning, written once.
+//!
+//! Everything that names a flag reads it from here: the sidecar's command
+//! line (clap is built from [`RUN`]), its settings resolution (a problem
+//! names `--flag` and `ENV` from the entry), its tests (they iterate
+//! [`RUN`]), the operator (the environment it gives the sidecar container)
+//! and the documentation ([`markdown_table`], which a test compares with
+//! `docs/reference.md`). Precedence is the sidecar's: flag > environment >
+//! `sb.yml` > default; a default here is the last of those.
+//!
+//! ```
+//! use sbmesh::config::flags;
+//!
+//! assert_eq!(flags::GOSSIP_PORT.flag(), "--gossip-port");
+//! assert_eq!(flags::GOSSIP_PORT.env, "SBMESH_GOSSIP_PORT");
+//! assert_eq!(flags::by_env("SBMESH_GOSSIP_PORT"), Some(&flags::GOSSIP_PORT));
+//! assert!(flags::markdown_table().contains("| `--gossip-port` | `SBMESH_GOSSIP_PORT` |"));
+//! ```
+//!
+//! Defaults that belong to another part of the library are that part's
+//! constants (ports in [`crate::config`], reload timings in
+//! [`crate::reload`], ACME limits in [`crate::acme::manager`]); the ones
+//! that only the command line has are defined below.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use super::{CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT};
+use crate::acme::manager::{
+    DEFAULT_MAX_CONCURRENT_ORDERS, DEFAULT_MAX_ORDERS_PER_INTERVAL, DEFAULT_ORDER_INTERVAL,
+    DEFAULT_ORDER_LOCK_TTL,
+};
+use crate::reload::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
+
+/// The default `--config`: where sbproxy's image keeps `sb.yml`.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/sbproxy/sb.yml";
+/// The default `--namespace`.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// The default `--cluster-domain`: Kubernetes' default DNS domain.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+/// The default `--bind`: every IPv4 address.
+pub const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// The default `--admin-listen`.
+pub const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(DEFAULT_BIND, 9091);
+/// The default `--challenge-listen`.
+pub const DEFAULT_CHALLENGE_LISTEN: SocketAddr = SocketAddr::new(DEFAULT_BIND, 8089);
+/// The default `--cert-dir`.
+pub const DEFAULT_CERT_DIR: &str = "/var/lib/sbproxy/certs";
+/// The default `--state-dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
+/// The default `--shutdown-grace-ms`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
+/// The default `--proxy-process-name`: sbproxy's `/proc/<pid>/comm`.
+pub const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
+/// The default `--proxy-restart-interval-secs`: at most one restart per pod
+/// per 10 minutes.
+pub const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
+
+/// One flag of `run` and the environment variable that stands in for it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Flag {
+    /// The long name without its dashes: `gossip-port`.
+    pub long: &'static str,
+    /// The environment variable: `SBMESH_GOSSIP_PORT`.
+    pub env: &'static str,
+    /// What `--help` shows as the value: `PORT`.
+    pub value_name: &'static str,
+    /// The form of the value, which decides how it is parsed.
+    pub kind: Kind,
+    /// What applies when neither the flag nor the variable is set.
+    pub default: FlagDefault,
+    /// What it does, one line.
+    pub help: &'static str,
+}
+
+impl Flag {
+    /// The flag as typed: `--gossip-port`.
+    pub fn flag(&self) -> String {
+        format!("--{}", self.long)
+    }
+
+    /// The flag and its variable, as messages name them:
+    /// `--gossip-port / SBMESH_GOSSIP_PORT`.
+    pub fn names(&self) -> String {
+        format!("--{} / {}", self.long, self.env)
+    }
+
+    /// The default in words, `None` when there is none.
+    pub fn default_text(&self) -> Option<String> {
+        self.default.text()
+    }
+
+    /// The line `--help` shows: the meaning, then `[default: ...]`.
+    pub fn help_line(&self) -> String {
+        match self.default_text() {
+            Some(default) => format!("{} [default: {default}]", self.help),
+            None => self.help.to_owned(),
+        }
+    }
+
+    /// Whether the value is a secret: `--help` never shows it from the
+    /// environment.
+    pub fn is_secret(&self) -> bool {
+        self.kind == Kind::Secret
+    }
+}
+
+/// The form of a flag's value; the sidecar parses each kind with one parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Free text.
+    Text,
+    /// A name with rules (a namespace, a node id, a DNS name, a process name).
+    Name,
+    /// A file or directory.
+    Path,
+    /// Several directories: the flag repeated, or a comma-separated list.
+    Paths,
+    /// A comma-separated list.
+    List,
+    /// An IP address.
+    Ip,
+    /// An IP address, with or without a port.
+    IpPort,
+    /// A port, 1 to 65535.
+    Port,
+    /// An `ip:port` to listen on.
+    Listen,
+    /// An `http://` or `https://` URL.
+    Url,
+    /// A number of milliseconds.
+    Millis,
+    /// A positive number of seconds.
+    Secs,
+    /// A positive whole number.
+    Count,
+    /// One of a few words, listed in the help.
+    Choice,
+    /// A secret (a key, a password, a header value): never shown.
+    Secret,
+}
+
+impl Kind {
+    /// A value of the right shape for no flag of this kind, for tests that
+    /// check each flag is parsed as its kind says; `None` for kinds that
+    /// accept any text.
+    pub fn invalid_example(self) -> Option<&'static str> {
+        match self {
+            Kind::Name => Some("not/a/name"),
+            Kind::Ip => Some("10.0.0"),
+            Kind::IpPort => Some("10.0.0:7946"),
+            Kind::Port => Some("65536"),
+            Kind::Listen => Some("9091"),
+            Kind::Url => Some("ftp://example.com/"),
+            Kind::Millis => Some("soon"),
+            Kind::Secs | Kind::Count => Some("0"),
+            Kind::Choice => Some("no-such-choice"),
+            Kind::Text | Kind::Path | Kind::Paths | Kind::List | Kind::Secret => None,
+        }
+    }
+}
+
+/// What a flag is when neither it nor its environment variable is set.
+#[derive(Clone, Copy)]
+pub enum FlagDefault {
+    /// Nothing: the setting stays unset.
+    None,
+    /// A fixed value, one of the library's constants.
+    Value(&'static (dyn fmt::Display + Sync)),
+    /// Worked out from other inputs (`sb.yml`, the pod, other flags).
+    Words(&'static str),
+    /// Worked out from other inputs, naming a constant (made when asked).
+    Template(fn() -> String),
+}
+
+impl FlagDefault {
+    /// The default in words, `None` for [`FlagDefault::None`].
+    pub fn text(&self) -> Option<String> {
+        match self {
+            FlagDefault::None => None,
+            FlagDefault::Value(value) => Some(value.to_string()),
+            FlagDefault::Words(words) => Some((*words).to_owned()),
+            FlagDefault::Template(make) => Some(make()),
+        }
+    }
+}
+
+impl fmt::Debug for FlagDefault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.text() {
+            Some(text) => write!(f, "{text:?}"),
+            None => f.write_str("None"),
+        }
+    }
+}
+
+impl PartialEq for FlagDefault {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl Eq for FlagDefault {}
+
+/// A [`Duration`] shown as whole milliseconds.
+struct Millis(Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.as_millis())
+    }
+}
+
+/// A [`Duration`] shown as whole seconds.
+struct Secs(Duration);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0.as_secs())
+    }
+}
+
+const SBMESH: &str = "proxy.extensions.sbmesh";
+
+/// `--config`.
+pub const CONFIG: Flag = Flag {
+    long: "config",
+    env: "SBMESH_CONFIG",
+    value_name: "FILE",
+    kind: Kind::Path,
+    default: FlagDefault::Value(&DEFAULT_CONFIG_PATH),
+    help: "The proxy's config file, read only",
+};
+/// `--pod-name`.
+pub const POD_NAME: Flag = Flag {
+    long: "pod-name",
+    env: "SBPROXY_POD_NAME",
+    value_name: "NAME",
+    kind: Kind::Text,
+    default: FlagDefault::None,
+    help: "This pod's name, <statefulset>-<ordinal> (downward API)",
+};
+/// `--pod-ip`.
+pub const POD_IP: Flag = Flag {
+    long: "pod-ip",
+    env: "SBPROXY_POD_IP",
+    value_name: "IP",
+    kind: Kind::Ip,
+    default: FlagDefault::None,
+    help: "This pod's IP (downward API)",
+};
+/// `--namespace`.
+pub const NAMESPACE: Flag = Flag {
+    long: "namespace",
+    env: "SBMESH_NAMESPACE",
+    value_name: "NS",
+    kind: Kind::Name,
+    default: FlagDefault::Value(&DEFAULT_NAMESPACE),
+    help: "This pod's namespace",
+};
+/// `--node-id`.
+pub const NODE_ID: Flag = Flag {
+    long: "node-id",
+    env: "SBMESH_NODE_ID",
+    value_name: "ID",
+    kind: Kind::Name,
+    default: FlagDefault::Template(|| {
+        format!("{SBMESH}.node_id, else the pod name, else the host name")
+    }),
+    help: "This member's name in the mesh",
+};
+/// `--cluster-id`.
+pub const CLUSTER_ID: Flag = Flag {
+    long: "cluster-id",
+    env: "SBMESH_CLUSTER_ID",
+    value_name: "ID",
+    kind: Kind::Name,
+    default: FlagDefault::Template(|| format!("{SBMESH}.cluster_id, else the StatefulSet name")),
+    help: "Packets from another cluster id are dropped",
+};
+/// `--mesh-service`.
+pub const MESH_SERVICE: Flag = Flag {
+    long: "mesh-service",
+    env: "SBMESH_MESH_SERVICE",
+    value_name: "SVC",
+    kind: Kind::Name,
+    default: FlagDefault::None,
+    help: "Headless Service whose A/AAAA records (<svc>.<namespace>.svc.<domain>) are seeds",
+};
+/// `--cluster-domain`.
+pub const CLUSTER_DOMAIN: Flag = Flag {
+    long: "cluster-domain",
+    env: "SBMESH_CLUSTER_DOMAIN",
+    value_name: "DOMAIN",
+    kind: Kind::Text,
+    default: FlagDefault::Value(&DEFAULT_CLUSTER_DOMAIN),
+    help: "Kubernetes cluster DNS domain",
+};
+/// `--seeds`.
+pub const SEEDS: Flag = Flag {
+    long: "seeds",
+    env: "SBMESH_SEEDS",
+    value_name: "HOST:PORT,...",
+    kind: Kind::List,
+    default: FlagDefault::Template(|| format!("{SBMESH}.seeds")),
+    help: "Comma-separated host:port seeds, re-resolved periodically",
+};
+/// `--bind`.
+pub const BIND: Flag = Flag {
+    long: "bind",
+    env: "SBMESH_BIND",
+    value_name: "IP",
+    kind: Kind::Ip,
+    default: FlagDefault::Value(&DEFAULT_BIND),
+    help: "IP the gossip (UDP) and transport (TCP) sockets bind; :: for IPv6",
+};
+/// `--advertise`.
+pub const ADVERTISE: Flag = Flag {
+    long: "advertise",
+    env: "SBMESH_ADVERTISE",
+    value_name: "IP[:PORT]",
+    kind: Kind::IpPort,
+    default: FlagDefault::Template(|| {
+        format!("{SBMESH}.advertise_addr, else the pod IP, else the bind IP when not unspecified")
+    }),
+    help: "ip or ip:port peers use to reach us",
+};
+/// `--gossip-port`.
+pub const GOSSIP_PORT: Flag = Flag {
+    long: "gossip-port",
+    env: "SBMESH_GOSSIP_PORT",
+    value_name: "PORT",
+    kind: Kind::Port,
+    default: FlagDefault::Template(|| format!("{SBMESH}.gossip_port, else {DEFAULT_GOSSIP_PORT}")),
+    help: "Gossip port, UDP",
+};
+/// `--transport-port`.
+pub const TRANSPORT_PORT: Flag = Flag {
+    long: "transport-port",
+    env: "SBMESH_TRANSPORT_PORT",
+    value_name: "PORT",
+    kind: Kind::Port,
+    default: FlagDefault::Template(|| {
+        format!("{SBMESH}.transport_port, else {DEFAULT_TRANSPORT_PORT}")
+    }),
+    help: "Transport port, TCP",
+};
+/// `--cluster-key`.
+pub const CLUSTER_KEY: Flag = Flag {
+    long: "cluster-key",
+    env: "SBMESH_CLUSTER_KEY",
+    value_name: "HEX[,HEX...]",
+    kind: Kind::Secret,
+    default: FlagDefault::Template(|| format!("{SBMESH}.shared_key")),
+    help: "64 hex chars (32 bytes); a comma-separated list is a key ring, first key primary. \
+           env:NAME and file:/path also work",
+};
+/// `--cluster-key-file`.
+pub const CLUSTER_KEY_FILE: Flag = Flag {
+    long: "cluster-key-file",
+    env: "SBMESH_CLUSTER_KEY_FILE",
+    value_name: "FILE",
+    kind: Kind::Path,
+    default: FlagDefault::None,
+    help: "File with one key per line, first is primary; re-read when it changes",
+};
+/// `--admin-listen`.
+pub const ADMIN_LISTEN: Flag = Flag {
+    long: "admin-listen",
+    env: "SBMESH_ADMIN_LISTEN",
+    value_name: "ADDR",
+    kind: Kind::Listen,
+    default: FlagDefault::Value(&DEFAULT_ADMIN_LISTEN),
+    help: "Address of /healthz, /readyz, /metrics and /admin/*",
+};
+/// `--admin-user`.
+pub const ADMIN_USER: Flag = Flag {
+    long: "admin-user",
+    env: "SBMESH_ADMIN_USER",
+    value_name: "USER",
+    kind: Kind::Text,
+    default: FlagDefault::Words("proxy.admin.username"),
+    help: "HTTP Basic user for /admin/*",
+};
+/// `--admin-password`.
+pub const ADMIN_PASSWORD: Flag = Flag {
+    long: "admin-password",
+    env: "SBMESH_ADMIN_PASSWORD",
+    value_name: "PASSWORD",
+    kind: Kind::Secret,
+    default: FlagDefault::Words("proxy.admin.password"),
+    help: "HTTP Basic password for /admin/*",
+};
+/// `--challenge-listen`.
+pub const CHALLENGE_LISTEN: Flag = Flag {
+    long: "challenge-listen",
+    env: "SBMESH_CHALLENGE_LISTEN",
+    value_name: "ADDR",
+    kind: Kind::Listen,
+    default: FlagDefault::Value(&DEFAULT_CHALLENGE_LISTEN),
+    help: "Address of the ACME HTTP-01 responder",
+};
+/// `--proxy-reload-url`.
+pub const PROXY_RELOAD_URL: Flag = Flag {
+    long: "proxy-reload-url",
+    env: "SBMESH_PROXY_RELOAD_URL",
+    value_name: "URL",
+    kind: Kind::Url,
+    default: FlagDefault::Template(|| {
+        format!("http://127.0.0.1:<proxy.admin.port or {DEFAULT_PROXY_ADMIN_PORT}>/admin/reload")
+    }),
+    help: "Where reloads are POSTed",
+};
+/// `--proxy-authorization`.
+pub const PROXY_AUTHORIZATION: Flag = Flag {
+    long: "proxy-authorization",
+    env: "SBMESH_PROXY_AUTHORIZATION",
+    value_name: "VALUE",
+    kind: Kind::Secret,
+    default: FlagDefault::Words("Basic from proxy.admin.username/password"),
+    help: "Full Authorization header value for the reload POST",
+};
+/// `--cert-dir`.
+pub const CERT_DIR: Flag = Flag {
+    long: "cert-dir",
+    env: "SBMESH_CERT_DIR",
+    value_name: "DIR",
+    kind: Kind::Path,
+    default: FlagDefault::Value(&DEFAULT_CERT_DIR),
+    help: "Certificates handed to the proxy",
+};
+/// `--state-dir`.
+pub const STATE_DIR: Flag = Flag {
+    long: "state-dir",
+    env: "SBMESH_STATE_DIR",
+    value_name: "DIR",
+    kind: Kind::Path,
+    default: FlagDefault::Value(&DEFAULT_STATE_DIR),
+    help: "Local state, e.g. the redb store",
+};
+/// `--log-format`.
+pub const LOG_FORMAT: Flag = Flag {
+    long: "log-format",
+    env: "SBMESH_LOG_FORMAT",
+    value_name: "FORMAT",
+    kind: Kind::Choice,
+    default: FlagDefault::Words("json when stderr is not a terminal, else text"),
+    help: "json or text",
+};
+/// `--shutdown-grace-ms`.
+pub const SHUTDOWN_GRACE_MS: Flag = Flag {
+    long: "shutdown-grace-ms",
+    env: "SBPROXY_SHUTDOWN_GRACE_MS",
+    value_name: "MS",
+    kind: Kind::Millis,
+    default: FlagDefault::Value(&Millis(DEFAULT_SHUTDOWN_GRACE)),
+    help: "Drain budget after SIGTERM/SIGINT, in milliseconds",
+};
+/// `--reload-debounce-ms`.
+pub const RELOAD_DEBOUNCE_MS: Flag = Flag {
+    long: "reload-debounce-ms",
+    env: "SBMESH_RELOAD_DEBOUNCE_MS",
+    value_name: "MS",
+    kind: Kind::Millis,
+    default: FlagDefault::Value(&Millis(DEFAULT_DEBOUNCE)),
+    help: "Quiet time after a config change before it is validated and POSTed, in milliseconds",
+};
+/// `--reload-rescan-secs`.
+pub const RELOAD_RESCAN_SECS: Flag = Flag {
+    long: "reload-rescan-secs",
+    env: "SBMESH_RELOAD_RESCAN_SECS",
+    value_name: "SECS",
+    kind: Kind::Secs,
+    default: FlagDefault::Value(&Secs(DEFAULT_RESCAN)),
+    help: "Full re-read of the config file as a safety net, every N seconds",
+};
+/// `--acme-order-lock-ttl-secs`.
+pub const ACME_ORDER_LOCK_TTL_SECS: Flag = Flag {
+    long: "acme-order-lock-ttl-secs",
+    env: "SBMESH_ACME_ORDER_LOCK_TTL_SECS",
+    value_name: "SECS",
+    kind: Kind::Secs,
+    default: FlagDefault::Value(&Secs(DEFAULT_ORDER_LOCK_TTL)),
+    help: "Lease of a hostname's order lock, in seconds: a replica that dies mid-order holds \
+           the hostname back at most this long",
+};
+/// `--acme-max-orders`.
+pub const ACME_MAX_ORDERS: Flag = Flag {
+    long: "acme-max-orders",
+    env: "SBMESH_ACME_MAX_ORDERS",
+    value_name: "N",
+    kind: Kind::Count,
+    default: FlagDefault::Value(&DEFAULT_MAX_ORDERS_PER_INTERVAL),
+    help: "New ACME orders the whole cluster may place per account and interval \
+           (see --acme-orders-interval-secs)",
+};
+/// `--acme-orders-interval-secs`.
+pub const ACME_ORDERS_INTERVAL_SECS: Flag = Flag {
+    long: "acme-orders-interval-secs",
+    env: "SBMESH_ACME_ORDERS_INTERVAL_SECS",
+    value_name: "SECS",
+    kind: Kind::Secs,
+    default: FlagDefault::Value(&Secs(DEFAULT_ORDER_INTERVAL)),
+    help: "The interval of --acme-max-orders, in seconds",
+};
+/// `--acme-concurrent-orders`.
+pub const ACME_CONCURRENT_ORDERS: Flag = Flag {
+    long: "acme-concurrent-orders",
+    env: "SBMESH_ACME_CONCURRENT_ORDERS",
+    value_name: "N",
+    kind: Kind::Count,
+    default: FlagDefault::Value(&DEFAULT_MAX_CONCURRENT_ORDERS),
+    help: "Orders this replica runs at once",
+};
+/// `--proxy-cert-apply`.
+pub const PROXY_CERT_APPLY: Flag = Flag {
+    long: "proxy-cert-apply",
+    env: "SBMESH_PROXY_CERT_APPLY",
+    value_name: "HOW",
+    kind: Kind::Choice,
+    default: FlagDefault::Template(|| {
+        format!(
+            "{SBMESH}.acme.apply, else {}",
+            CertApply::default().as_str()
+        )
+    }),
+    help: "How a new certificate reaches the running proxy: reload (POST the reload URL), \
+           restart (SIGTERM the proxy process, one pod at a time across the fleet) or none \
+           (files only)",
+};
+/// `--proxy-process-name`.
+pub const PROXY_PROCESS_NAME: Flag = Flag {
+    long: "proxy-process-name",
+    env: "SBMESH_PROXY_PROCESS_NAME",
+    value_name: "NAME",
+    kind: Kind::Name,
+    default: FlagDefault::Value(&DEFAULT_PROXY_PROCESS_NAME),
+    help: "The proxy's process name, as /proc/<pid>/comm shows it, for --proxy-cert-apply \
+           restart",
+};
+/// `--proxy-health-url`.
+pub const PROXY_HEALTH_URL: Flag = Flag {
+    long: "proxy-health-url",
+    env: "SBMESH_PROXY_HEALTH_URL",
+    value_name: "URL",
+    kind: Kind::Url,
+    default: FlagDefault::Template(|| {
+        format!("http://127.0.0.1:<proxy.admin.port or {DEFAULT_PROXY_ADMIN_PORT}>/health")
+    }),
+    help: "What must answer 200 before a restarted proxy counts as back",
+};
+/// `--proxy-restart-interval-secs`.
+pub const PROXY_RESTART_INTERVAL_SECS: Flag = Flag {
+    long: "proxy-restart-interval-secs",
+    env: "SBMESH_PROXY_RESTART_INTERVAL_SECS",
+    value_name: "SECS",
+    kind: Kind::Secs,
+    default: FlagDefault::Value(&Secs(DEFAULT_PROXY_RESTART_INTERVAL)),
+    help: "At most one proxy restart per pod this often, in seconds, for --proxy-cert-apply \
+           restart",
+};
+/// `--watch-tls`.
+pub const WATCH_TLS: Flag = Flag {
+    long: "watch-tls",
+    env: "SBMESH_WATCH_TLS",
+    value_name: "DIR",
+    kind: Kind::Paths,
+    default: FlagDefault::None,
+    help: "A directory holding tls.crt and tls.key (a mounted cert-manager Secret); a changed, \
+           matching pair is applied to the proxy with --proxy-cert-apply. Repeatable; the \
+           environment takes a comma-separated list",
+};
+
+/// Every flag of `run`, in the order `--help` lists them.
+pub const RUN: &[Flag] = &[
+    CONFIG,
+    POD_NAME,
+    POD_IP,
+    NAMESPACE,
+    NODE_ID,
+    CLUSTER_ID,
+    MESH_SERVICE,
+    CLUSTER_DOMAIN,
+    SEEDS,
+    BIND,
+    ADVERTISE,
+    GOSSIP_PORT,
+    TRANSPORT_PORT,
+    CLUSTER_KEY,
+    CLUSTER_KEY_FILE,
+    ADMIN_LISTEN,
+    ADMIN_USER,
+    ADMIN_PASSWORD,
+    CHALLENGE_LISTEN,
+    PROXY_RELOAD_URL,
+    PROXY_AUTHORIZATION,
+    CERT_DIR,
+    STATE_DIR,
+    LOG_FORMAT,
+    SHUTDOWN_GRACE_MS,
+    RELOAD_DEBOUNCE_MS,
+    RELOAD_RESCAN_SECS,
+    ACME_ORDER_LOCK_TTL_SECS,
+    ACME_MAX_ORDERS,
+    ACME_ORDERS_INTERVAL_SECS,
+    ACME_CONCURRENT_ORDERS,
+    PROXY_CERT_APPLY,
+    PROXY_PROCESS_NAME,
+    PROXY_HEALTH_URL,
+    PROXY_RESTART_INTERVAL_SECS,
+    WATCH_TLS,
+];
+
+/// The flag whose long name (with or without the leading `--`) is `long`.
+pub fn by_long(long: &str) -> Option<&'static Flag> {
+    let long = long.strip_prefix("--").unwrap_or(long);
+    RUN.iter().find(|flag| flag.long == long)
+}
+
+/// The flag whose environment variable is `env`.
+pub fn by_env(env: &str) -> Option<&'static Flag> {
+    RUN.iter().find(|flag| flag.env == env)
+}
+
+/// [`RUN`] as a Markdown table, one row per flag:
+/// `| flag | environment | default | meaning |`. A fixed default is
+/// written as code, one worked out from other inputs in words, none as `—`.
+pub fn markdown_table() -> String {
+    let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for flag in RUN {
+        let default = match flag.default {
+            FlagDefault::None => "—".to_owned(),
+            FlagDefault::Value(value) => format!("`{value}`"),
+            FlagDefault::Words(_) | FlagDefault::Template(_) => {
+                flag.default_text().unwrap_or_default()
+            }
+        };
+        out.push_str(&format!(
+            "| `{}` | `{}` | {} | {} |\n",
+            flag.flag(),
+            flag.env,
+            escape_cell(&default),
+            escape_cell(flag.help)
+        ));
+    }
+    out
+}
+
+/// A table cell's text with its `|` escaped, so it stays one cell.
+fn escape_cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_and_variables_are_unique_and_well_formed() {
+        let mut longs = HashSet::new();
+        let mut envs = HashSet::new();
+        for flag in RUN {
+            assert!(longs.insert(flag.long), "--{} twice", flag.long);
+            assert!(envs.insert(flag.env), "{} twice", flag.env);
+            assert!(
+                flag.long
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "--{}",
+                flag.long
+            );
+            assert!(
+                flag.env.starts_with("SBMESH_") || flag.env.starts_with("SBPROXY_"),
+                "{}",
+                flag.env
+            );
+            assert!(
+                !flag.help.ends_with('.'),
+                "--{}: no final period",
+                flag.long
+            );
+        }
+    }
+
+    #[test]
+    fn the_contracts_defaults() {
+        let default = |flag: &Flag| flag.default_text();
+        assert_eq!(default(&CONFIG).as_deref(), Some("/etc/sbproxy/sb.yml"));
+        assert_eq!(default(&NAMESPACE).as_deref(), Some("default"));
+        assert_eq!(default(&CLUSTER_DOMAIN).as_deref(), Some("cluster.local"));
+        assert_eq!(default(&BIND).as_deref(), Some("0.0.0.0"));
+        assert!(default(&GOSSIP_PORT).unwrap().ends_with(", else 7946"));
+        assert!(default(&TRANSPORT_PORT).unwrap().ends_with(", else 8946"));
+        assert_eq!(default(&ADMIN_LISTEN).as_deref(), Some("0.0.0.0:9091"));
+        assert_eq!(default(&CHALLENGE_LISTEN).as_deref(), Some("0.0.0.0:8089"));
+        assert_eq!(
+            default(&PROXY_RELOAD_URL).as_deref(),
+            Some("http://127.0.0.1:<proxy.admin.port or 9090>/admin/reload")
+        );
+        assert_eq!(
+            default(&CERT_DIR).as_deref(),
+            Some("/var/lib/sbproxy/certs")
+        );
+        assert_eq!(
+            default(&STATE_DIR).as_deref(),
+            Some("/var/lib/sbproxy/sidecar")
+        );
+        assert_eq!(default(&SHUTDOWN_GRACE_MS).as_deref(), Some("30000"));
+        assert!(
+            default(&PROXY_CERT_APPLY)
+                .unwrap()
+                .ends_with(", else reload")
+        );
+        assert_eq!(default(&PROXY_PROCESS_NAME).as_deref(), Some("sbproxy"));
+        assert_eq!(default(&POD_NAME), None);
+        assert_eq!(
+            GOSSIP_PORT.help_line(),
+            "Gossip port, UDP [default: proxy.extensions.sbmesh.gossip_port, else 7946]"
+        );
+    }
+
+    #[test]
+    fn markdown_has_a_row_per_flag() {
+        let table = markdown_table();
+        let mut lines = table.lines();
+        assert_eq!(
+            lines.next(),
+            Some("| flag | environment | default | meaning |")
+        );
+        assert_eq!(lines.next(), Some("|---|---|---|---|"));
+        let rows: Vec<&str> = lines.collect();
+        assert_eq!(rows.len(), RUN.len());
+        assert_eq!(
+            rows[0],
+            "| `--config` | `SBMESH_CONFIG` | `/etc/sbproxy/sb.yml` | The proxy's config file, read only |"
+        );
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with("| `--pod-name` | `SBPROXY_POD_NAME` | — |"))
+        );
+    }
+
+    #[test]
+    fn lookups() {
+        assert_eq!(by_long("--cert-dir"), Some(&CERT_DIR));
+        assert_eq!(by_long("cert-dir"), Some(&CERT_DIR));
+        assert_eq!(
+            by_env("SBPROXY_SHUTDOWN_GRACE_MS"),
+            Some(&SHUTDOWN_GRACE_MS)
+        );
+        assert_eq!(by_env("SBMESH_NOPE"), None);
+    }
+}
