@@ -1,13 +1,19 @@
-//! The one metrics registry of a process, with the metric names of SPEC
-//! section 8. Every component takes an `Arc<Metrics>` and records into it;
-//! `/metrics` encodes the registry in the Prometheus text format.
+//! The one metrics registry of a process, with the metric names of
+//! docs/reference.md#metrics. Every component takes an `Arc<Metrics>` and records into it;
+//! `/metrics` encodes the registry in the exposition the scraper asks for
+//! ([`Exposition::from_accept`]): OpenMetrics 1.0.0, or the Prometheus text
+//! format 0.0.4.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Membership state of a peer, as a label value.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -52,7 +58,7 @@ pub struct TransportLabels {
     pub transport: Transport,
 }
 
-/// Mesh metrics (SPEC section 8).
+/// Mesh metrics (docs/reference.md#mesh-metrics).
 pub struct MeshMetrics {
     /// `mesh_peer_count{state}`: peers by state, self excluded.
     pub peer_count: Family<StateLabels, Gauge>,
@@ -142,7 +148,7 @@ pub struct BackendLabels {
     pub backend: &'static str,
 }
 
-/// Certificate store metrics (SPEC section 8).
+/// Certificate store metrics (docs/reference.md#store-metrics).
 pub struct StoreMetrics {
     /// `store_operations_total{backend,op,result}`.
     pub operations: Family<StoreOpLabels, Counter>,
@@ -180,7 +186,7 @@ impl StoreMetrics {
     }
 }
 
-/// Config reloader metrics (SPEC section 8).
+/// Config reloader metrics (docs/reference.md#reload-metrics).
 pub struct ReloaderMetrics {
     /// `reloader_reloads_total`: reload POSTs answered or failed.
     pub reloads: Counter,
@@ -215,8 +221,13 @@ pub struct Metrics {
 
 /// Metrics of handing certificates to the running proxy.
 pub struct ProxyMetrics {
-    /// `sbmesh_proxy_restarts_total{reason="certificate"}` (SPEC section 8).
+    /// `sbmesh_proxy_restarts_total{reason="certificate"}` (docs/reference.md#proxy-hand-off-metrics).
     pub restarts: Family<ReasonLabels, Counter>,
+    /// `sbmesh_proxy_restart_failing`: 1 while the last certificate restart
+    /// failed (no proxy process could be signalled, or it did not answer its
+    /// health URL again in time) and the proxy has not answered since; the
+    /// same condition fails `/readyz` with its reason.
+    pub restart_failing: Gauge,
     /// `sbmesh_watch_tls_rejected_total{reason}`: certificate pairs in a
     /// `--watch-tls` directory that were not applied, by reason.
     pub watch_tls_rejected: Family<ReasonLabels, Counter>,
@@ -258,14 +269,83 @@ pub struct HostLabels {
     pub host: String,
 }
 
-/// ACME metrics (SPEC section 8).
+/// ACME metrics (docs/reference.md#acme-metrics).
 pub struct AcmeMetrics {
     /// `acme_orders_total{result="issued|failed|skipped"}`.
     pub orders: Family<ResultLabels, Counter>,
     /// `acme_challenge_requests_total{result="hit|miss|rejected"}`.
     pub challenge_requests: Family<ResultLabels, Counter>,
     /// `sbproxy_cert_expiry_seconds{host}`: seconds until notAfter.
-    pub cert_expiry_seconds: Family<HostLabels, Gauge>,
+    pub cert_expiry_seconds: CertExpiry,
+}
+
+/// `sbproxy_cert_expiry_seconds{host}`: each host's notAfter, read out as the
+/// seconds left at scrape time, so the gauge counts down between renewals
+/// (a value set once would stand still while a renewal keeps failing, and
+/// an alert on it would never fire). The family is always declared, with no
+/// sample until a certificate is written.
+#[derive(Clone, Debug, Default)]
+pub struct CertExpiry {
+    not_after_unix: Arc<RwLock<BTreeMap<String, i64>>>,
+}
+
+impl CertExpiry {
+    /// Records the notAfter (unix seconds) of `host`'s certificate.
+    pub fn set_not_after(&self, host: &str, not_after_unix: i64) {
+        self.write().insert(host.to_owned(), not_after_unix);
+    }
+
+    /// Forgets `host`.
+    pub fn remove(&self, host: &str) {
+        self.write().remove(host);
+    }
+
+    /// Seconds left for each host at `now_unix`, by host.
+    pub fn seconds_left_at(&self, now_unix: i64) -> Vec<(String, i64)> {
+        self.read()
+            .iter()
+            .map(|(host, not_after)| (host.clone(), not_after.saturating_sub(now_unix)))
+            .collect()
+    }
+
+    // A panic elsewhere while holding the lock leaves a map that is still
+    // whole (each operation is one insert or remove): keep using it.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, i64>> {
+        self.not_after_unix
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, i64>> {
+        self.not_after_unix
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl TypedMetric for CertExpiry {
+    const TYPE: MetricType = MetricType::Gauge;
+}
+
+impl EncodeMetric for CertExpiry {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (host, seconds_left) in self.seconds_left_at(unix_now()) {
+            encoder
+                .encode_family(&HostLabels { host })?
+                .encode_gauge(&seconds_left)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 impl AcmeMetrics {
@@ -281,20 +361,16 @@ impl AcmeMetrics {
             .inc();
     }
 
-    /// Sets the expiry gauge of `host`.
+    /// Sets the expiry gauge of `host` to `seconds_left` now; it counts down
+    /// from there.
     pub fn set_expiry(&self, host: &str, seconds_left: i64) {
         self.cert_expiry_seconds
-            .get_or_create(&HostLabels {
-                host: host.to_owned(),
-            })
-            .set(seconds_left);
+            .set_not_after(host, unix_now().saturating_add(seconds_left));
     }
 
     /// Drops the expiry gauge of a host no longer served.
     pub fn forget_host(&self, host: &str) {
-        self.cert_expiry_seconds.remove(&HostLabels {
-            host: host.to_owned(),
-        });
+        self.cert_expiry_seconds.remove(host);
     }
 }
 
@@ -306,7 +382,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// A registry with every metric registered (and the label sets that are
-    /// fixed by the SPEC pre-created, so a scrape shows them at zero).
+    /// fixed by docs/reference.md#metrics pre-created, so a scrape shows them at zero).
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let mesh = MeshMetrics {
@@ -406,6 +482,9 @@ impl Metrics {
             "Lease locks acquired in the certificate store, by backend",
             store.lock_acquired.clone(),
         );
+        let _ = store.unseal_failures.get_or_create(&ReasonLabels {
+            reason: "missing_key",
+        });
         registry.register(
             "store_unseal_failures",
             "Store records read but not opened, by reason (missing_key: sealed under a key no longer in the cluster key ring)",
@@ -446,7 +525,7 @@ impl Metrics {
         let acme = AcmeMetrics {
             orders: Family::default(),
             challenge_requests: Family::default(),
-            cert_expiry_seconds: Family::default(),
+            cert_expiry_seconds: CertExpiry::default(),
         };
         for result in ["issued", "failed", "skipped"] {
             let _ = acme.orders.get_or_create(&ResultLabels { result });
@@ -473,6 +552,7 @@ impl Metrics {
         );
         let proxy = ProxyMetrics {
             restarts: Family::default(),
+            restart_failing: Gauge::default(),
             watch_tls_rejected: Family::default(),
         };
         let _ = proxy.restarts.get_or_create(&ReasonLabels {
@@ -487,6 +567,11 @@ impl Metrics {
             "sbmesh_proxy_restarts",
             "Graceful proxy restarts (SIGTERM) signalled by this node, by reason",
             proxy.restarts.clone(),
+        );
+        registry.register(
+            "sbmesh_proxy_restart_failing",
+            "1 while the last certificate restart of the proxy failed (not signalled, or not healthy again in time) and the proxy has not answered since, else 0",
+            proxy.restart_failing.clone(),
         );
         registry.register(
             "sbmesh_watch_tls_rejected",
@@ -509,12 +594,124 @@ impl Metrics {
         &mut self.registry
     }
 
-    /// The Prometheus/OpenMetrics text exposition.
+    /// The OpenMetrics text exposition (what tests and embedders read).
     pub fn encode(&self) -> String {
+        self.encode_as(Exposition::OpenMetrics)
+    }
+
+    /// The registry in the given exposition format.
+    pub fn encode_as(&self, format: Exposition) -> String {
         let mut out = String::with_capacity(4096);
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = match format {
+            Exposition::OpenMetrics => {
+                prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            }
+            Exposition::PrometheusText => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            }
+        };
         out
+    }
+}
+
+/// The text formats `/metrics` answers in.
+///
+/// Both carry the same families and samples. OpenMetrics names a counter
+/// family without `_total` in `# TYPE`, and ends with `# EOF`; the Prometheus
+/// text format 0.0.4 names it with `_total` and has no end marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics 1.0.0 text.
+    OpenMetrics,
+    /// Prometheus text format 0.0.4.
+    PrometheusText,
+}
+
+impl Exposition {
+    /// The format to answer a request with this `Accept` header (several
+    /// header lines joined with `,`): OpenMetrics when the client lists
+    /// `application/openmetrics-text` with a q-value above zero and at least
+    /// that of anything text 0.0.4 would satisfy (`text/plain`, `text/*`,
+    /// `*/*`); the text format otherwise, including no header, `*/*` alone
+    /// and a header that cannot be read.
+    ///
+    /// Prometheus lists OpenMetrics first with the highest q by default
+    /// (`scrape_protocols`), so it gets OpenMetrics; curl and browsers get
+    /// the text format.
+    pub fn from_accept(accept: Option<&str>) -> Self {
+        let Some(accept) = accept else {
+            return Exposition::PrometheusText;
+        };
+        let mut openmetrics = 0.0_f32;
+        let mut text = 0.0_f32;
+        for range in accept.split(',') {
+            let Some(range) = MediaRange::parse(range) else {
+                continue;
+            };
+            let (kind, sub) = (range.kind.as_str(), range.subtype.as_str());
+            if (kind, sub) == ("application", "openmetrics-text") {
+                openmetrics = openmetrics.max(range.q);
+            } else if (kind, sub) == ("text", "plain")
+                || (kind == "text" || kind == "*") && sub == "*"
+            {
+                text = text.max(range.q);
+            }
+        }
+        if openmetrics > 0.0 && openmetrics >= text {
+            Exposition::OpenMetrics
+        } else {
+            Exposition::PrometheusText
+        }
+    }
+
+    /// The `Content-Type` of a response in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Exposition::PrometheusText => {
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE
+            }
+        }
+    }
+}
+
+/// One element of an `Accept` header: `type/subtype;param=value;q=0.5`,
+/// type and subtype lowercased, `q` in 0..=1 (1 when absent).
+struct MediaRange {
+    kind: String,
+    subtype: String,
+    q: f32,
+}
+
+impl MediaRange {
+    /// `None` for an element that is not `type/subtype`; a q-value that is
+    /// not a number makes the range unacceptable (q = 0).
+    fn parse(element: &str) -> Option<Self> {
+        let mut parts = element.split(';');
+        let (kind, subtype) = parts.next()?.trim().split_once('/')?;
+        let (kind, subtype) = (kind.trim(), subtype.trim());
+        if kind.is_empty() || subtype.is_empty() {
+            return None;
+        }
+        let mut q = 1.0;
+        for param in parts {
+            if let Some((name, value)) = param.split_once('=')
+                && name.trim().eq_ignore_ascii_case("q")
+            {
+                q = value
+                    .trim()
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|q| q.is_finite())
+                    .map_or(0.0, |q| q.clamp(0.0, 1.0));
+            }
+        }
+        Some(MediaRange {
+            kind: kind.to_ascii_lowercase(),
+            subtype: subtype.to_ascii_lowercase(),
+            q,
+        })
     }
 }
 
@@ -575,6 +772,11 @@ mod tests {
         let m = Metrics::new();
         m.acme.order("issued");
         m.acme.challenge("rejected");
+        assert!(
+            m.encode()
+                .contains("# TYPE sbproxy_cert_expiry_seconds gauge\n"),
+            "the expiry family is declared before any certificate"
+        );
         m.acme.set_expiry("a.example.com", 3600);
         let text = m.encode();
         for name in [
@@ -582,12 +784,45 @@ mod tests {
             "acme_orders_total{result=\"skipped\"} 0",
             "acme_challenge_requests_total{result=\"rejected\"} 1",
             "acme_challenge_requests_total{result=\"hit\"} 0",
-            "sbproxy_cert_expiry_seconds{host=\"a.example.com\"} 3600",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+        // Seconds left when scraped: at most what was set, a moment later.
+        let left = text
+            .lines()
+            .find_map(|l| l.strip_prefix("sbproxy_cert_expiry_seconds{host=\"a.example.com\"} "))
+            .and_then(|v| v.parse::<i64>().ok());
+        assert!(
+            left.is_some_and(|s| (0..=3600).contains(&s) && s > 3000),
+            "{text}"
+        );
         m.acme.forget_host("a.example.com");
         assert!(!m.encode().contains("a.example.com"));
+    }
+
+    #[test]
+    fn cert_expiry_counts_down_to_not_after() {
+        let expiry = CertExpiry::default();
+        expiry.set_not_after("b.example.com", 1_000_000);
+        expiry.set_not_after("a.example.com", 2_000_000);
+        assert_eq!(
+            expiry.seconds_left_at(900_000),
+            [
+                ("a.example.com".to_owned(), 1_100_000),
+                ("b.example.com".to_owned(), 100_000)
+            ]
+        );
+        // Past notAfter it goes negative, as a certificate already expired.
+        assert_eq!(
+            expiry.seconds_left_at(1_000_060)[1],
+            ("b.example.com".to_owned(), -60)
+        );
+        expiry.set_not_after("b.example.com", 9_000_000);
+        expiry.remove("a.example.com");
+        assert_eq!(
+            expiry.seconds_left_at(1_000_000),
+            [("b.example.com".to_owned(), 8_000_000)]
+        );
     }
 
     #[test]
@@ -596,6 +831,7 @@ mod tests {
         m.proxy.watch_tls_rejected("mismatch");
         let text = m.encode();
         for name in [
+            "sbmesh_proxy_restart_failing 0",
             "sbmesh_proxy_restarts_total{reason=\"certificate\"} 0",
             "sbmesh_watch_tls_rejected_total{reason=\"mismatch\"} 1",
             "sbmesh_watch_tls_rejected_total{reason=\"incomplete\"} 0",
@@ -607,6 +843,157 @@ mod tests {
             m.encode()
                 .contains("sbmesh_proxy_restarts_total{reason=\"certificate\"} 1")
         );
+    }
+
+    /// Prometheus' own `Accept` (default `scrape_protocols`, 2.49 and later).
+    const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0;q=0.5,\
+        application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+
+    #[test]
+    fn accept_chooses_openmetrics_only_when_asked_for_first() {
+        use Exposition::{OpenMetrics, PrometheusText};
+        for (accept, want) in [
+            (None, PrometheusText),
+            (Some(""), PrometheusText),
+            (Some("*/*"), PrometheusText),
+            (Some("text/plain"), PrometheusText),
+            (Some("text/plain;version=0.0.4"), PrometheusText),
+            (
+                Some("text/html,application/xhtml+xml,*/*;q=0.8"),
+                PrometheusText,
+            ),
+            (Some(PROMETHEUS_ACCEPT), OpenMetrics),
+            // Prometheus 2.0 to 2.48.
+            (
+                Some(
+                    "application/openmetrics-text; version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+                ),
+                OpenMetrics,
+            ),
+            (Some("application/openmetrics-text"), OpenMetrics),
+            (
+                Some("Application/OpenMetrics-Text; Version=1.0.0"),
+                OpenMetrics,
+            ),
+            (
+                Some("application/openmetrics-text;version=1.0.0;charset=utf-8"),
+                OpenMetrics,
+            ),
+            // Prometheus with `scrape_protocols: [PrometheusText0.0.4, ...]`.
+            (
+                Some(
+                    "text/plain;version=0.0.4;q=0.5,application/openmetrics-text;version=1.0.0;q=0.4,*/*;q=0.3",
+                ),
+                PrometheusText,
+            ),
+            // The highest q wins wherever it is listed; a tie goes to the
+            // format named explicitly.
+            (
+                Some("text/plain;q=0.2, application/openmetrics-text;q=0.9"),
+                OpenMetrics,
+            ),
+            (
+                Some("application/openmetrics-text;q=0.3, text/*;q=0.4"),
+                PrometheusText,
+            ),
+            (
+                Some("application/openmetrics-text;q=0.5, */*;q=0.5"),
+                OpenMetrics,
+            ),
+            (
+                Some("application/openmetrics-text ; q = 0.7 , */* ; q=0.6"),
+                OpenMetrics,
+            ),
+            // q=0 means "not acceptable"; a malformed q too.
+            (Some("application/openmetrics-text;q=0"), PrometheusText),
+            (Some("application/openmetrics-text;q=high"), PrometheusText),
+            (Some("application/openmetrics-text;q=NaN"), PrometheusText),
+            // Ranges that match neither, and garbage, are ignored.
+            (Some("application/json"), PrometheusText),
+            (Some("application/*"), PrometheusText),
+            (Some(",,;;/,application/openmetrics-text"), OpenMetrics),
+            (Some("openmetrics"), PrometheusText),
+        ] {
+            assert_eq!(Exposition::from_accept(accept), want, "Accept: {accept:?}");
+        }
+    }
+
+    #[test]
+    fn content_types_name_the_format() {
+        assert_eq!(
+            Exposition::OpenMetrics.content_type(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+        assert_eq!(
+            Exposition::PrometheusText.content_type(),
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+    }
+
+    /// The lines that carry values, in order.
+    fn samples(text: &str) -> Vec<&str> {
+        text.lines().filter(|l| !l.starts_with('#')).collect()
+    }
+
+    #[test]
+    fn both_expositions_carry_the_same_samples() {
+        let m = Metrics::new();
+        m.mesh.rejected("decrypt");
+        m.store.operation("redis", "put", "error");
+        m.acme.set_expiry("a.example.com", 86_400);
+        m.reloader.last_reload_success_timestamp_seconds.set(1.5e9);
+        let open = m.encode_as(Exposition::OpenMetrics);
+        let text = m.encode_as(Exposition::PrometheusText);
+        assert_eq!(samples(&open), samples(&text));
+        assert!(
+            text.contains(
+                "store_operations_total{backend=\"redis\",op=\"put\",result=\"error\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(m.encode(), open, "encode() is the OpenMetrics form");
+    }
+
+    #[test]
+    fn openmetrics_ends_with_eof_and_types_counters_without_total() {
+        let open = Metrics::new().encode_as(Exposition::OpenMetrics);
+        assert!(open.ends_with("# EOF\n"), "{open}");
+        assert!(
+            open.contains("# TYPE mesh_packets_rejected counter\n"),
+            "{open}"
+        );
+    }
+
+    #[test]
+    fn prometheus_text_types_counters_with_total_and_has_no_eof() {
+        let m = Metrics::new();
+        m.store.operation("redb", "get", "ok");
+        let text = m.encode_as(Exposition::PrometheusText);
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(!text.contains("_created"), "{text}");
+        assert!(!text.contains("# UNIT"), "{text}");
+        for line in [
+            "# TYPE mesh_packets_rejected_total counter\n",
+            "# HELP mesh_packets_rejected_total Mesh packets dropped, by reason.\n",
+            "# TYPE store_operations_total counter\n",
+            "# TYPE reloader_reloads_failed_total counter\n",
+            "# TYPE sbmesh_proxy_restarts_total counter\n",
+            "# TYPE mesh_peer_count gauge\n",
+            "# TYPE sbproxy_cert_expiry_seconds gauge\n",
+            "# TYPE sbmesh_proxy_restart_failing gauge\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        // Every sample belongs to the family its TYPE line declares.
+        let mut family = "";
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap_or_default();
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap_or_default();
+                assert_eq!(name, family, "sample {line:?} outside its family");
+            }
+        }
     }
 
     #[test]

@@ -378,15 +378,22 @@ async fn a_proxy_that_does_not_come_back_is_reported_and_frees_the_lease() {
     let code = Arc::new(AtomicU16::new(503));
     let health = health_server(code.clone()).await;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let metrics = Arc::new(Metrics::new());
+    let failing = |value: u8| {
+        metrics
+            .encode()
+            .contains(&format!("\nsbmesh_proxy_restart_failing {value}\n"))
+    };
     let coordinator = RestartCoordinator::spawn(
         RestartConfig {
             give_up_after: Duration::from_secs(1),
             ..config("node-d", &name, &health)
         },
         store.clone(),
-        Arc::new(Metrics::new()),
+        metrics.clone(),
     )
     .unwrap();
+    assert!(failing(0), "{}", metrics.encode());
     coordinator.request();
     let (status, _) = exit.exited().await;
     assert_eq!(status.signal(), Some(15));
@@ -401,10 +408,13 @@ async fn a_proxy_that_does_not_come_back_is_reported_and_frees_the_lease() {
             .contains("did not answer 200"),
         "{shown:?}"
     );
+    // The metric an alert watches says so while the problem stands.
+    assert!(failing(1), "{}", metrics.encode());
     lease_free(&store).await;
     // The proxy answering again clears the problem.
     code.store(200, Ordering::SeqCst);
     wait_status(&mut status, "recovery", |s| s.problem.is_none()).await;
+    assert!(failing(0), "{}", metrics.encode());
 }
 
 /// A `kubernetes.io/tls` Secret mount as the kubelet keeps it.

@@ -1,5 +1,5 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics` and `/admin/*`
-//! (SPEC section 3).
+//! (docs/reference.md#admin-endpoints).
 
 mod auth;
 pub mod listener;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -17,7 +17,7 @@ use axum::routing::get;
 pub use auth::AdminAuth;
 
 use crate::mesh::Mesh;
-use crate::metrics::Metrics;
+use crate::metrics::{Exposition, Metrics};
 
 /// One readiness condition: `None` when it holds, else the reason it
 /// does not (shown in `/readyz`).
@@ -84,13 +84,26 @@ async fn readyz(State(state): State<AdminState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AdminState>) -> Response {
+/// `/metrics` in the format the `Accept` header prefers: OpenMetrics for a
+/// scraper that asks for it first (Prometheus does), the Prometheus text
+/// format 0.0.4 otherwise.
+async fn metrics(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+    // Several Accept lines mean one list; a line that is not text is ignored.
+    let accept: Vec<&str> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let format = Exposition::from_accept((!accept.is_empty()).then(|| accept.join(",")).as_deref());
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        )],
-        state.metrics.encode(),
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            ),
+            (header::VARY, HeaderValue::from_static("Accept")),
+        ],
+        state.metrics.encode_as(format),
     )
         .into_response()
 }

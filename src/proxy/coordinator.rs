@@ -60,7 +60,7 @@ pub struct RestartConfig {
 }
 
 impl RestartConfig {
-    /// The SPEC's defaults for a node, a process name and a health URL.
+    /// The defaults (docs/reference.md#sidecar-flags) for a node, a process name and a health URL.
     pub fn new(node_id: &str, process_name: &str, health_url: &str) -> Self {
         Self {
             node_id: node_id.to_owned(),
@@ -145,7 +145,7 @@ impl std::fmt::Debug for Requests {
 
 impl RestartCoordinator {
     /// Starts the coordinator: restarts the proxy after each
-    /// [`RestartCoordinator::request`], as the SPEC's section 6 says.
+    /// [`RestartCoordinator::request`], as docs/reference.md#certificate-files says.
     pub fn spawn(
         cfg: RestartConfig,
         store: Arc<dyn Store>,
@@ -291,6 +291,10 @@ impl Shell {
             last_restart_unix_ms: self.core.last_restart_unix_ms(),
             problem: self.core.problem().map(str::to_owned),
         };
+        self.metrics
+            .proxy
+            .restart_failing
+            .set(i64::from(next.problem.is_some()));
         self.status.send_if_modified(|current| {
             let changed = *current != next;
             if changed {
