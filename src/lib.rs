@@ -2,7 +2,46 @@
 //! reload watcher that let several sbproxy replicas act as one fleet.
 //!
 //! The `sbmesh-sidecar` binary composes these parts; a Rust proxy can link
-//! them in-process instead. Embedding the mesh:
+//! them in-process instead.
+//!
+//! # Embedding a node
+//!
+//! [`node::Node::start`] starts everything the sidecar runs (the mesh,
+//! the certificate store, the ACME manager and its challenge responder,
+//! the config watcher, the node metadata and readiness) from one
+//! [`node::NodeConfig`]. [`tls::CertResolver`] serves the node's
+//! certificates from a rustls server: self-signed placeholders at first,
+//! then the CA's, each new one from the next handshake on.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use sbmesh::node::{Node, NodeConfig};
+//! use sbmesh::tls::{CertResolver, DefaultCertificate};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // Origins and `proxy.extensions.sbmesh.acme` come from sb.yml, which is
+//! // followed: an origin added there is ordered without a restart.
+//! let mut cfg = NodeConfig::from_file("demo-proxy-0", "demo", "/etc/sbproxy/sb.yml")?;
+//! cfg.cluster_key = Some(vec![[7u8; 32]]); // `sbmesh-sidecar keygen`, from a Secret
+//! cfg.mesh_service = Some("demo-mesh.default.svc.cluster.local".into());
+//! cfg.challenge_listen = Some("0.0.0.0:80".parse()?); // where HTTP-01 arrives
+//! cfg.admin_listen = Some("0.0.0.0:9091".parse()?); // /readyz, /metrics, /admin/*
+//! let node = Node::start(cfg).await?;
+//!
+//! let resolver = CertResolver::following(node.certificates(), DefaultCertificate::First);
+//! let tls_config: Arc<rustls::ServerConfig> = Arc::new(sbmesh::tls::server_config(resolver)?);
+//! // ... accept connections with `tls_config` (e.g. tokio-rustls) ...
+//! # let _ = tls_config;
+//!
+//! node.shutdown(Duration::from_secs(30)).await; // leaves the mesh, drains
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `examples/embed.rs` is a complete HTTPS server built this way.
+//!
+//! # Embedding the mesh alone
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -46,6 +85,8 @@ pub mod http;
 pub mod identity;
 pub mod mesh;
 pub mod metrics;
+pub mod node;
 pub mod proxy;
 pub mod reload;
 pub mod store;
+pub mod tls;

@@ -1,0 +1,1331 @@
+//! [`Node::start`]: everything the sidecar composes, in one call, for a
+//! process that embeds the library.
+//!
+//! A node is the mesh member, the certificate store (opened and probed),
+//! the ACME manager (orders, renewals, certificate files, placeholders),
+//! the challenge responder, the config watcher (and the reload POST when
+//! there is a proxy to tell), the `--watch-tls` directories, the node
+//! metadata every peer reads, readiness, and the admin and challenge
+//! routers. `sbmesh-sidecar run` is `Node::start`, a signal, and
+//! [`Node::shutdown`]; a proxy linking the library does the same and
+//! serves [`Node::certificates`] with [`crate::tls`].
+//!
+//! Data flow of the certificates, one way: the ACME manager writes the
+//! files (placeholders first) -> this node reads them back after each
+//! change -> [`Node::certificates`] -> e.g. [`crate::tls::CertResolver`].
+//! The files stay the one source of truth, so what an embedding process
+//! serves is exactly what a proxy reading the files would.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+use tracing::{info, warn};
+
+use crate::acme::certs::{key_matches, parse_chain};
+use crate::acme::challenge::{ChallengeBook, challenge_router};
+use crate::acme::deliver::read_pair;
+use crate::acme::manager::{
+    AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus, CertificatesChanged, wanted_units,
+};
+use crate::acme::placeholder::is_placeholder;
+use crate::config::flags::{DEFAULT_CERT_DIR, DEFAULT_STATE_DIR};
+use crate::config::{CertApply, SbConfig, StorageBackend};
+use crate::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
+use crate::mesh::{
+    AcmeInfo, ClusterStatus, Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning,
+};
+use crate::metrics::Metrics;
+use crate::proxy::{
+    ProxyStatus, RestartConfig, RestartCoordinator, TlsWatcher, WatchTlsConfig, restart_readiness,
+    watch_tls_readiness,
+};
+use crate::reload::{ReloadError, ReloadStatus, Reloader, ReloaderConfig, ReloaderHandle};
+use crate::store::Store;
+use crate::store::open::{open_cluster_store, probe};
+use crate::store::sealed::AtRestRing;
+
+/// Certificates listed in this node's mesh metadata at most (see
+/// `publish_meta`).
+const MAX_CERTS_IN_META: usize = 400;
+
+/// Where and how reloads are POSTed to a proxy in another process.
+#[derive(Clone)]
+pub struct ProxyReload {
+    /// `http://…/admin/reload` (`--proxy-reload-url`).
+    pub url: String,
+    /// The full `Authorization` header value (`--proxy-authorization`).
+    pub authorization: Option<String>,
+}
+
+impl std::fmt::Debug for ProxyReload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyReload")
+            .field("url", &self.url)
+            .field(
+                "authorization",
+                &self.authorization.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// How a restarted proxy is found and awaited (`cert_apply: Restart`).
+#[derive(Clone, Debug)]
+pub struct ProxyRestart {
+    /// The proxy's `/proc/<pid>/comm` (`--proxy-process-name`).
+    pub process_name: String,
+    /// What must answer 200 before a restarted proxy counts as back.
+    pub health_url: String,
+    /// At most one restart per pod this often.
+    pub min_interval: Duration,
+}
+
+impl Default for ProxyRestart {
+    fn default() -> Self {
+        let d = RestartConfig::new("", "sbproxy", "http://127.0.0.1:9090/health");
+        Self {
+            process_name: d.process_name,
+            health_url: d.health_url,
+            min_interval: d.min_interval,
+        }
+    }
+}
+
+/// Everything [`Node::start`] needs. [`NodeConfig::new`] (or
+/// [`NodeConfig::from_file`]) fills in the defaults of docs/reference.md#sidecar-flags; change the
+/// public fields after that.
+#[derive(Clone)]
+pub struct NodeConfig {
+    /// This member's name in the mesh.
+    pub node_id: String,
+    /// Packets from another cluster id are dropped.
+    pub cluster_id: String,
+    /// The version this node announces in its metadata (default: the
+    /// library's).
+    pub version: String,
+    /// The `sb.yml` to follow: origins added or removed there are ordered
+    /// or dropped without a restart. `None`: [`NodeConfig::config`] is
+    /// used as it is, for the node's whole life.
+    pub config_path: Option<PathBuf>,
+    /// The configuration as read at start-up (origins, `acme`, the store).
+    pub config: SbConfig,
+    /// Lowercase hex sha256 of the file [`NodeConfig::config`] was read
+    /// from: announced as this node's config hash, and not POSTed again.
+    pub config_sha256: Option<String>,
+    /// IP the gossip (UDP) and transport (TCP) sockets bind.
+    pub bind: IpAddr,
+    /// UDP port.
+    pub gossip_port: u16,
+    /// TCP port.
+    pub transport_port: u16,
+    /// The address peers reach this node at; `None` lets the mesh pick.
+    pub advertise: Option<SocketAddr>,
+    /// `host:port` seeds, re-resolved.
+    pub seeds: Vec<String>,
+    /// A headless Service name whose records are seeds.
+    pub mesh_service: Option<String>,
+    /// The cluster key ring, primary first. `None`: the node runs alone
+    /// with an ephemeral key (peers could not read it).
+    pub cluster_key: Option<Vec<[u8; 32]>>,
+    /// A key file re-read when it changes (rotation without restart).
+    pub cluster_key_file: Option<PathBuf>,
+    /// SWIM timing.
+    pub swim: SwimTuning,
+    /// Where the node serves [`Node::admin_router`] itself; `None`: it
+    /// does not (serve the router yourself, or not at all).
+    pub admin_listen: Option<SocketAddr>,
+    /// HTTP Basic user for `/admin/*`.
+    pub admin_user: Option<String>,
+    /// HTTP Basic password for `/admin/*`.
+    pub admin_password: Option<String>,
+    /// Where the node serves [`Node::challenge_router`] (HTTP-01) itself;
+    /// `None`: serve the router yourself on the port the CA reaches.
+    pub challenge_listen: Option<SocketAddr>,
+    /// The proxy to POST reloads to. `None` (an embedding process): the
+    /// config file is still followed ([`Node::config`]) but nobody is
+    /// POSTed.
+    pub proxy_reload: Option<ProxyReload>,
+    /// Wait after a config file event before reading it.
+    pub reload_debounce: Duration,
+    /// Full re-read interval of the config file.
+    pub reload_rescan: Duration,
+    /// Where certificate files are written (docs/reference.md#certificate-files).
+    pub cert_dir: PathBuf,
+    /// Local state (e.g. the redb store).
+    pub state_dir: PathBuf,
+    /// How a new certificate reaches a proxy in another process. An
+    /// embedding process serving [`Node::certificates`] wants
+    /// [`CertApply::None`] (the default of [`NodeConfig::new`]).
+    pub cert_apply: CertApply,
+    /// Used when `cert_apply` is [`CertApply::Restart`].
+    pub proxy_restart: ProxyRestart,
+    /// Directories with a `tls.crt` / `tls.key` pair to hand to the proxy
+    /// when they change (`--watch-tls`).
+    pub watch_tls: Vec<PathBuf>,
+    /// Orders this node runs at once.
+    pub acme_concurrent_orders: usize,
+    /// New orders the whole cluster may place per interval.
+    pub acme_max_orders: u32,
+    /// The interval of `acme_max_orders`.
+    pub acme_orders_interval: Duration,
+    /// Lease of a host's order lock.
+    pub acme_order_lock_ttl: Duration,
+}
+
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("node_id", &self.node_id)
+            .field("cluster_id", &self.cluster_id)
+            .field("config_path", &self.config_path)
+            .field("bind", &self.bind)
+            .field("gossip_port", &self.gossip_port)
+            .field("transport_port", &self.transport_port)
+            .field("advertise", &self.advertise)
+            .field("seeds", &self.seeds)
+            .field("mesh_service", &self.mesh_service)
+            .field(
+                "cluster_key",
+                &self
+                    .cluster_key
+                    .as_ref()
+                    .map(|ring| format!("<{} key(s) redacted>", ring.len())),
+            )
+            .field("admin_listen", &self.admin_listen)
+            .field("challenge_listen", &self.challenge_listen)
+            .field("proxy_reload", &self.proxy_reload)
+            .field("cert_dir", &self.cert_dir)
+            .field("state_dir", &self.state_dir)
+            .field("cert_apply", &self.cert_apply)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeConfig {
+    /// A node named `node_id` in `cluster_id` with the configuration
+    /// `config` (fixed: set [`NodeConfig::config_path`] to follow a file),
+    /// and the defaults of docs/reference.md#sidecar-flags: mesh on `0.0.0.0:7946` (UDP) and `:8946`
+    /// (TCP), no cluster key (alone), no listener of its own, no reload
+    /// POST, `cert_apply: none`, `/var/lib/sbproxy/{certs,sidecar}`.
+    pub fn new(
+        node_id: impl Into<String>,
+        cluster_id: impl Into<String>,
+        config: SbConfig,
+    ) -> Self {
+        let acme = AcmeManagerConfig::new("", "");
+        Self {
+            node_id: node_id.into(),
+            cluster_id: cluster_id.into(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            config_path: None,
+            config,
+            config_sha256: None,
+            bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            gossip_port: crate::config::DEFAULT_GOSSIP_PORT,
+            transport_port: crate::config::DEFAULT_TRANSPORT_PORT,
+            advertise: None,
+            seeds: Vec::new(),
+            mesh_service: None,
+            cluster_key: None,
+            cluster_key_file: None,
+            swim: SwimTuning::default(),
+            admin_listen: None,
+            admin_user: None,
+            admin_password: None,
+            challenge_listen: None,
+            proxy_reload: None,
+            reload_debounce: crate::reload::DEFAULT_DEBOUNCE,
+            reload_rescan: crate::reload::DEFAULT_RESCAN,
+            cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            cert_apply: CertApply::None,
+            proxy_restart: ProxyRestart::default(),
+            watch_tls: Vec::new(),
+            acme_concurrent_orders: acme.max_concurrent_orders,
+            acme_max_orders: acme.max_orders_per_interval,
+            acme_orders_interval: acme.order_interval,
+            acme_order_lock_ttl: acme.order_lock_ttl,
+        }
+    }
+
+    /// [`NodeConfig::new`] with the configuration read from `path`
+    /// (`${VAR}` references resolved from the process environment), and
+    /// that file followed for changes.
+    pub fn from_file(
+        node_id: impl Into<String>,
+        cluster_id: impl Into<String>,
+        path: impl Into<PathBuf>,
+    ) -> Result<Self, NodeError> {
+        let path = path.into();
+        let env = |name: &str| std::env::var(name).ok();
+        let loaded = crate::config::load(&path, &env).map_err(|problems| NodeError::Config {
+            path: path.clone(),
+            problems: problems
+                .iter()
+                .filter(|p| p.is_error())
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        })?;
+        let mut cfg = Self::new(node_id, cluster_id, loaded.config);
+        cfg.config_path = Some(path);
+        cfg.config_sha256 = Some(loaded.sha256_hex_of_raw_file);
+        Ok(cfg)
+    }
+}
+
+/// Why a node did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The configuration file cannot be used.
+    #[error("{}: {problems}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Its problems, `<yaml.path>: <message>`, separated by `; `.
+        problems: String,
+    },
+    /// A listener could not be bound.
+    #[error("cannot bind the {what} listener on {addr}: {source}")]
+    Bind {
+        /// `admin` or `challenge`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The mesh did not start.
+    #[error("starting the mesh: {0}")]
+    Mesh(#[from] MeshError),
+    /// The reload URL or Authorization value is unusable.
+    #[error(transparent)]
+    Reload(#[from] ReloadError),
+    /// No randomness for the ephemeral key of a node without a cluster key.
+    #[error("no system randomness for an ephemeral cluster key")]
+    Randomness,
+}
+
+/// A certificate this node serves, as its files hold it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NodeCertificate {
+    /// The certificate unit: the host (`per_host`), or the id of the SAN
+    /// name set (`san`).
+    pub unit: String,
+    /// The DNS names of the leaf, lowercase.
+    pub names: Vec<String>,
+    /// The chain, leaf first, PEM.
+    pub chain_pem: String,
+    /// The private key, PKCS#8 PEM.
+    pub key_pem: String,
+    /// A self-signed placeholder, served until the CA's certificate arrives.
+    pub placeholder: bool,
+    /// Serial of the leaf, lowercase hex.
+    pub serial: String,
+    /// notAfter of the leaf, unix seconds.
+    pub not_after_unix: u64,
+}
+
+impl std::fmt::Debug for NodeCertificate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeCertificate")
+            .field("unit", &self.unit)
+            .field("names", &self.names)
+            .field("placeholder", &self.placeholder)
+            .field("serial", &self.serial)
+            .field("not_after_unix", &self.not_after_unix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The certificates a node serves, in unit order.
+pub type NodeCertificates = Arc<Vec<NodeCertificate>>;
+
+/// How [`Node::shutdown`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Everything stopped within the budget.
+    Clean,
+    /// The budget ran out first.
+    TimedOut,
+}
+
+/// A running node. Stop it with [`Node::shutdown`] (dropping it stops its
+/// tasks too, without telling the peers).
+pub struct Node {
+    mesh: Mesh,
+    metrics: Arc<Metrics>,
+    admin: AdminState,
+    challenge: Router,
+    admin_addr: Option<SocketAddr>,
+    challenge_addr: Option<SocketAddr>,
+    config: watch::Receiver<Arc<SbConfig>>,
+    acme: watch::Receiver<AcmeStatus>,
+    reload: watch::Receiver<ReloadStatus>,
+    certificates: Arc<CertificateFeed>,
+    running: Option<Running>,
+}
+
+/// What [`Node::shutdown`] stops, in order.
+struct Running {
+    stop: watch::Sender<bool>,
+    tls_watchers: Vec<TlsWatcher>,
+    acme_task: JoinHandle<()>,
+    reloader: Option<ReloaderHandle>,
+    /// Keeps a fixed configuration's channel open.
+    _fixed_config: Option<watch::Sender<Arc<SbConfig>>>,
+    follow_tasks: Vec<JoinHandle<()>>,
+    listeners: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.acme_task.abort();
+        for task in self.follow_tasks.iter().chain(&self.listeners) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // Running's own drop stops what is left; the mesh driver stops
+        // with its last handle.
+        self.running.take();
+    }
+}
+
+impl Node {
+    /// Starts everything, in the order the sidecar always did: placeholder
+    /// certificates first (so a proxy reading files at start-up finds
+    /// some), the listeners, the config watcher, the mesh, then the store
+    /// (retried in the background, never fatal), the ACME manager once the
+    /// store is open, and the metadata publisher. Must be called within a
+    /// Tokio runtime.
+    pub async fn start(cfg: NodeConfig) -> Result<Node, NodeError> {
+        match crate::acme::manager::write_startup_placeholders(&cfg.config, &cfg.cert_dir) {
+            Ok(0) => {}
+            Ok(n) => info!(
+                certificates = n,
+                dir = %cfg.cert_dir.display(),
+                "placeholder certificates written until the CA's arrive"
+            ),
+            Err(e) => {
+                warn!(dir = %cfg.cert_dir.display(), "cannot write placeholder certificates: {e}")
+            }
+        }
+        let metrics = Arc::new(Metrics::new());
+        let keys = match cfg.cluster_key.clone() {
+            Some(keys) => keys,
+            None => {
+                // Validation refuses peers without a key, so this node is
+                // alone: a throwaway key keeps the code path (and the
+                // sockets) the same.
+                warn!("no cluster key configured: running alone with an ephemeral key");
+                let mut k = [0u8; 32];
+                aws_lc_rs::rand::fill(&mut k).map_err(|_| NodeError::Randomness)?;
+                vec![k]
+            }
+        };
+        // Bound before the mesh starts: a taken port fails the start
+        // without a join and a leave.
+        let bind = |what: &'static str, addr: Option<SocketAddr>| async move {
+            match addr {
+                Some(addr) => TcpListener::bind(addr)
+                    .await
+                    .map(Some)
+                    .map_err(|source| NodeError::Bind { what, addr, source }),
+                None => Ok(None),
+            }
+        };
+        let admin_listener = bind("admin", cfg.admin_listen).await?;
+        let challenge_listener = bind("challenge", cfg.challenge_listen).await?;
+        let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+        let (admin_addr, challenge_addr) = (local(&admin_listener), local(&challenge_listener));
+
+        // The config file: every distinct valid content is POSTed to the
+        // proxy once (the proxy read the file as it is now when it
+        // started), or only followed when there is no proxy to tell.
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let sidecar_ports = Some(crate::config::SidecarPorts {
+            gossip: cfg.gossip_port,
+            transport: cfg.transport_port,
+        });
+        let mut follow_tasks = Vec::new();
+        let mut fixed_config = None;
+        let mut reloader = None;
+        let (config_rx, reload_rx, reload_trigger) = match (&cfg.config_path, &cfg.proxy_reload) {
+            (Some(path), Some(proxy)) => {
+                let reload_cfg = ReloaderConfig {
+                    authorization: proxy.authorization.clone(),
+                    debounce: cfg.reload_debounce,
+                    rescan: cfg.reload_rescan,
+                    assume_delivered: cfg.config_sha256.clone(),
+                    initial_config: Arc::new(cfg.config.clone()),
+                    sidecar_ports,
+                    ..ReloaderConfig::new(path.clone(), proxy.url.clone())
+                };
+                let handle = Reloader::spawn(reload_cfg, metrics.clone())?;
+                let out = (handle.config(), handle.status(), Some(handle.trigger()));
+                reloader = Some(handle);
+                out
+            }
+            (Some(path), None) => {
+                let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
+                let (status_tx, status_rx) = watch::channel(ReloadStatus {
+                    delivered_hash: cfg.config_sha256.as_ref().map(|h| format!("sha256:{h}")),
+                    last_result: None,
+                });
+                let (content_tx, content_rx) = mpsc::channel(16);
+                follow_tasks.push(tokio::spawn(crate::reload::watcher::run(
+                    path.clone(),
+                    cfg.reload_debounce,
+                    cfg.reload_rescan,
+                    true,
+                    sidecar_ports,
+                    content_tx,
+                    config_tx,
+                )));
+                follow_tasks.push(tokio::spawn(follow_hash(content_rx, status_tx)));
+                (config_rx, status_rx, None)
+            }
+            (None, _) => {
+                let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
+                fixed_config = Some(config_tx);
+                let status = ReloadStatus {
+                    delivered_hash: cfg.config_sha256.as_ref().map(|h| format!("sha256:{h}")),
+                    last_result: None,
+                };
+                // The sender lives as long as the receiver needs no change.
+                let (status_tx, status_rx) = watch::channel(status);
+                follow_tasks.push(tokio::spawn(async move {
+                    status_tx.closed().await;
+                }));
+                (config_rx, status_rx, None)
+            }
+        };
+
+        let mesh_cfg = MeshConfig {
+            node_id: cfg.node_id.clone(),
+            cluster_id: cfg.cluster_id.clone(),
+            bind: cfg.bind,
+            gossip_port: cfg.gossip_port,
+            transport_port: cfg.transport_port,
+            advertise: cfg.advertise,
+            seeds: SeedSource {
+                seeds: cfg.seeds.clone(),
+                mesh_service: cfg.mesh_service.clone(),
+                gossip_port: cfg.gossip_port,
+            },
+            keys,
+            key_file: cfg.cluster_key_file.clone(),
+            tuning: cfg.swim.clone(),
+        };
+        let meta = NodeMeta {
+            version: cfg.version.clone(),
+            config_hash: cfg.config_sha256.as_ref().map(|h| format!("sha256:{h}")),
+            ready: false,
+            ..NodeMeta::default()
+        };
+        let mesh = Mesh::start(mesh_cfg, metrics.clone(), meta.clone()).await?;
+
+        let store_health = Arc::new(std::sync::Mutex::new(Some(
+            "store: not probed yet".to_owned(),
+        )));
+        let (store_tx, store_rx) = watch::channel(None);
+        let acme = cfg.config.sbmesh().acme.as_ref();
+        let store_place = StorePlace {
+            backend: acme
+                .and_then(|a| a.storage_backend)
+                .unwrap_or(StorageBackend::Redb),
+            path: acme
+                .and_then(|a| a.storage_path.clone())
+                .unwrap_or_default(),
+            state_dir: cfg.state_dir.clone(),
+            cluster_id: cfg.cluster_id.clone(),
+        };
+        follow_tasks.push(tokio::spawn(keep_store_probed(
+            store_place,
+            metrics.clone(),
+            store_health.clone(),
+            store_tx,
+            stop_rx.clone(),
+        )));
+        let store_check: ReadinessCheck = Arc::new(move || {
+            store_health
+                .lock()
+                .map(|h| h.clone())
+                .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
+        });
+        // How new certificates reach the proxy (cert_apply): one callback
+        // for the ACME manager and every watch_tls directory, set once its
+        // target exists (a restart needs the store).
+        let apply = Arc::new(ApplySlot::default());
+        let (proxy_tx, proxy_rx) = watch::channel(ProxyStatus::default());
+        let tls_watchers: Vec<TlsWatcher> = cfg
+            .watch_tls
+            .iter()
+            .map(|dir| {
+                info!(dir = %dir.display(), apply = cfg.cert_apply.as_str(), "watching a certificate directory");
+                TlsWatcher::spawn(WatchTlsConfig::new(dir), apply.caller(), metrics.clone())
+            })
+            .collect();
+        let mut readiness = vec![mesh_running(mesh.clone()), store_check];
+        if cfg.cert_apply == CertApply::Restart {
+            readiness.push(restart_readiness(proxy_rx.clone()));
+        }
+        if !tls_watchers.is_empty() {
+            readiness.push(watch_tls_readiness(
+                tls_watchers.iter().map(TlsWatcher::problem).collect(),
+            ));
+        }
+        let state = AdminState {
+            mesh: mesh.clone(),
+            metrics: metrics.clone(),
+            auth: AdminAuth::new(cfg.admin_user.as_deref(), cfg.admin_password.as_deref()),
+            readiness,
+        };
+
+        // The HTTP-01 responder needs the store; until the store is open
+        // it answers 404 for every path, as it does for unknown tokens.
+        let responder: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
+        let challenge = deferred_router(responder.clone());
+        let mut listeners = Vec::new();
+        if let Some(listener) = admin_listener {
+            listeners.push(tokio::spawn(serve(
+                listener,
+                "admin",
+                admin_router(state.clone()),
+                metrics.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        if let Some(listener) = challenge_listener {
+            listeners.push(tokio::spawn(serve(
+                listener,
+                "challenge",
+                challenge.clone(),
+                metrics.clone(),
+                stop_rx.clone(),
+            )));
+        }
+
+        match (cfg.cert_apply, reload_trigger) {
+            (CertApply::Reload, Some(reload)) => {
+                apply.set(Arc::new(move || reload.certificates_changed()));
+            }
+            // Set once the store is open (run_acme).
+            (CertApply::Restart, _) => {}
+            // No proxy to POST to: the files (and Node::certificates) are it.
+            (CertApply::Reload | CertApply::None, _) => apply.set(Arc::new(|| {})),
+        }
+
+        // ACME: hostnames follow the config file as it is read; the
+        // manager starts once the store is open. Each certificate change
+        // is handed to the proxy and read back for Node::certificates.
+        let feed = Arc::new(CertificateFeed::default());
+        let changed: CertificatesChanged = {
+            let (apply, feed) = (apply.clone(), feed.clone());
+            Arc::new(move || {
+                apply.call();
+                feed.wake.notify_one();
+            })
+        };
+        let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
+        let acme_task = tokio::spawn(run_acme(
+            AcmeSettings::of(&cfg),
+            AcmeParts {
+                mesh: mesh.clone(),
+                metrics: metrics.clone(),
+                config: config_rx.clone(),
+                apply: apply.clone(),
+                certificates_changed: changed,
+                proxy_status: proxy_tx,
+                store: store_rx,
+                responder,
+                status: acme_tx,
+            },
+            stop_rx.clone(),
+        ));
+        follow_tasks.push(tokio::spawn(publish_meta(
+            state.clone(),
+            meta,
+            reload_rx.clone(),
+            acme_rx.clone(),
+            proxy_rx,
+            stop_rx.clone(),
+        )));
+        follow_tasks.push(tokio::spawn(keep_certificates_loaded(
+            feed.clone(),
+            cfg.cert_dir.clone(),
+            config_rx.clone(),
+            acme_rx.clone(),
+            stop_rx,
+        )));
+        Ok(Node {
+            mesh,
+            metrics,
+            admin: state,
+            challenge,
+            admin_addr,
+            challenge_addr,
+            config: config_rx,
+            acme: acme_rx,
+            reload: reload_rx,
+            certificates: feed,
+            running: Some(Running {
+                stop: stop_tx,
+                tls_watchers,
+                acme_task,
+                reloader,
+                _fixed_config: fixed_config,
+                follow_tasks,
+                listeners,
+            }),
+        })
+    }
+
+    /// The mesh member.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The cluster as this node sees it (what `/admin/cluster/status`
+    /// answers); `None` once the mesh stopped.
+    pub async fn status(&self) -> Option<ClusterStatus> {
+        self.mesh.status().await
+    }
+
+    /// The node's metrics (what `/metrics` exposes).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Why the node is not ready (what `/readyz` lists); empty when ready.
+    pub fn not_ready_reasons(&self) -> Vec<String> {
+        self.admin.not_ready_reasons()
+    }
+
+    /// Whether the node is ready: the mesh runs and the store answered
+    /// (and, with their options, the proxy and the watched directories are
+    /// fine).
+    pub fn is_ready(&self) -> bool {
+        self.not_ready_reasons().is_empty()
+    }
+
+    /// The certificates to serve, placeholders included until the CA's
+    /// arrive, updated after every change (new origin, issuance, renewal).
+    /// Feed them to [`crate::tls::CertResolver::follow`]. The files are read
+    /// back only while someone holds a receiver.
+    pub fn certificates(&self) -> watch::Receiver<NodeCertificates> {
+        let rx = self.certificates.tx.subscribe();
+        self.certificates.wake.notify_one();
+        rx
+    }
+
+    /// This node's ACME state: its certificates, the origins not eligible,
+    /// why it does not order (as its status shows them).
+    pub fn acme_status(&self) -> watch::Receiver<AcmeStatus> {
+        self.acme.clone()
+    }
+
+    /// The newest valid configuration read from the config file.
+    pub fn config(&self) -> watch::Receiver<Arc<SbConfig>> {
+        self.config.clone()
+    }
+
+    /// The config hash this node announces and the last reload result.
+    pub fn reload_status(&self) -> watch::Receiver<ReloadStatus> {
+        self.reload.clone()
+    }
+
+    /// `/healthz`, `/readyz`, `/metrics`, `/admin/*`. Serve it with the
+    /// peer address, which `/admin/*` checks when no credentials are set:
+    /// `axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())`.
+    pub fn admin_router(&self) -> Router {
+        admin_router(self.admin.clone())
+    }
+
+    /// The HTTP-01 responder (`/.well-known/acme-challenge/<token>`),
+    /// answering 404 until the store is open. Serve it where the CA's
+    /// validations arrive (port 80 of every name), or let the node do it
+    /// with [`NodeConfig::challenge_listen`].
+    pub fn challenge_router(&self) -> Router {
+        self.challenge.clone()
+    }
+
+    /// Where the node serves the admin router, when it does.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Where the node serves the challenge router, when it does.
+    pub fn challenge_addr(&self) -> Option<SocketAddr> {
+        self.challenge_addr
+    }
+
+    /// Drains within `grace`: stops the certificate watchers, the ACME
+    /// manager and the config watcher, leaves the mesh (peers see this
+    /// node `down` at once), then lets the listeners finish the requests
+    /// in flight.
+    pub async fn shutdown(mut self, grace: Duration) -> Drain {
+        let Some(mut running) = self.running.take() else {
+            return Drain::Clean;
+        };
+        let mesh = self.mesh.clone();
+        let drain = async move {
+            drop(std::mem::take(&mut running.tls_watchers));
+            running.acme_task.abort();
+            drop(running.reloader.take());
+            mesh.leave().await;
+            let _ = running.stop.send(true);
+            for task in std::mem::take(&mut running.listeners) {
+                let _ = task.await;
+            }
+        };
+        match tokio::time::timeout(grace, drain).await {
+            Ok(()) => Drain::Clean,
+            Err(_) => Drain::TimedOut,
+        }
+    }
+}
+
+/// Without a proxy to POST to, the hash this node announces is that of
+/// the newest valid content of the file.
+async fn follow_hash(
+    mut content: mpsc::Receiver<crate::reload::machine::Input>,
+    status: watch::Sender<ReloadStatus>,
+) {
+    while let Some(input) = content.recv().await {
+        if let crate::reload::machine::Input::ContentSeen {
+            sha256,
+            valid: true,
+        } = input
+        {
+            let hash = format!("sha256:{sha256}");
+            status.send_if_modified(|s| {
+                let changed = s.delivered_hash.as_deref() != Some(hash.as_str());
+                s.delivered_hash = Some(hash);
+                changed
+            });
+        }
+    }
+}
+
+/// The node's certificates as read back from the files, and a wake-up
+/// for the task that reads them.
+struct CertificateFeed {
+    tx: watch::Sender<NodeCertificates>,
+    wake: Notify,
+}
+
+impl Default for CertificateFeed {
+    fn default() -> Self {
+        Self {
+            tx: watch::channel(Arc::default()).0,
+            wake: Notify::new(),
+        }
+    }
+}
+
+/// Reads the certificate files back after every change (a certificate
+/// written, a placeholder written, the origins changed), while anyone
+/// holds a receiver of [`Node::certificates`].
+async fn keep_certificates_loaded(
+    feed: Arc<CertificateFeed>,
+    cert_dir: PathBuf,
+    mut config: watch::Receiver<Arc<SbConfig>>,
+    mut acme: watch::Receiver<AcmeStatus>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (mut config_open, mut acme_open) = (true, true);
+    loop {
+        tokio::select! {
+            () = feed.wake.notified() => {}
+            r = config.changed(), if config_open => config_open = r.is_ok(),
+            r = acme.changed(), if acme_open => acme_open = r.is_ok(),
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if feed.tx.receiver_count() == 0 {
+            continue;
+        }
+        let current = config.borrow_and_update().clone();
+        acme.mark_unchanged();
+        let previous = feed.tx.borrow().clone();
+        let dir = cert_dir.clone();
+        let Ok(next) =
+            tokio::task::spawn_blocking(move || read_certificates(&current, &dir, &previous)).await
+        else {
+            return;
+        };
+        feed.tx.send_if_modified(|served| {
+            let changed = **served != next;
+            if changed {
+                *served = Arc::new(next);
+            }
+            changed
+        });
+    }
+}
+
+/// The certificate files of every unit `config` asks for, as they are in
+/// `cert_dir`. A pair whose key does not match its chain (read between
+/// the key's rename and the chain's) keeps what `previous` had.
+fn read_certificates(
+    config: &SbConfig,
+    cert_dir: &Path,
+    previous: &[NodeCertificate],
+) -> Vec<NodeCertificate> {
+    wanted_units(config)
+        .0
+        .into_iter()
+        .filter_map(|unit| {
+            let (chain_pem, key_pem) = read_pair(&unit.dir(cert_dir).ok()?)?;
+            let facts = parse_chain(&chain_pem).ok()?;
+            if !matches!(key_matches(&chain_pem, &key_pem), Ok(true)) {
+                return previous.iter().find(|c| c.unit == unit.id).cloned();
+            }
+            Some(NodeCertificate {
+                names: if facts.dns_names.is_empty() {
+                    unit.names.clone()
+                } else {
+                    facts.dns_names
+                },
+                unit: unit.id,
+                placeholder: is_placeholder(&chain_pem),
+                chain_pem,
+                key_pem,
+                serial: facts.serial,
+                not_after_unix: facts.not_after_unix,
+            })
+        })
+        .collect()
+}
+
+/// A router that answers 404 until `slot` is filled, then delegates to it.
+fn deferred_router(slot: Arc<OnceLock<Router>>) -> Router {
+    Router::new().fallback(move |req: Request| {
+        let slot = slot.clone();
+        async move {
+            match slot.get() {
+                Some(router) => match router.clone().oneshot(req).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                },
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    })
+}
+
+/// The callback that hands new certificate files to the proxy, set once
+/// its target exists; a call before that is kept and made on `set`.
+#[derive(Default)]
+struct ApplySlot {
+    target: OnceLock<CertificatesChanged>,
+    pending: std::sync::atomic::AtomicBool,
+}
+
+impl ApplySlot {
+    fn set(&self, target: CertificatesChanged) {
+        if self.target.set(target).is_ok()
+            && self
+                .pending
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            && let Some(target) = self.target.get()
+        {
+            target();
+        }
+    }
+
+    fn call(&self) {
+        match self.target.get() {
+            Some(target) => target(),
+            None => self
+                .pending
+                .store(true, std::sync::atomic::Ordering::SeqCst),
+        }
+    }
+
+    fn caller(self: &Arc<Self>) -> CertificatesChanged {
+        let slot = self.clone();
+        Arc::new(move || slot.call())
+    }
+}
+
+/// The parts of [`NodeConfig`] the ACME task reads.
+struct AcmeSettings {
+    node_id: String,
+    cert_dir: PathBuf,
+    has_cluster_key: bool,
+    cert_apply: CertApply,
+    proxy_restart: ProxyRestart,
+    concurrent_orders: usize,
+    max_orders: u32,
+    orders_interval: Duration,
+    order_lock_ttl: Duration,
+}
+
+impl AcmeSettings {
+    fn of(cfg: &NodeConfig) -> Self {
+        Self {
+            node_id: cfg.node_id.clone(),
+            cert_dir: cfg.cert_dir.clone(),
+            has_cluster_key: cfg.cluster_key.is_some(),
+            cert_apply: cfg.cert_apply,
+            proxy_restart: cfg.proxy_restart.clone(),
+            concurrent_orders: cfg.acme_concurrent_orders,
+            max_orders: cfg.acme_max_orders,
+            orders_interval: cfg.acme_orders_interval,
+            order_lock_ttl: cfg.acme_order_lock_ttl,
+        }
+    }
+}
+
+/// What the ACME task needs from the rest of the node.
+struct AcmeParts {
+    mesh: Mesh,
+    metrics: Arc<Metrics>,
+    config: watch::Receiver<Arc<SbConfig>>,
+    apply: Arc<ApplySlot>,
+    certificates_changed: CertificatesChanged,
+    proxy_status: watch::Sender<ProxyStatus>,
+    store: watch::Receiver<Option<Arc<dyn Store>>>,
+    responder: Arc<OnceLock<Router>>,
+    status: watch::Sender<AcmeStatus>,
+}
+
+/// Waits for the store, then serves challenges from it and runs the ACME
+/// manager, whose status goes into the node metadata.
+async fn run_acme(settings: AcmeSettings, mut parts: AcmeParts, mut stop: watch::Receiver<bool>) {
+    let store = tokio::select! {
+        s = parts.store.wait_for(Option::is_some) => match s {
+            Ok(s) => match s.clone() {
+                Some(store) => store,
+                None => return,
+            },
+            Err(_) => return,
+        },
+        _ = stop.wait_for(|s| *s) => return,
+    };
+    let book = ChallengeBook::new(store.clone(), parts.metrics.clone());
+    let _ = parts.responder.set(challenge_router(book.clone()));
+    // apply: restart needs the store for its fleet-wide lease.
+    let _coordinator = if settings.cert_apply == CertApply::Restart {
+        let cfg = RestartConfig {
+            min_interval: settings.proxy_restart.min_interval,
+            ..RestartConfig::new(
+                &settings.node_id,
+                &settings.proxy_restart.process_name,
+                &settings.proxy_restart.health_url,
+            )
+        };
+        match RestartCoordinator::spawn_into(
+            cfg,
+            store.clone(),
+            parts.metrics.clone(),
+            parts.proxy_status.clone(),
+        ) {
+            Ok(coordinator) => {
+                parts.apply.set(coordinator.requester());
+                Some(coordinator)
+            }
+            Err(e) => {
+                warn!(error = %e, "--proxy-health-url: proxy restarts are off");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // The at-rest ring follows the mesh's, which the key file rotates.
+    let key_ring = if settings.has_cluster_key {
+        AtRestRing::following(parts.mesh.key_rings())
+    } else {
+        AtRestRing::plain()
+    };
+    let cfg = AcmeManagerConfig {
+        key_ring,
+        max_concurrent_orders: settings.concurrent_orders,
+        max_orders_per_interval: settings.max_orders,
+        order_interval: settings.orders_interval,
+        order_lock_ttl: settings.order_lock_ttl,
+        ..AcmeManagerConfig::new(settings.node_id.clone(), settings.cert_dir.clone())
+    };
+    let _manager = AcmeManager::spawn_into(
+        cfg,
+        AcmeInputs {
+            store,
+            mesh: parts.mesh,
+            metrics: parts.metrics,
+            config: parts.config,
+            certificates_changed: parts.certificates_changed,
+            book,
+        },
+        parts.status,
+    );
+    // The manager stops when dropped.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn serve(
+    listener: TcpListener,
+    name: &'static str,
+    router: Router,
+    metrics: Arc<Metrics>,
+    stop: watch::Receiver<bool>,
+) {
+    use crate::http::listener as limited;
+    let limits = limited::Listener {
+        name,
+        max_connections: limited::max_connections(),
+        header_read_timeout: limited::HEADER_READ_TIMEOUT,
+    };
+    limited::serve(listener, router, limits, metrics, stop).await;
+}
+
+/// The one owner of this node's mesh metadata: readiness (every 500 ms)
+/// and the reloader's delivered config hash and last result, so every
+/// node's status shows which pod runs which config.
+async fn publish_meta(
+    state: AdminState,
+    mut meta: NodeMeta,
+    mut reload: watch::Receiver<ReloadStatus>,
+    mut acme: watch::Receiver<AcmeStatus>,
+    mut proxy: watch::Receiver<ProxyStatus>,
+    stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut warned_cap = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            r = reload.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+            r = acme.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+            r = proxy.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let mut next = meta.clone();
+        next.ready = state.not_ready_reasons().is_empty();
+        next.proxy = Some(proxy.borrow_and_update().info());
+        {
+            let r = reload.borrow();
+            if let Some(hash) = &r.delivered_hash {
+                next.config_hash = Some(hash.clone());
+            }
+            if r.last_result.is_some() {
+                next.last_reload = r.last_result.clone();
+            }
+        }
+        {
+            let a = acme.borrow_and_update();
+            next.certificates = a.certificates.clone();
+            // Metadata over 64 KiB is not gossiped at all: keep the list
+            // (about 100 bytes an entry) well under it. Past the cap, peers
+            // still learn of certificates from the store read every 60 s.
+            if next.certificates.len() > MAX_CERTS_IN_META {
+                if !warned_cap {
+                    warn!(
+                        certificates = next.certificates.len(),
+                        listed = MAX_CERTS_IN_META,
+                        "more certificates than node metadata can list; status shows the first ones"
+                    );
+                    warned_cap = true;
+                }
+                next.certificates.truncate(MAX_CERTS_IN_META);
+            }
+            next.acme = (!a.not_eligible.is_empty() || a.refusal.is_some()).then(|| AcmeInfo {
+                not_eligible: a.not_eligible.clone(),
+                refusal: a.refusal.clone(),
+            });
+        }
+        if next != meta {
+            meta = next;
+            state.mesh.set_meta(meta.clone()).await;
+        }
+    }
+}
+
+/// Where the certificate store is: `proxy.acme.storage_backend` and
+/// `storage_path` of the start-up configuration.
+struct StorePlace {
+    backend: StorageBackend,
+    path: String,
+    state_dir: PathBuf,
+    cluster_id: String,
+}
+
+/// Opens the certificate store (`proxy.acme.storage_backend`, else a redb
+/// file in `state_dir`) and probes it every 5 s; `/readyz` reads the last
+/// outcome. A store that cannot be opened yet is retried, never fatal.
+async fn keep_store_probed(
+    place: StorePlace,
+    metrics: Arc<Metrics>,
+    health: Arc<std::sync::Mutex<Option<String>>>,
+    opened: watch::Sender<Option<Arc<dyn Store>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let backend = place.backend;
+    let set = |v: Option<String>| {
+        if let Ok(mut h) = health.lock() {
+            *h = v;
+        }
+    };
+    let mut store = None;
+    let mut logged = false;
+    // Backends without native expiry keep it in the record; sweep those
+    // physically now and then (reads already treat them as absent).
+    let mut next_sweep = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if store.is_none() {
+            match open_cluster_store(
+                backend,
+                &place.path,
+                &place.state_dir,
+                &place.cluster_id,
+                metrics.clone(),
+            )
+            .await
+            {
+                Ok(s) => {
+                    info!(backend = %backend, "certificate store opened");
+                    let _ = opened.send(Some(s.clone()));
+                    store = Some(s);
+                }
+                Err(e) => {
+                    if !logged {
+                        warn!(backend = %backend, error = %e, "certificate store cannot be opened yet; retrying");
+                        logged = true;
+                    }
+                    set(Some(format!("store: {e}")));
+                }
+            }
+        }
+        if let Some(s) = &store {
+            match probe(s.as_ref()).await {
+                Ok(()) => set(None),
+                Err(e) => set(Some(format!("store: {e}"))),
+            }
+            if tokio::time::Instant::now() >= next_sweep {
+                next_sweep = tokio::time::Instant::now() + Duration::from_secs(600);
+                match s.sweep_expired().await {
+                    Ok(0) => {}
+                    Ok(n) => info!(removed = n, "expired store records swept"),
+                    Err(e) => warn!(error = %e, "store sweep failed"),
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORIGINS: &str = "proxy:\n  extensions:\n    sbmesh:\n      acme:\n        enabled: true\n        \
+        email: ops@example.com\n        directory_url: \"https://127.0.0.1:9/dir\"\n        \
+        storage_backend: memory\norigins:\n  \"a.test\": {}\n  \"b.test\": {}\n";
+
+    fn config() -> SbConfig {
+        crate::config::parse(ORIGINS).expect("a valid sb.yml")
+    }
+
+    #[test]
+    fn certificates_are_read_back_from_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config();
+        assert_eq!(
+            crate::acme::manager::write_startup_placeholders(&config, dir.path()),
+            Ok(2)
+        );
+        let read = read_certificates(&config, dir.path(), &[]);
+        let names: Vec<_> = read
+            .iter()
+            .map(|c| (c.unit.as_str(), c.names.clone()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a.test", vec!["a.test".to_owned()]),
+                ("b.test", vec!["b.test".to_owned()])
+            ]
+        );
+        assert!(read.iter().all(|c| c.placeholder));
+
+        // Between the key's rename and the chain's the pair does not
+        // match: what was served stays.
+        let (_, other_key) = crate::acme::placeholder::generate(&["x.test".into()], 0).unwrap();
+        std::fs::write(dir.path().join("a.test").join("tls.key"), other_key).unwrap();
+        let again = read_certificates(&config, dir.path(), &read);
+        assert_eq!(again, read);
+        assert_eq!(read_certificates(&config, dir.path(), &[]).len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_starts_serves_its_placeholders_and_drains() {
+        let dir = tempfile::tempdir().unwrap();
+        let ip: IpAddr = "127.0.105.2".parse().unwrap();
+        let mut cfg = NodeConfig::new("embed-test-0", "embed-test", config());
+        cfg.bind = ip;
+        cfg.cert_dir = dir.path().join("certs");
+        cfg.state_dir = dir.path().join("state");
+        cfg.admin_listen = Some(SocketAddr::new(ip, 0));
+        let node = Node::start(cfg).await.expect("the node starts");
+        assert!(node.admin_addr().is_some_and(|a| a.port() != 0));
+        assert_eq!(node.challenge_addr(), None);
+
+        let mut certificates = node.certificates();
+        let served = tokio::time::timeout(
+            Duration::from_secs(30),
+            certificates.wait_for(|set| set.len() == 2),
+        )
+        .await
+        .expect("the placeholders are read back")
+        .expect("the node runs")
+        .clone();
+        assert!(served.iter().all(|c| c.placeholder), "{served:?}");
+        let resolver =
+            crate::tls::CertResolver::following(certificates, crate::tls::DefaultCertificate::None);
+        assert_eq!(resolver.names(), ["a.test", "b.test"]);
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !node.is_ready() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never ready: {:?}",
+                node.not_ready_reasons()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(node.shutdown(Duration::from_secs(10)).await, Drain::Clean);
+    }
+}
