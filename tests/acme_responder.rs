@@ -1,4 +1,4 @@
-//! The HTTP-01 responder (SPEC section 5) over real sockets: what it
+//! The HTTP-01 responder (docs/reference.md#challenge-endpoint) over real sockets: what it
 //! answers, what it refuses without asking the store, and a token published
 //! by another replica (another `ChallengeBook` on the same store) answered
 //! within about a second of a prior miss. The shared store is a

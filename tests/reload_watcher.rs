@@ -329,7 +329,7 @@ async fn changes_during_a_slow_post_collapse_into_one_post_of_the_newest() {
     );
 }
 
-/// The default debounce (SPEC: 200 ms): a burst written at once is one
+/// The default debounce (docs/reference.md#hot-reload: 200 ms): a burst written at once is one
 /// POST of its last content, and a single change is not POSTed before
 /// the debounce has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Command line of `sbmesh-operator` (SPEC section 9).
+//! Command line of `sbmesh-operator` (docs/reference.md#operator-commands).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

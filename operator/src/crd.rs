@@ -1,6 +1,6 @@
 //! The custom resources: `SBProxy` (a fleet of sbproxy pods carrying the
 //! sidecar) and `SBProxyConfig` (the `sb.yml` they read). Group
-//! `sbproxy.dev`, version `v1alpha1`, both namespaced (SPEC section 9).
+//! `sbproxy.dev`, version `v1alpha1`, both namespaced (docs/reference.md#custom-resources).
 //!
 //! The CRDs are generated from these types, so the schema the apiserver
 //! enforces (defaults, ranges, CEL rules) and the structs the controller

@@ -1,4 +1,4 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease (SPEC section 9):
+//! Leader election on a `coordination.k8s.io/v1` Lease (docs/reference.md#operator-run):
 //! `sbproxy-operator-leader` in the operator's namespace, 15 s duration,
 //! renewed every 5 s, acquisition retried every 2 s.
 //!
@@ -70,7 +70,7 @@ pub struct LeaseConfig {
 }
 
 impl LeaseConfig {
-    /// The SPEC's Lease (`sbproxy-operator-leader`, 15 s / 5 s / 2 s).
+    /// The documented Lease (`sbproxy-operator-leader`, 15 s / 5 s / 2 s).
     pub fn new(namespace: impl Into<String>, identity: impl Into<String>) -> Self {
         Self {
             name: LEASE_NAME.to_owned(),

@@ -1,4 +1,4 @@
-//! `sbmesh-operator`: see `sbmesh-operator --help` and SPEC section 9.
+//! `sbmesh-operator`: see `sbmesh-operator --help` and docs/reference.md#operator-commands.
 
 use std::process::ExitCode;
 

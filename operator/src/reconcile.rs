@@ -1,5 +1,5 @@
 //! The SBProxy controller: SBProxy + SBProxyConfig -> [`render::render`]
-//! -> server-side apply -> status (SPEC section 9).
+//! -> server-side apply -> status (docs/reference.md#custom-resources).
 //!
 //! It watches SBProxies (one namespace or all), the objects it owns
 //! (StatefulSet, Services, ConfigMap, PodDisruptionBudget, NetworkPolicy —
@@ -77,13 +77,13 @@ use crate::render::{self, Refusal, RenderOptions, Rendered};
 use crate::rotation;
 use crate::telemetry::{Metrics, ReconcileResult};
 
-/// Field manager of every server-side apply (SPEC section 9).
+/// Field manager of every server-side apply (docs/reference.md#objects-the-operator-applies).
 pub const FIELD_MANAGER: &str = "sbmesh-operator";
 /// `reportingController` of the Events.
 pub const REPORTING_CONTROLLER: &str = "sbmesh-operator";
 /// Periodic re-check of an applied SBProxy: repairs drift nobody watches.
 pub const REQUEUE_APPLIED: Duration = Duration::from_secs(5 * 60);
-/// Re-check of a refused SBProxy (SPEC section 9), or of one whose
+/// Re-check of a refused SBProxy (docs/reference.md#refusal-reasons), or of one whose
 /// PodMonitor the cluster does not serve.
 pub const REQUEUE_REFUSED: Duration = Duration::from_secs(60);
 /// First retry after an API error; doubles per consecutive failure.
@@ -580,7 +580,7 @@ async fn apply(
             ctx,
             rendered.pdb.as_ref(),
             &format!("{name}-pdb"),
-            // SPEC: a PDB only when replicas > 1.
+            // docs/reference.md#objects-the-operator-applies: a PDB only when replicas > 1.
             ("PodDisruptionBudgetDeleted", "one replica needs none"),
         )
         .await?,

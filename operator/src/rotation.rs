@@ -1,4 +1,4 @@
-//! Cluster-key rotation without restarts (SPEC section 11), as a plan
+//! Cluster-key rotation without restarts (docs/operations.md#rotate-the-cluster-key), as a plan
 //! computed from what the apiserver holds, with the clock passed in: the
 //! reconciler reads, [`plan`] decides, the reconciler writes.
 //!

@@ -32,7 +32,7 @@ use tracing_subscriber::EnvFilter;
 pub enum ReconcileResult {
     /// Objects applied and status written.
     ok,
-    /// The spec was refused (SPEC section 9): no workload change.
+    /// The spec was refused (docs/reference.md#refusal-reasons): no workload change.
     refused,
     /// An API call failed; the error policy requeues with backoff.
     error,

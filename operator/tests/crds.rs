@@ -1,5 +1,5 @@
 //! The CRDs: the committed `deploy/crds.yaml` matches the code, the schema
-//! defaults what the SPEC says, its ranges and CEL rules refuse what they
+//! defaults what docs/reference.md#sbproxy says, its ranges and CEL rules refuse what they
 //! must, and the example CRs pass all of it.
 
 mod render_fixtures;

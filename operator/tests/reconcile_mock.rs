@@ -46,7 +46,7 @@ origins:
 ";
 
 /// The proxy's own ACME (sbproxy orders the certificates itself) on a store
-/// local to one pod: refused for more than one replica with the SPEC's message.
+/// local to one pod: refused for more than one replica with the documented message.
 const SB_YML_REDB: &str = "\
 proxy:
   admin: { enabled: true, port: 9090 }
@@ -679,7 +679,7 @@ async fn a_proxy_being_deleted_gets_no_call() {
 }
 
 // ---------------------------------------------------------------------------
-// Cluster-key rotation (SPEC section 11)
+// Cluster-key rotation (docs/operations.md#rotate-the-cluster-key)
 
 const KEY_OLD: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 
@@ -895,7 +895,7 @@ async fn a_cluster_secret_ref_secret_is_never_read_or_written_by_a_rotation() {
 }
 
 // ---------------------------------------------------------------------------
-// NetworkPolicy and PodMonitor (SPEC section 11)
+// NetworkPolicy and PodMonitor (docs/reference.md#sbproxy)
 
 fn with_extras(mut p: Value, network_policy: bool, pod_monitor: bool) -> Value {
     p["spec"]["networkPolicy"] = json!(network_policy);

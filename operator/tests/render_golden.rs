@@ -641,7 +641,7 @@ fn the_pods_share_a_process_namespace_exactly_when_the_sidecar_restarts_the_prox
 }
 
 // ---------------------------------------------------------------------------
-// spec.podTemplate, spec.networkPolicy, spec.podMonitor (SPEC section 11)
+// spec.podTemplate, spec.networkPolicy, spec.podMonitor (docs/reference.md#sbproxy)
 
 fn pod_spec(r: &Rendered) -> k8s_openapi::api::core::v1::PodSpec {
     r.stateful_set

@@ -1,4 +1,4 @@
-//! Every refusal of SPEC sections 9 and 11, with its reason and message, and
+//! Every refusal of docs/reference.md#refusal-reasons, with its reason and message, and
 //! the order in which they are checked. The sidecar's settings are in
 //! `proxy.extensions.sbmesh`; `proxy.cluster` and `proxy.acme` are the
 //! proxy's own, checked only for conflicts and for a local ACME store.
@@ -308,14 +308,14 @@ fn an_admin_port_other_than_spec_admin_port_is_invalid() {
     accept("adminPort: 9190\n", "proxy:\n  admin: { enabled: true }\n");
 }
 
-/// The SPEC's message (section 9), for the proxy's own `proxy.acme`.
+/// The documented message (docs/reference.md#refusal-reasons), for the proxy's own `proxy.acme`.
 fn spec_message(n: i32, backend: &str) -> String {
     format!(
         "spec.replicas is {n} and proxy.acme.enabled is true with storage_backend \"{backend}\", which is local to one pod. Each replica would open its own order for the same hostname, and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, or issue certificates with cert-manager and leave proxy.acme disabled."
     )
 }
 
-/// The same message for the sidecar's block (section 11).
+/// The same message for the sidecar's block (`proxy.extensions.sbmesh.acme`).
 fn sidecar_message(n: i32, backend: &str) -> String {
     format!(
         "spec.replicas is {n} and proxy.extensions.sbmesh.acme.enabled is true with storage_backend \"{backend}\", which is local to one pod. Each replica would open its own order for the same hostname, and an HTTP-01 challenge load-balanced to a replica that did not open it cannot be answered. Use a shared store (file on an RWX volume, redis, s3, gcs, or azure), set spec.replicas to 1, or issue certificates with cert-manager and leave proxy.extensions.sbmesh.acme disabled."
@@ -329,7 +329,7 @@ const LOCAL_STORES: &[(&str, &str)] = &[
         "redb",
     ),
     ("storage_backend: memory\n", "memory"),
-    // The sidecar does not know sqlite at all; the SPEC message still wins.
+    // The sidecar does not know sqlite at all; the documented message still wins.
     (
         "storage_backend: sqlite\nstorage_path: /data/acme.db\n",
         "sqlite",
@@ -600,7 +600,7 @@ fn the_proxys_own_acme_with_the_sidecars_is_invalid() {
 }
 
 // ---------------------------------------------------------------------------
-// spec.podTemplate (SPEC section 11): what the schema cannot say.
+// spec.podTemplate (docs/reference.md#sbproxy): what the schema cannot say.
 
 const CLUSTERED: &str = "clustering: { enabled: true }\n";
 

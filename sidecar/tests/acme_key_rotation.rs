@@ -1,4 +1,4 @@
-//! Cluster-key rotation with certificates in the store (SPEC section 11):
+//! Cluster-key rotation with certificates in the store (docs/operations.md#rotate-the-cluster-key):
 //! 3 sidecars on `--cluster-key-file`, Redis, Pebble.
 //!
 //! 1. `[old]` everywhere; certificates issued.
@@ -405,8 +405,8 @@ fn roll_key_files(cluster: &Cluster, keys: &[&str], gap: Duration) {
     }
 }
 
-/// SPEC section 11: `[old]` → `[new, old]` → `[new]`, file by file, one pod
-/// at a time with a delay between pods: no member is ever marked down, no
+/// docs/operations.md#rotate-the-cluster-key: `[old]` → `[new, old]` →
+/// `[new]`, file by file, one pod at a time with a delay between pods: no member is ever marked down, no
 /// packet fails to decrypt, and the certificates stored before the rotation
 /// are still delivered after it (to a pod that starts with no files).
 ///

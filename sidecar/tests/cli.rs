@@ -1,5 +1,5 @@
 //! The sidecar's command line as a user meets it: `keygen`, `validate` and
-//! the exit codes of `run` (SPEC section 1), and `/readyz` naming an
+//! the exit codes of `run` (docs/reference.md#exit-codes), and `/readyz` naming an
 //! unreachable store.
 
 mod common;

@@ -1,5 +1,5 @@
 //! The sidecar beside the real proxy's file: it accepts what sbproxy 1.13
-//! accepts (the contract's sections 2 and 10), refuses the real conflicts
+//! accepts (docs/reference.md#config-file, docs/reference.md#the-proxy), refuses the real conflicts
 //! with one line naming both settings and the fix, tells a file written for
 //! the first contract where its settings went, and survives bad input.
 
@@ -222,7 +222,7 @@ fn bad_input_is_a_clear_error_never_a_crash() {
 }
 
 /// One value for every key sbproxy 1.13 defines in `proxy.admin`,
-/// `proxy.cluster` and `proxy.acme` (the contract's section 10), as
+/// `proxy.cluster` and `proxy.acme` (docs/reference.md#the-proxy), as
 /// `(block, key: value)`.
 const SECTION_10_KEYS: &[(&str, &str)] = &[
     ("admin", "enabled: true"),

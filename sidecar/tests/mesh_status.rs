@@ -1,5 +1,5 @@
 //! The admin listener and the mesh's defences, against real sidecar
-//! processes (SPEC sections 3, 4 and 8):
+//! processes (docs/reference.md: cluster status, the mesh, metrics):
 //!
 //! - `/admin/cluster/status` field by field, Basic auth, `/healthz`,
 //!   `/readyz`, the mesh metric names (127.0.12.*);
@@ -62,7 +62,7 @@ fn warn_extra_keys(v: &Value, known: &[&str], ctx: &str) {
     if let Some(o) = v.as_object() {
         let extra: Vec<&String> = o.keys().filter(|k| !known.contains(&k.as_str())).collect();
         if !extra.is_empty() {
-            eprintln!("note: {ctx} has keys beyond SPEC section 3: {extra:?}");
+            eprintln!("note: {ctx} has keys beyond docs/reference.md#cluster-status: {extra:?}");
         }
     }
 }
@@ -245,7 +245,7 @@ fn status_json_auth_health_and_metrics_follow_the_spec() {
         ok.header("content-type")
     );
 
-    // ---- status JSON, field by field (SPEC section 3) -----------------------
+    // ---- status JSON, field by field (docs/reference.md#cluster-status) ------
     let now = now_unix_ms();
     let mut hashes = Vec::new();
     for n in &c.nodes {
@@ -376,7 +376,7 @@ fn status_json_auth_health_and_metrics_follow_the_spec() {
         "all nodes read the same sb.yml: {hashes:?}"
     );
 
-    // ---- metrics (SPEC section 8) ------------------------------------------
+    // ---- metrics (docs/reference.md#metrics) --------------------------------
     c.wait_until("every node's mesh_peer_count{state=\"alive\"} is 2", || {
         c.nodes.iter().all(|n| {
             n.metrics()

@@ -1,5 +1,5 @@
-//! Three pods, each a sidecar beside the stand-in sbproxy (built to the
-//! contract's section 10) in a PID namespace of its own, as Kubernetes runs
+//! Three pods, each a sidecar beside the stand-in sbproxy (built to
+//! docs/reference.md#the-proxy) in a PID namespace of its own, as Kubernetes runs
 //! them with `shareProcessNamespace: true`: `certificates: san` +
 //! `apply: restart` on a real Redis and a real Pebble.
 //!

@@ -1,6 +1,6 @@
 //! Hot reload across real sidecar processes: after a ConfigMap-style change,
 //! each sidecar POSTs its proxy once, and every node's status shows every
-//! node's new config hash (SPEC sections 3 and 7).
+//! node's new config hash (docs/reference.md#cluster-status, docs/reference.md#hot-reload).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The HTTP-01 responder shared by every replica (SPEC section 5).
+//! The HTTP-01 responder shared by every replica (docs/reference.md#challenge-endpoint).
 //!
 //! The replica that orders a certificate [`ChallengeBook::publish`]es the
 //! key authorization to the shared store (with an expiry) before it tells

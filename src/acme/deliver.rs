@@ -1,4 +1,4 @@
-//! Certificates handed to the proxy (SPEC section 6):
+//! Certificates handed to the proxy (docs/reference.md#certificate-files):
 //! `<cert-dir>/<host>/tls.crt` (chain, leaf first, PEM, mode 0644) and
 //! `<cert-dir>/<host>/tls.key` (PKCS#8 PEM, mode 0600) per host, or the
 //! same pair directly in `<cert-dir>` for the one certificate of
@@ -18,7 +18,7 @@
 //! sees a new key with the old chain. The key is written first because
 //! `tls.crt` is the file proxies and watchers conventionally key on: when
 //! the new chain appears, its key is already in place, and the reload the
-//! sidecar triggers (SPEC section 7) comes after both. A reader that loads
+//! sidecar triggers (docs/reference.md#hot-reload) comes after both. A reader that loads
 //! in the gap gets a key that does not match its chain, which TLS libraries
 //! refuse at load time (the proxy keeps its old pair) rather than serve.
 //! The opposite order would hand the same mismatch to exactly the readers

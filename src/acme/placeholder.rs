@@ -1,4 +1,4 @@
-//! Self-signed placeholders (SPEC section 6): before the first real
+//! Self-signed placeholders (docs/reference.md#certificate-files): before the first real
 //! certificate for a name (or the SAN set) exists, the sidecar writes one
 //! for the same names, so that a proxy that needs its files at start-up
 //! (sbproxy with `tls_cert_file`) can start. Clients do not trust it; it

@@ -3,7 +3,7 @@
 //! seconds, passed in) and of a jitter in `[0, 1)` (passed in), so every
 //! rule is tested without sleeps.
 //!
-//! - [`renew_at`]: the renewal time of a certificate (SPEC section 5).
+//! - [`renew_at`]: the renewal time of a certificate (docs/reference.md#acme).
 //! - [`Failures`]: backoff after failed orders, 1 min doubling to 6 h,
 //!   never before the CA's `Retry-After`.
 //! - [`IssuanceHistory`]: at most [`DUPLICATE_LIMIT`] certificates for the

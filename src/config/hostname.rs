@@ -1,5 +1,5 @@
-//! Origin keys as hostnames a certificate can name (SPEC section 2 of the
-//! contract; `docs/` in this repository): lowercased, IDNs in their A-label
+//! Origin keys as hostnames a certificate can name
+//! (docs/reference.md#sidecar-block): lowercased, IDNs in their A-label
 //! (punycode) form, no port, no empty label, labels of at most 63 and names
 //! of at most 253 characters.
 

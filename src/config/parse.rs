@@ -537,7 +537,7 @@ fn read_origins(
     origins
 }
 
-/// Checks the form of `storage_path` for `backend` (SPEC section 2).
+/// Checks the form of `storage_path` for `backend` (docs/reference.md#storage-paths).
 fn check_storage_path(backend: StorageBackend, path: &str) -> Result<(), String> {
     let url_with = |schemes: &[&str]| {
         schemes.iter().any(|scheme| {

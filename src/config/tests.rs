@@ -40,7 +40,7 @@ origins:
 "#;
 
 /// Every key sbproxy 1.13 defines in `proxy.admin`, `proxy.cluster` and
-/// `proxy.acme` (the contract's section 10), written out here so that the
+/// `proxy.acme` (docs/reference.md#the-proxy), written out here so that the
 /// table in `sbproxy.rs` is checked against the contract.
 const EVERY_PROXY_KEY: &str = r#"
 proxy:

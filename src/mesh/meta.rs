@@ -41,7 +41,7 @@ pub struct CertificateInfo {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<String>,
     /// The file is a self-signed placeholder written until the CA's
-    /// certificate arrives (SPEC section 6).
+    /// certificate arrives (docs/reference.md#certificate-files).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub placeholder: bool,
 }

@@ -3,9 +3,9 @@
 //!
 //! Sans-IO: the caller passes the clock (`now_unix_ms`) and the bytes; the
 //! only ambient input is the system RNG for nonces. Every UDP datagram and
-//! every TCP frame of the mesh (SPEC section 4) goes through [`Sealer::seal`]
+//! every TCP frame of the mesh (docs/reference.md#the-mesh) goes through [`Sealer::seal`]
 //! on the way out and [`Sealer::unseal`] on the way in; a [`Reject`] names the
-//! `reason` label of `mesh_packets_rejected_total` (SPEC section 8).
+//! `reason` label of `mesh_packets_rejected_total` (docs/reference.md#mesh-metrics).
 //!
 //! # Wire format (version 1)
 //!

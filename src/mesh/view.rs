@@ -1,5 +1,6 @@
 //! The cluster as one node sees it: the JSON of `/admin/cluster/status`
-//! (SPEC section 3) and the member list other components use.
+//! (docs/reference.md#cluster-status, docs/status.schema.json) and the
+//! member list other components use.
 
 use std::collections::BTreeMap;
 
@@ -98,8 +99,9 @@ pub struct NodeStatus {
     /// not order at all when it does not. Absent while ACME is disabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acme: Option<AcmeInfo>,
-    /// Its proxy restarts for certificates (`apply: restart`). Absent in
-    /// the other modes.
+    /// Its proxy restarts for certificates (`apply: restart`; zero
+    /// restarts in the other modes). Every node publishes it; absent only
+    /// before a node's first metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyInfo>,
     /// Its primary cluster key (first 8 hex characters of its SHA-256): the

@@ -1,4 +1,4 @@
-//! Handing certificates to the running proxy (SPEC sections 6 and 11).
+//! Handing certificates to the running proxy (docs/reference.md#certificate-files).
 //!
 //! - [`RestartCoordinator`]: `apply: restart`. sbproxy 1.13 reads its
 //!   certificate files only at start-up, so a new certificate is applied by

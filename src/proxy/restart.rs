@@ -1,4 +1,4 @@
-//! The decisions of `apply: restart` (SPEC section 6), without I/O: when a
+//! The decisions of `apply: restart` (docs/reference.md#certificate-files), without I/O: when a
 //! restart is due, what to do next, and when a restarted proxy counts as
 //! back. The shell ([`super::coordinator`]) performs each [`Step`] and
 //! reports its outcome; time is passed in (unix milliseconds).

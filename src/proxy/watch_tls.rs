@@ -1,4 +1,4 @@
-//! `--watch-tls DIR` (SPEC section 11): a mounted `kubernetes.io/tls`
+//! `--watch-tls DIR` (docs/reference.md#sidecar-flags): a mounted `kubernetes.io/tls`
 //! Secret (`tls.crt`, `tls.key`) whose renewal is applied to the running
 //! proxy.
 //!

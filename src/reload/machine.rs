@@ -3,7 +3,7 @@
 //! what to do, and the async shell ([`super::Reloader`]) only moves bytes and
 //! time.
 //!
-//! Rules (SPEC section 7):
+//! Rules (docs/reference.md#hot-reload):
 //! - at most one POST in flight; content seen meanwhile collapses into one
 //!   more POST of the newest content once the in-flight one finishes;
 //! - content whose sha256 equals the last delivered one is not POSTed again
@@ -472,7 +472,7 @@ mod tests {
         m.step(seen("a"), t0);
         m.step(Input::PostResult(PostOutcome::Refused), t0);
         assert_eq!(m.refused(), Some("a"));
-        // SPEC 7: every certificate change reloads; exactly one POST.
+        // docs/reference.md#hot-reload: every certificate change reloads; exactly one POST.
         assert_eq!(
             m.step(Input::CertificatesChanged, t0 + ms(1_000)),
             vec![post("a")]

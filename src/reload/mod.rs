@@ -1,4 +1,4 @@
-//! Hot reload (SPEC section 7): notice every change of the proxy's config
+//! Hot reload (docs/reference.md#hot-reload): notice every change of the proxy's config
 //! file, validate it, and POST the proxy's reload URL once per distinct
 //! content, never for an invalid file, never two at a time.
 //!
@@ -101,7 +101,7 @@ pub struct ReloaderConfig {
 }
 
 impl ReloaderConfig {
-    /// A configuration with the SPEC defaults: no Authorization, 200 ms
+    /// A configuration with the documented defaults: no Authorization, 200 ms
     /// debounce, 30 s rescan, inotify on, nothing assumed delivered.
     pub fn new(config_path: impl Into<PathBuf>, reload_url: impl Into<String>) -> Self {
         Self {

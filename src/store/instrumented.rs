@@ -1,5 +1,5 @@
 //! A [`Store`] decorator that counts every operation in
-//! `store_operations_total{backend,op,result}` (SPEC section 8).
+//! `store_operations_total{backend,op,result}` (docs/reference.md#store-metrics).
 //!
 //! `result` is `ok`, `error`, `conflict` (a create-only write found the key,
 //! a compare-and-swap lost, or a fenced write was refused) or `miss` (a `get` found nothing, a `delete`

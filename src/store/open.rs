@@ -1,5 +1,5 @@
 //! Opening the store that `proxy.acme.storage_backend` and `storage_path`
-//! name (SPEC section 2), counted in the store metrics, and the readiness
+//! name (docs/reference.md#storage-paths), counted in the store metrics, and the readiness
 //! probe behind `/readyz`'s "the store answered".
 
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ pub const PROBE_KEY: &str = "sbmesh/readyz-probe";
 /// Opens the store for `backend`, wrapped so that every operation is counted
 /// in `store_operations_total`.
 ///
-/// `storage_path` is read as SPEC section 2 describes for each backend. For
+/// `storage_path` is read as docs/reference.md#storage-paths says for each backend. For
 /// `redb` and `file` an empty `storage_path` means `state_dir` (redb:
 /// `<state_dir>/certstore.redb`; file: `<state_dir>/certstore`); `memory`
 /// ignores both.

@@ -28,7 +28,7 @@ use super::{
 };
 
 const BACKEND: &str = "redb";
-/// The database file inside the configured directory (SPEC section 2).
+/// The database file inside the configured directory (docs/reference.md#storage-paths).
 pub const FILE_NAME: &str = "certstore.redb";
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("records");

@@ -1,5 +1,5 @@
 //! `sbproxy`: a test double of the sbproxy 1.13 reverse proxy, built to
-//! section 10 of the sbmesh contract (`SPEC.md`), for tests only (sbproxy
+//! the facts in `docs/reference.md#the-proxy`, for tests only (sbproxy
 //! itself cannot be built on the test machines). It behaves as that section
 //! says the real proxy does, and nothing more:
 //!

@@ -80,7 +80,7 @@ fn top_level_unknown_keys_only_warn_and_extensions_is_free() {
     p.wait_stderr("whatever");
 }
 
-/// Every key SPEC section 10 lists for `proxy.admin`, `proxy.cluster` and
+/// Every key docs/reference.md#the-proxy lists for `proxy.admin`, `proxy.cluster` and
 /// `proxy.acme`, with the proxy's mesh on free ports.
 #[test]
 fn accepts_every_key_of_section_10() {

@@ -2,9 +2,9 @@
 //! real `sbmesh-sidecar run` processes, one per 127.0.x.y address, all on the
 //! default ports, talked to over plain HTTP/1.1 on their admin listener.
 //!
-//! Everything here goes through the external contract of `../shared/SPEC.md`
-//! (flags of section 1, the status JSON of section 3, metric names of section
-//! 8), never through library internals.
+//! Everything here goes through the external contract of `docs/reference.md`
+//! (the flags, the status JSON, the metric names), never through library
+//! internals.
 //!
 //! Conventions:
 //! - every wait polls every 100 ms up to [`deadline()`] (60 s, or
@@ -762,7 +762,7 @@ pub fn write_atomic(path: &Path, contents: &str) {
 }
 
 // ---------------------------------------------------------------------------
-// Status JSON helpers (SPEC section 3)
+// Status JSON helpers (docs/reference.md#cluster-status)
 // ---------------------------------------------------------------------------
 
 pub fn total_nodes(v: &Value) -> Option<u64> {

@@ -1,6 +1,6 @@
 //! Pods on one machine, for the tests and benchmarks that run the sidecar
-//! beside the stand-in sbproxy (`standin/`, built to the contract's
-//! section 10): each pod is `unshare --pid --fork --kill-child
+//! beside the stand-in sbproxy (`standin/`, built to
+//! docs/reference.md#the-proxy): each pod is `unshare --pid --fork --kill-child
 //! --mount-proc` running the sidecar and, in a loop that plays the
 //! kubelet's restarts, the proxy, both on the pod's 127.0.x.y address, so
 //! the sidecar finds exactly its own proxy in `/proc`. Needs root.
