@@ -8,6 +8,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, EncodeMetric
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
@@ -157,6 +158,29 @@ pub struct StoreMetrics {
     /// `store_unseal_failures_total{reason}`: records read but not opened
     /// (`missing_key`: sealed under a key no longer in the ring).
     pub unseal_failures: Family<ReasonLabels, Counter>,
+    /// `store_operation_duration_seconds{backend,op}`: how long each store
+    /// operation took, whatever its result (a failing backend shows as slow
+    /// here before it shows as errors: timeouts).
+    pub operation_seconds: Family<BackendOpLabels, Histogram, fn() -> Histogram>,
+}
+
+/// `{backend,op}`
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendOpLabels {
+    /// Backend name (`Store::backend`).
+    pub backend: &'static str,
+    /// Operation, as in [`StoreOpLabels::op`].
+    pub op: &'static str,
+}
+
+/// Buckets of `store_operation_duration_seconds`: from a local store's
+/// sub-millisecond read to an object store's multi-second timeout.
+pub const STORE_SECONDS_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0,
+];
+
+fn store_seconds_histogram() -> Histogram {
+    Histogram::new(STORE_SECONDS_BUCKETS)
 }
 
 impl StoreMetrics {
@@ -169,6 +193,13 @@ impl StoreMetrics {
                 result,
             })
             .inc();
+    }
+
+    /// Records how long one store operation took.
+    pub fn observe(&self, backend: &'static str, op: &'static str, took: std::time::Duration) {
+        self.operation_seconds
+            .get_or_create(&BackendOpLabels { backend, op })
+            .observe(took.as_secs_f64());
     }
 
     /// Counts one lease lock acquisition.
@@ -471,6 +502,7 @@ impl Metrics {
             operations: Family::default(),
             lock_acquired: Family::default(),
             unseal_failures: Family::default(),
+            operation_seconds: Family::new_with_constructor(store_seconds_histogram),
         };
         registry.register(
             "store_operations",
@@ -485,6 +517,11 @@ impl Metrics {
         let _ = store.unseal_failures.get_or_create(&ReasonLabels {
             reason: "missing_key",
         });
+        registry.register(
+            "store_operation_duration_seconds",
+            "Time taken by certificate store operations, by backend and operation, whatever the result",
+            store.operation_seconds.clone(),
+        );
         registry.register(
             "store_unseal_failures",
             "Store records read but not opened, by reason (missing_key: sealed under a key no longer in the cluster key ring)",

@@ -80,12 +80,16 @@ fn scrape(addr: SocketAddr, accept: &str) -> Option<String> {
 /// name).
 fn exposed(text: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut names: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut histograms = BTreeSet::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut words = rest.split_whitespace();
             let (Some(name), Some(kind)) = (words.next(), words.next()) else {
                 continue;
             };
+            if kind == "histogram" {
+                histograms.insert(name.to_owned());
+            }
             let name = if kind == "counter" && !name.ends_with("_total") {
                 format!("{name}_total")
             } else {
@@ -93,14 +97,23 @@ fn exposed(text: &str) -> BTreeMap<String, BTreeSet<String>> {
             };
             names.entry(name).or_default();
         } else if !line.starts_with('#') && !line.trim().is_empty() {
-            let name: String = line.chars().take_while(|&c| name_char(c)).collect();
-            let labels = names.entry(name).or_default();
+            let sample: String = line.chars().take_while(|&c| name_char(c)).collect();
+            // A histogram's samples stand under its family's name, `le`
+            // aside: the reference documents the family.
+            let histogram = ["_bucket", "_sum", "_count", "_created"]
+                .iter()
+                .find_map(|suffix| sample.strip_suffix(suffix))
+                .filter(|family| histograms.contains(*family))
+                .map(str::to_owned);
+            let labels = names.entry(histogram.unwrap_or(sample)).or_default();
             if let Some(set) = line
                 .split_once('{')
                 .and_then(|(_, rest)| rest.split_once('}'))
             {
                 for pair in set.0.split(',') {
-                    if let Some((label, _)) = pair.split_once('=') {
+                    if let Some((label, _)) = pair.split_once('=')
+                        && label.trim() != "le"
+                    {
                         labels.insert(label.trim().to_owned());
                     }
                 }

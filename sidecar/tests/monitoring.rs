@@ -145,10 +145,23 @@ fn exposed_names(text: &str) -> BTreeSet<String> {
 }
 
 /// Name and labels of every sample.
+/// Every series of an exposition, its labels sorted by name and a
+/// histogram's `le` as a number: the two formats order and spell those
+/// differently (`le="1.0"` first in OpenMetrics, `le="1"` last in text).
 fn series(text: &str) -> BTreeSet<(String, Vec<(String, String)>)> {
     text.lines()
         .filter_map(parse_sample)
-        .map(|(name, labels, _)| (name.to_owned(), labels))
+        .map(|(name, mut labels, _)| {
+            for (label, value) in &mut labels {
+                if label == "le"
+                    && let Ok(bound) = value.parse::<f64>()
+                {
+                    *value = bound.to_string();
+                }
+            }
+            labels.sort();
+            (name.to_owned(), labels)
+        })
         .collect()
 }
 

@@ -1,5 +1,6 @@
 //! A [`Store`] decorator that counts every operation in
-//! `store_operations_total{backend,op,result}` (docs/reference.md#store-metrics).
+//! `store_operations_total{backend,op,result}` and times it in
+//! `store_operation_duration_seconds{backend,op}` (docs/reference.md#store-metrics).
 //!
 //! `result` is `ok`, `error`, `conflict` (a create-only write found the key,
 //! a compare-and-swap lost, or a fenced write was refused) or `miss` (a `get` found nothing, a `delete`
@@ -8,7 +9,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -67,9 +68,13 @@ impl<S: Store + ?Sized> Instrumented<S> {
     fn count<T>(
         &self,
         op: &'static str,
+        started: Instant,
         result: &Result<T, StoreError>,
         outcome: impl Fn(&T) -> &'static str,
     ) {
+        self.metrics
+            .store
+            .observe(self.inner.backend(), op, started.elapsed());
         let label = match result {
             Ok(value) => outcome(value),
             Err(StoreError::Fenced { .. }) => "conflict",
@@ -110,8 +115,9 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        let started = Instant::now();
         let result = self.inner.get(key).await;
-        self.count("get", &result, found);
+        self.count("get", started, &result, found);
         result
     }
 
@@ -121,8 +127,9 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
         value: &[u8],
         ttl: Option<Duration>,
     ) -> Result<Version, StoreError> {
+        let started = Instant::now();
         let result = self.inner.put(key, value, ttl).await;
-        self.count("put", &result, ok);
+        self.count("put", started, &result, ok);
         result
     }
 
@@ -132,8 +139,9 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
         value: &[u8],
         ttl: Option<Duration>,
     ) -> Result<Option<Version>, StoreError> {
+        let started = Instant::now();
         let result = self.inner.put_if_absent(key, value, ttl).await;
-        self.count("put_if_absent", &result, written);
+        self.count("put_if_absent", started, &result, written);
         result
     }
 
@@ -144,32 +152,32 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
         value: &[u8],
         ttl: Option<Duration>,
     ) -> Result<Option<Version>, StoreError> {
+        let started = Instant::now();
         let result = self.inner.compare_and_swap(key, expected, value, ttl).await;
-        self.count("compare_and_swap", &result, written);
+        self.count("compare_and_swap", started, &result, written);
         result
     }
 
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let started = Instant::now();
         let result = self.inner.delete(key).await;
-        self.count(
-            "delete",
-            &result,
-            |removed| {
-                if *removed { "ok" } else { "miss" }
-            },
-        );
+        self.count("delete", started, &result, |removed| {
+            if *removed { "ok" } else { "miss" }
+        });
         result
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let started = Instant::now();
         let result = self.inner.list(prefix).await;
-        self.count("list", &result, ok);
+        self.count("list", started, &result, ok);
         result
     }
 
     async fn sweep_expired(&self) -> Result<usize, StoreError> {
+        let started = Instant::now();
         let result = self.inner.sweep_expired().await;
-        self.count("sweep_expired", &result, ok);
+        self.count("sweep_expired", started, &result, ok);
         result
     }
 
@@ -180,8 +188,9 @@ impl<S: Store + ?Sized> Store for Instrumented<S> {
         lock_key: &str,
         fence: u64,
     ) -> Result<Version, StoreError> {
+        let started = Instant::now();
         let result = self.inner.put_fenced(key, value, lock_key, fence).await;
-        self.count("put_fenced", &result, ok);
+        self.count("put_fenced", started, &result, ok);
         result
     }
 
@@ -243,6 +252,11 @@ mod tests {
             r#"store_operations_total{backend="memory",op="list",result="ok"} 1"#,
             r#"store_operations_total{backend="memory",op="sweep_expired",result="ok"} 0"#,
             r#"store_lock_acquired_total{backend="memory"} 0"#,
+            // Every operation timed, whatever its result: two gets
+            // answered and one refused.
+            r#"store_operation_duration_seconds_count{backend="memory",op="get"} 3"#,
+            r#"store_operation_duration_seconds_count{backend="memory",op="delete"} 2"#,
+            r#"store_operation_duration_seconds_bucket{le="10.0",backend="memory",op="put"} 1"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
