@@ -634,7 +634,13 @@ impl Node {
         // ACME: hostnames follow the config file as it is read; the
         // manager starts once the store is open. Each certificate change
         // is handed to the proxy and read back for Node::certificates.
-        let feed = Arc::new(CertificateFeed::default());
+        let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
+        let feed = Arc::new(CertificateFeed::new(
+            cfg.cert_dir.clone(),
+            config_rx.clone(),
+            acme_rx.clone(),
+            stop_rx.clone(),
+        ));
         let changed: CertificatesChanged = {
             let (apply, feed) = (apply.clone(), feed.clone());
             Arc::new(move || {
@@ -642,7 +648,6 @@ impl Node {
                 feed.wake.notify_one();
             })
         };
-        let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
         let acme_task = tokio::spawn(run_acme(
             AcmeSettings::of(&cfg),
             AcmeParts {
@@ -664,13 +669,6 @@ impl Node {
             reload_rx.clone(),
             acme_rx.clone(),
             proxy_rx,
-            stop_rx.clone(),
-        )));
-        follow_tasks.push(tokio::spawn(keep_certificates_loaded(
-            feed.clone(),
-            cfg.cert_dir.clone(),
-            config_rx.clone(),
-            acme_rx.clone(),
             stop_rx,
         )));
         Ok(Node {
@@ -728,8 +726,13 @@ impl Node {
     /// arrive, updated after every change (new origin, issuance, renewal).
     /// Feed them to [`crate::tls::CertResolver::follow`]. The files are read
     /// back only while someone holds a receiver.
+    ///
+    /// The first call starts the task that reads them (a node nobody asks,
+    /// such as the sidecar's, never runs it), so it must be made within
+    /// the Tokio runtime the node runs on.
     pub fn certificates(&self) -> watch::Receiver<NodeCertificates> {
         let rx = self.certificates.tx.subscribe();
+        self.certificates.start();
         self.certificates.wake.notify_one();
         rx
     }
@@ -823,18 +826,51 @@ async fn follow_hash(
     }
 }
 
-/// The node's certificates as read back from the files, and a wake-up
-/// for the task that reads them.
+/// The node's certificates as read back from the files, a wake-up for
+/// the task that reads them, and what that task needs, kept until the
+/// first [`Node::certificates`] starts it.
 struct CertificateFeed {
     tx: watch::Sender<NodeCertificates>,
     wake: Notify,
+    reader: std::sync::Mutex<Option<FeedReader>>,
 }
 
-impl Default for CertificateFeed {
-    fn default() -> Self {
+/// The inputs of [`keep_certificates_loaded`].
+struct FeedReader {
+    cert_dir: PathBuf,
+    config: watch::Receiver<Arc<SbConfig>>,
+    acme: watch::Receiver<AcmeStatus>,
+    stop: watch::Receiver<bool>,
+}
+
+impl CertificateFeed {
+    fn new(
+        cert_dir: PathBuf,
+        config: watch::Receiver<Arc<SbConfig>>,
+        acme: watch::Receiver<AcmeStatus>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
         Self {
             tx: watch::channel(Arc::default()).0,
             wake: Notify::new(),
+            reader: std::sync::Mutex::new(Some(FeedReader {
+                cert_dir,
+                config,
+                acme,
+                stop,
+            })),
+        }
+    }
+
+    /// Starts the reading task, once; it ends when the node stops.
+    fn start(self: &Arc<Self>) {
+        let reader = self
+            .reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(reader) = reader {
+            tokio::spawn(keep_certificates_loaded(self.clone(), reader));
         }
     }
 }
@@ -842,13 +878,13 @@ impl Default for CertificateFeed {
 /// Reads the certificate files back after every change (a certificate
 /// written, a placeholder written, the origins changed), while anyone
 /// holds a receiver of [`Node::certificates`].
-async fn keep_certificates_loaded(
-    feed: Arc<CertificateFeed>,
-    cert_dir: PathBuf,
-    mut config: watch::Receiver<Arc<SbConfig>>,
-    mut acme: watch::Receiver<AcmeStatus>,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader: FeedReader) {
+    let FeedReader {
+        cert_dir,
+        mut config,
+        mut acme,
+        mut stop,
+    } = reader;
     let (mut config_open, mut acme_open) = (true, true);
     loop {
         tokio::select! {
