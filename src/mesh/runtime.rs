@@ -715,15 +715,36 @@ const REFUSED_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Inbound connections still in the unauthenticated phase, oldest first.
 ///
-/// At a limit the oldest one (of the source, else overall) is closed to make
-/// room: a peer delivers its first frame within milliseconds, so the oldest
-/// is all but always idle, whereas refusing the newest would let anyone
-/// holding idle connections lock every peer out.
+/// At a limit one of them (of the source, else overall) is closed to make
+/// room: the oldest that has sent nothing yet, else the oldest. A peer
+/// writes its first frame right after connecting, so one with bytes waiting
+/// is a peer whose task has not run yet (a busy node accepts a burst before
+/// it serves any), and the oldest silent one is all but always idle;
+/// refusing the newest instead would let anyone holding idle connections
+/// lock every peer out.
 #[derive(Default)]
 struct Unauthenticated {
     next_id: u64,
-    /// Source and how to close it, by the order of arrival.
-    conns: std::collections::BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
+    /// By the order of arrival.
+    conns: std::collections::BTreeMap<u64, Waiting>,
+}
+
+/// One connection in [`Unauthenticated`].
+struct Waiting {
+    source: IpAddr,
+    /// A second handle on the socket, to look at what waits in its receive
+    /// queue without taking it (none: counted as silent).
+    probe: Option<std::net::TcpStream>,
+    close: oneshot::Sender<()>,
+}
+
+impl Waiting {
+    /// Whether bytes from the peer wait to be read: its first frame.
+    fn has_sent(&self) -> bool {
+        self.probe
+            .as_ref()
+            .is_some_and(|p| matches!(p.peek(&mut [0u8; 1]), Ok(n) if n > 0))
+    }
 }
 
 impl Unauthenticated {
@@ -732,31 +753,49 @@ impl Unauthenticated {
     /// meanwhile has left the table, or ignores the signal: only the
     /// unauthenticated phase can be cut short.
     fn make_room(&mut self, source: IpAddr) -> Option<&'static str> {
-        let mut of_source = self
-            .conns
-            .iter()
-            .filter(|(_, (ip, _))| *ip == source)
-            .map(|(id, _)| *id);
-        let oldest_of_source = of_source.next();
-        let count_of_source = oldest_of_source.map_or(0, |_| 1 + of_source.count());
-        let (reason, id) = if count_of_source >= MAX_UNAUTHENTICATED_PER_SOURCE {
-            ("source_limit", oldest_of_source?)
+        let of_source = self.conns.values().filter(|w| w.source == source).count();
+        let (reason, id) = if of_source >= MAX_UNAUTHENTICATED_PER_SOURCE {
+            ("source_limit", self.victim(|w| w.source == source)?)
         } else if self.conns.len() >= MAX_UNAUTHENTICATED {
-            ("limit", *self.conns.keys().next()?)
+            ("limit", self.victim(|_| true)?)
         } else {
             return None;
         };
-        let (_, close) = self.conns.remove(&id)?;
-        let _ = close.send(());
+        let gone = self.conns.remove(&id)?;
+        let _ = gone.close.send(());
         Some(reason)
     }
 
-    /// Registers a new connection; the receiver fires when it must close.
-    fn admit(&mut self, source: IpAddr) -> (u64, oneshot::Receiver<()>) {
+    /// The oldest connection `among` that has sent nothing, else the oldest.
+    fn victim(&self, among: impl Fn(&Waiting) -> bool) -> Option<u64> {
+        let mut oldest = None;
+        for (&id, w) in self.conns.iter().filter(|(_, w)| among(w)) {
+            oldest.get_or_insert(id);
+            if !w.has_sent() {
+                return Some(id);
+            }
+        }
+        oldest
+    }
+
+    /// Registers a new connection (`probe`: see [`Waiting::probe`]); the
+    /// receiver fires when it must close.
+    fn admit(
+        &mut self,
+        source: IpAddr,
+        probe: Option<std::net::TcpStream>,
+    ) -> (u64, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         let id = self.next_id;
         self.next_id += 1;
-        self.conns.insert(id, (source, tx));
+        self.conns.insert(
+            id,
+            Waiting {
+                source,
+                probe,
+                close: tx,
+            },
+        );
         (id, rx)
     }
 }
@@ -868,9 +907,14 @@ async fn accept_loop(
             }
         };
         let source = source_of(peer.ip());
+        // A duplicate descriptor, closed when the connection leaves the table.
+        let probe = std::os::fd::AsFd::as_fd(&stream)
+            .try_clone_to_owned()
+            .ok()
+            .map(std::net::TcpStream::from);
         let (made_room, (id, closed)) = {
             let mut t = lock(&table);
-            (t.make_room(source), t.admit(source))
+            (t.make_room(source), t.admit(source, probe))
         };
         if let Some(reason) = made_room {
             log.refused(&metrics, peer, reason);
@@ -903,6 +947,9 @@ async fn serve_conn(
     log: &RefusedLog,
 ) {
     let first = tokio::select! {
+        // A frame already received is served even when a close was asked
+        // for before this task first ran.
+        biased;
         first = tokio::time::timeout(
             FIRST_FRAME_TIMEOUT,
             wire::read_frame(&mut stream, sealer, wire::MAX_REQUEST_FRAME, now_ms),
@@ -1050,6 +1097,7 @@ mod transport_limit_tests {
     //! Who is closed when the unauthenticated phase is full.
 
     use super::*;
+    use std::io::Write;
 
     fn ip(a: u8, b: u8) -> IpAddr {
         IpAddr::from([10, 0, a, b])
@@ -1071,7 +1119,7 @@ mod transport_limit_tests {
         let mut t = Unauthenticated::default();
         let mut closed = Vec::new();
         for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
-            closed.push(t.admit(ip(0, 1)));
+            closed.push(t.admit(ip(0, 1), None));
         }
         // Another source is not affected by 10.0.0.1 being full.
         assert_eq!(t.make_room(ip(0, 2)), None);
@@ -1089,7 +1137,7 @@ mod transport_limit_tests {
         let mut b = 0u8;
         while t.conns.len() < MAX_UNAUTHENTICATED {
             b += 1;
-            closed.push(t.admit(ip(1, b)));
+            closed.push(t.admit(ip(1, b), None));
         }
         assert_eq!(t.make_room(ip(2, 1)), Some("limit"));
         let (oldest, signal) = &mut closed[0];
@@ -1099,5 +1147,67 @@ mod transport_limit_tests {
             "the oldest overall is told to close"
         );
         assert!(!t.conns.contains_key(oldest));
+    }
+
+    #[test]
+    fn a_connection_whose_first_frame_waits_is_not_closed_for_a_silent_one() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let source = IpAddr::from([127, 0, 0, 1]);
+        let mut t = Unauthenticated::default();
+        let mut clients = Vec::new();
+        let mut signals = Vec::new();
+        for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
+            clients.push(std::net::TcpStream::connect(addr).unwrap());
+            let (accepted, _) = listener.accept().unwrap();
+            // As tokio's sockets are: the probe shares the flag.
+            accepted.set_nonblocking(true).unwrap();
+            let probe = accepted.try_clone().unwrap();
+            signals.push((t.admit(source, Some(probe)), accepted));
+        }
+        // The oldest is a peer whose frame arrived before its task ran.
+        clients[0].write_all(b"frame").unwrap();
+        let waits =
+            |s: &std::net::TcpStream| poll(|| matches!(s.peek(&mut [0u8; 1]), Ok(n) if n > 0));
+        assert!(waits(&signals[0].1), "the peer's bytes arrived");
+        assert_eq!(t.make_room(source), Some("source_limit"));
+        assert!(
+            signals[0].0.1.try_recv().is_err(),
+            "the connection with a frame waiting is kept"
+        );
+        assert_eq!(
+            signals[1].0.1.try_recv(),
+            Ok(()),
+            "the oldest silent connection is told to close"
+        );
+
+        // When every one has sent something, the oldest goes.
+        clients.push(std::net::TcpStream::connect(addr).unwrap());
+        let (accepted, _) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        let probe = accepted.try_clone().unwrap();
+        signals.push((t.admit(source, Some(probe)), accepted));
+        for i in (2..clients.len()).rev() {
+            clients[i].write_all(b"x").unwrap();
+            assert!(waits(&signals[i].1));
+        }
+        assert_eq!(t.make_room(source), Some("source_limit"));
+        assert_eq!(
+            signals[0].0.1.try_recv(),
+            Ok(()),
+            "with every one waiting to be read, the oldest is told to close"
+        );
+    }
+
+    /// Polls `f` for up to 5 s.
+    fn poll(f: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
     }
 }
