@@ -3,7 +3,10 @@
 # sbmesh-operator (the operator Deployment and every rendered pod name their
 # binary explicitly). Build: docker build -t sbmesh .
 
-FROM rust:1-bookworm AS builder
+# The toolchain sidecar/link/hot-functions.txt was made with: its names carry
+# a hash of it, and another one builds a binary without that layout (more RSS,
+# BENCHMARKS.md, "The steady-state code together").
+FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 
 # Dependency layer: the manifests and the lockfile, with stub sources, so the
