@@ -245,6 +245,9 @@ pub(crate) struct MeshCore {
     /// Digests whose record has not arrived yet: retried at the tick.
     unfetched: Vec<MetaDigest>,
     fetching: HashSet<String>,
+    /// Members (by address) asked for a periodic exchange with our view's
+    /// digest alone, whose answer has not come.
+    digest_asked: HashSet<u64>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
     greeted_all: bool,
@@ -324,6 +327,7 @@ impl MeshCore {
             has_our_digest: None,
             unfetched: Vec::new(),
             fetching: HashSet::new(),
+            digest_asked: HashSet::new(),
             pushed_on_join: false,
             greeted_all: false,
             unanswered: HashSet::new(),
@@ -587,15 +591,48 @@ impl MeshCore {
         now: Instant,
     ) -> FullState {
         let records = remote.want_records;
+        let (peer, theirs) = (remote.from.clone(), remote.view);
         self.merge(remote);
-        let reply = self.full_state(records);
+        let ours = peer.as_ref().map(|p| self.view_digest(p));
+        let reply = if !records && theirs.is_some() && theirs == ours {
+            // Same view: our digest says so, and nothing else is needed.
+            FullState {
+                from: Some(self.foca.identity().clone()),
+                view: ours,
+                ..FullState::default()
+            }
+        } else {
+            FullState {
+                view: ours,
+                ..self.full_state(records)
+            }
+        };
         self.flush(now);
         reply
     }
 
     /// The reply to a full-state exchange we started.
     pub(crate) fn handle_push_pull_reply(&mut self, remote: FullState, now: Instant) {
+        let peer = remote.from.clone();
+        let asked_by_digest = peer
+            .as_ref()
+            .is_some_and(|p| self.digest_asked.remove(&p.addr()));
+        let (whole, theirs) = (!remote.members.is_empty(), remote.view);
         self.merge(remote);
+        // Our digest differed and its whole view came back: if ours still
+        // differs once merged, it lacks something we know (or it is a
+        // version that reads no digest, and expects our view as before).
+        if asked_by_digest
+            && whole
+            && let Some(peer) = peer
+            && (theirs.is_none() || theirs != Some(self.view_digest(&peer)))
+        {
+            let state = FullState {
+                view: Some(self.view_digest(&peer)),
+                ..self.full_state(false)
+            };
+            self.out.push_back(Output::PushPull { to: peer, state });
+        }
         self.flush(now);
     }
 
@@ -1122,10 +1159,59 @@ impl MeshCore {
         self.unfetched.extend(need);
     }
 
+    /// Starts a full-state exchange: with our whole view and records asked
+    /// for on join, with our view's digest alone periodically.
     fn push_pull(&mut self, to: NodeIdentity, want_records: bool) {
-        let mut state = self.full_state(false);
-        state.want_records = want_records;
+        let view = Some(self.view_digest(&to));
+        let state = if want_records {
+            FullState {
+                want_records,
+                view,
+                ..self.full_state(false)
+            }
+        } else {
+            // One question out per member; a lost answer is forgotten.
+            if self.digest_asked.len() >= OUT_KEPT {
+                self.digest_asked.clear();
+            }
+            self.digest_asked.insert(to.addr());
+            FullState {
+                from: Some(self.foca.identity().clone()),
+                view,
+                ..FullState::default()
+            }
+        };
         self.out.push_back(Output::PushPull { to, state });
+    }
+
+    /// Our [`wire::ViewDigest`] for an exchange with `peer`: every member
+    /// but the two of us (each end knows its own incarnation better than the
+    /// other does, and foca's probes settle that), and every metadata stamp.
+    fn view_digest(&self, peer: &NodeIdentity) -> wire::ViewDigest {
+        let (me, them) = (self.foca.identity().addr(), peer.addr());
+        let mut entries: Vec<Vec<u8>> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.id().addr() != me && m.id().addr() != them)
+            .filter_map(|m| {
+                postcard::to_allocvec(&(0u8, m.id(), m.incarnation(), state_code(m.state()))).ok()
+            })
+            .collect();
+        entries.extend(
+            self.metas
+                .values()
+                .chain(std::iter::once(&self.local_meta))
+                .filter_map(|r| postcard::to_allocvec(&(1u8, &*r.node_id, r.stamp())).ok()),
+        );
+        entries.sort_unstable();
+        let mut hash = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        for e in &entries {
+            hash.update(&(e.len() as u32).to_be_bytes());
+            hash.update(e);
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&hash.finish().as_ref()[..16]);
+        out
     }
 
     fn full_state(&self, with_records: bool) -> FullState {
@@ -1163,6 +1249,7 @@ impl MeshCore {
             stamps,
             records,
             want_records: false,
+            view: None,
         }
     }
 
@@ -1551,7 +1638,9 @@ mod tests {
     #[test]
     fn periodic_push_pulls_alone_spread_a_member() {
         // sbproxy-1 greets only sbproxy-0 and hears nothing by gossip; it
-        // learns of sbproxy-2 when a periodic full-state exchange merges.
+        // learns of sbproxy-2 when a periodic full-state exchange merges:
+        // its digest differs from sbproxy-0's, so whole views are sent (the
+        // answer to its question, or the follow-up to sbproxy-0's).
         let tuning = SwimTuning {
             push_pull_interval: Duration::from_secs(5),
             ..quiet()
@@ -1566,6 +1655,36 @@ mod tests {
         assert_eq!(s.sees(1, 2), None, "no gossip, no exchange yet");
         converge(&mut s);
         assert_eq!(s.sees(1, 2), Some(MemberState::Alive));
+    }
+
+    #[test]
+    fn a_steady_mesh_exchanges_digests_not_views() {
+        const N: usize = 16;
+        let tuning = SwimTuning {
+            push_pull_interval: Duration::from_secs(5),
+            ..SwimTuning::default()
+        };
+        let mut s = sim(N, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..N).all(|i| s.status(i).unwrap().summary.healthy_nodes == N)
+        })
+        .expect("every record arrives");
+        s.run_until(s.now() + Duration::from_secs(10));
+        // Four periods: every node starts four exchanges and answers about
+        // as many. A whole view of 16 members with their stamps is several
+        // hundred bytes (466 per frame when every answer was one); a digest
+        // and an identity, about 100.
+        let tcp = |s: &Sim| (0..N).map(|i| s.tcp_bytes_sent(i)).sum::<u64>();
+        let before = tcp(&s);
+        s.run_until(s.now() + Duration::from_secs(20));
+        let per_exchange = (tcp(&s) - before) as f64 / (N * 4 * 2) as f64;
+        eprintln!("transport bytes per frame at steady state: {per_exchange:.0}");
+        assert!(
+            per_exchange < 200.0,
+            "a steady mesh sends its digest, not its view: {per_exchange:.0} B per frame"
+        );
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{MetaRecord, NodeMeta};
 use crate::mesh::seal::Sealer;
 use crate::mesh::view::{ClusterStatus, MemberState};
-use crate::mesh::wire::{FullState, TcpMsg};
+use crate::mesh::wire::{self, FullState, TcpMsg};
 
 /// Gossip port every simulated pod listens on (as in a StatefulSet).
 const GOSSIP_PORT: u16 = 7946;
@@ -836,8 +836,6 @@ fn pod_ip(i: usize) -> IpAddr {
 /// Bytes a transport frame takes on the wire: length prefix and seal
 /// around the postcard message.
 fn frame_bytes(msg: &TcpMsg) -> usize {
-    let body =
-        postcard::serialize_with_flavor::<_, _, usize>(msg, postcard::ser_flavors::Size::default())
-            .unwrap_or(0);
+    let body = wire::encode(msg).map_or(0, |plain| plain.len());
     FRAME_LEN_BYTES + Sealer::overhead() + body
 }

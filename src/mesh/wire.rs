@@ -45,6 +45,11 @@ pub(crate) struct WireMember {
 /// Metadata travels as stamps (owner, epoch, version); whole records only
 /// when the sender asked for them (`want_records`, on join), so the
 /// periodic exchange stays small however large the records are.
+///
+/// The periodic exchange opens with the view's digest alone (`view`, no
+/// members): a peer whose view has the same digest answers with its digest
+/// alone, so a steady mesh exchanges a few dozen bytes instead of every
+/// member both ways; a peer whose view differs answers with all of it.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct FullState {
     pub from: Option<NodeIdentity>,
@@ -52,6 +57,36 @@ pub(crate) struct FullState {
     pub stamps: Vec<MetaDigest>,
     pub records: Vec<MetaRecord>,
     pub want_records: bool,
+    /// The sender's [`ViewDigest`] of what both ends know about the others.
+    /// On the wire after the message (see [`encode`]), so that the versions
+    /// before it, which stop reading at the message's end, still talk.
+    #[serde(skip)]
+    pub view: Option<ViewDigest>,
+}
+
+/// A hash of a member's view of the mesh without the two ends of an
+/// exchange: every other member with its incarnation and state, and every
+/// metadata stamp. Two members that agree on all of it have the same one.
+pub(crate) type ViewDigest = [u8; 16];
+
+/// The plain bytes of a transport message: postcard, then a full state's
+/// view digest when it has one.
+pub(crate) fn encode(msg: &TcpMsg) -> Result<Vec<u8>, postcard::Error> {
+    let mut plain = postcard::to_allocvec(msg)?;
+    if let TcpMsg::PushPull(FullState { view: Some(v), .. }) = msg {
+        plain.extend_from_slice(v);
+    }
+    Ok(plain)
+}
+
+/// Reads what [`encode`] wrote, or what a version without view digests
+/// wrote (nothing after the message).
+pub(crate) fn decode(plain: &[u8]) -> Result<TcpMsg, postcard::Error> {
+    let (mut msg, rest) = postcard::take_from_bytes::<TcpMsg>(plain)?;
+    if let TcpMsg::PushPull(state) = &mut msg {
+        state.view = rest.get(..16).and_then(|v| v.try_into().ok());
+    }
+    Ok(msg)
 }
 
 /// Messages of the TCP transport: one request, one reply per connection.
@@ -85,7 +120,7 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
     msg: &TcpMsg,
     now_ms: u64,
 ) -> Result<usize, WireError> {
-    let plain = postcard::to_allocvec(msg).map_err(|_| WireError::Rejected(Reject::Decode))?;
+    let plain = encode(msg).map_err(|_| WireError::Rejected(Reject::Decode))?;
     let mut sealed = Vec::with_capacity(plain.len() + Sealer::overhead() + 4);
     sealed.extend_from_slice(&[0; 4]);
     sealer
@@ -153,7 +188,7 @@ pub(crate) async fn read_frame<R: AsyncReadExt + Unpin>(
         .unseal_keyed(Channel::Tcp, &buf, now_ms())
         .map_err(WireError::Rejected)?;
     drop(buf);
-    let msg = postcard::from_bytes(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
+    let msg = decode(&plain).map_err(|_| WireError::Rejected(Reject::Decode))?;
     Ok((msg, len + 4, key_id))
 }
 
@@ -213,6 +248,40 @@ mod tests {
         let (read, rest) = postcard::take_from_bytes::<NodeIdentity>(&body).unwrap();
         assert_eq!(read, id);
         assert_eq!(postcard::from_bytes::<MetaDigest>(rest).unwrap(), digest);
+    }
+
+    #[test]
+    fn a_view_digest_rides_after_the_message_where_older_versions_stop_reading() {
+        let id = NodeIdentity::new("a".into(), "127.0.0.1:7946".parse().unwrap(), 8946, 5);
+        let state = FullState {
+            from: Some(id.clone()),
+            members: vec![WireMember {
+                id: id.clone(),
+                incarnation: 3,
+                state: 1,
+            }],
+            view: Some([9; 16]),
+            ..FullState::default()
+        };
+        let plain = encode(&TcpMsg::PushPull(state)).unwrap();
+        // What a sidecar before view digests does with it: reads the
+        // message, members and all, and leaves the digest alone.
+        let Ok(TcpMsg::PushPull(old)) = postcard::from_bytes::<TcpMsg>(&plain) else {
+            panic!("an older version cannot read the exchange");
+        };
+        assert_eq!((old.from.as_ref(), old.members.len()), (Some(&id), 1));
+        assert_eq!(old.view, None);
+        let Ok(TcpMsg::PushPull(new)) = decode(&plain) else {
+            panic!("the exchange does not read back");
+        };
+        assert_eq!(new.view, Some([9; 16]));
+        assert_eq!(new.members[0].incarnation, 3);
+        // And what such a sidecar sends reads as a full state without one.
+        let older = postcard::to_allocvec(&TcpMsg::PushPull(FullState::default())).unwrap();
+        let Ok(TcpMsg::PushPull(read)) = decode(&older) else {
+            panic!("an older version's exchange does not read");
+        };
+        assert_eq!(read.view, None);
     }
 
     fn sealer(cluster: &str) -> Sealer {
