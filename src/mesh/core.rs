@@ -122,10 +122,12 @@ impl SwimTuning {
             remove_down_after: Some(self.remove_down_after),
             max_packet_size: nz(MAX_FOCA_PACKET),
             notify_down_members: true,
-            periodic_announce: Some(foca::PeriodicParams {
-                frequency: Duration::from_secs(30),
-                num_members: nz(1),
-            }),
+            // Live members' views are mended by the periodic exchange, whose
+            // digest costs ~100 bytes when they agree; foca's announce cost
+            // a feed of up to 1,400 bytes per member every 30 s whatever
+            // (BENCHMARKS.md, "The periodic exchange by digest"). Down
+            // members are still announced to: that heals a partition.
+            periodic_announce: None,
             periodic_announce_to_down_members: Some(foca::PeriodicParams {
                 frequency: self.announce_down_interval,
                 num_members: nz(2),
