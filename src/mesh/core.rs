@@ -247,9 +247,10 @@ pub(crate) struct MeshCore {
     /// Digests whose record has not arrived yet: retried at the tick.
     unfetched: Vec<MetaDigest>,
     fetching: HashSet<String>,
-    /// Members (by address) asked for a periodic exchange with our view's
-    /// digest alone, whose answer has not come.
-    digest_asked: HashSet<u64>,
+    /// The member (by address) last asked for a periodic exchange with our
+    /// view's digest alone, until its answer comes: one is out at a time
+    /// (the period is tens of seconds, an exchange times out in 5).
+    digest_asked: Option<u64>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
     greeted_all: bool,
@@ -329,7 +330,7 @@ impl MeshCore {
             has_our_digest: None,
             unfetched: Vec::new(),
             fetching: HashSet::new(),
-            digest_asked: HashSet::new(),
+            digest_asked: None,
             pushed_on_join: false,
             greeted_all: false,
             unanswered: HashSet::new(),
@@ -616,9 +617,11 @@ impl MeshCore {
     /// The reply to a full-state exchange we started.
     pub(crate) fn handle_push_pull_reply(&mut self, remote: FullState, now: Instant) {
         let peer = remote.from.clone();
-        let asked_by_digest = peer
-            .as_ref()
-            .is_some_and(|p| self.digest_asked.remove(&p.addr()));
+        let asked_by_digest = peer.as_ref().is_some_and(|p| {
+            self.digest_asked
+                .take_if(|asked| *asked == p.addr())
+                .is_some()
+        });
         let (whole, theirs) = (!remote.members.is_empty(), remote.view);
         self.merge(remote);
         // Our digest differed and its whole view came back: if ours still
@@ -627,13 +630,15 @@ impl MeshCore {
         if asked_by_digest
             && whole
             && let Some(peer) = peer
-            && (theirs.is_none() || theirs != Some(self.view_digest(&peer)))
         {
-            let state = FullState {
-                view: Some(self.view_digest(&peer)),
-                ..self.full_state(false)
-            };
-            self.out.push_back(Output::PushPull { to: peer, state });
+            let ours = self.view_digest(&peer);
+            if theirs != Some(ours) {
+                let state = FullState {
+                    view: Some(ours),
+                    ..self.full_state(false)
+                };
+                self.out.push_back(Output::PushPull { to: peer, state });
+            }
         }
         self.flush(now);
     }
@@ -1172,11 +1177,8 @@ impl MeshCore {
                 ..self.full_state(false)
             }
         } else {
-            // One question out per member; a lost answer is forgotten.
-            if self.digest_asked.len() >= OUT_KEPT {
-                self.digest_asked.clear();
-            }
-            self.digest_asked.insert(to.addr());
+            // A question whose answer was lost is forgotten here.
+            self.digest_asked = Some(to.addr());
             FullState {
                 from: Some(self.foca.identity().clone()),
                 view,

@@ -1157,13 +1157,19 @@ mod transport_limit_tests {
         let mut t = Unauthenticated::default();
         let mut clients = Vec::new();
         let mut signals = Vec::new();
-        for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
-            clients.push(std::net::TcpStream::connect(addr).unwrap());
+        // A client and its accepted end, admitted with a probe.
+        let connect = |t: &mut Unauthenticated| {
+            let client = std::net::TcpStream::connect(addr).unwrap();
             let (accepted, _) = listener.accept().unwrap();
             // As tokio's sockets are: the probe shares the flag.
             accepted.set_nonblocking(true).unwrap();
             let probe = accepted.try_clone().unwrap();
-            signals.push((t.admit(source, Some(probe)), accepted));
+            (client, (t.admit(source, Some(probe)), accepted))
+        };
+        for _ in 0..MAX_UNAUTHENTICATED_PER_SOURCE {
+            let (client, signal) = connect(&mut t);
+            clients.push(client);
+            signals.push(signal);
         }
         // The oldest is a peer whose frame arrived before its task ran.
         clients[0].write_all(b"frame").unwrap();
@@ -1182,11 +1188,9 @@ mod transport_limit_tests {
         );
 
         // When every one has sent something, the oldest goes.
-        clients.push(std::net::TcpStream::connect(addr).unwrap());
-        let (accepted, _) = listener.accept().unwrap();
-        accepted.set_nonblocking(true).unwrap();
-        let probe = accepted.try_clone().unwrap();
-        signals.push((t.admit(source, Some(probe)), accepted));
+        let (client, signal) = connect(&mut t);
+        clients.push(client);
+        signals.push(signal);
         for i in (2..clients.len()).rev() {
             clients[i].write_all(b"x").unwrap();
             assert!(waits(&signals[i].1));

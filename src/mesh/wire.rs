@@ -84,7 +84,9 @@ pub(crate) fn encode(msg: &TcpMsg) -> Result<Vec<u8>, postcard::Error> {
 pub(crate) fn decode(plain: &[u8]) -> Result<TcpMsg, postcard::Error> {
     let (mut msg, rest) = postcard::take_from_bytes::<TcpMsg>(plain)?;
     if let TcpMsg::PushPull(state) = &mut msg {
-        state.view = rest.get(..16).and_then(|v| v.try_into().ok());
+        state.view = rest
+            .get(..std::mem::size_of::<ViewDigest>())
+            .and_then(|v| v.try_into().ok());
     }
     Ok(msg)
 }
