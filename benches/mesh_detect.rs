@@ -51,8 +51,11 @@ fn quantiles(label: &str, mut v: Vec<f64>) {
 }
 
 /// The shipped tuning, with `SBMESH_DETECT_SUSPECT_MS` /
-/// `SBMESH_DETECT_RTT_MS` / `SBMESH_DETECT_PERIOD_MS` /
-/// `SBMESH_DETECT_GOSSIP_MS` to try others.
+/// `SBMESH_DETECT_RTT_MS` / `SBMESH_DETECT_PERIOD_MS` (the ring's) /
+/// `SBMESH_DETECT_RANDOM_PERIOD_MS` (foca's random probe) /
+/// `SBMESH_DETECT_GOSSIP_MS` to try others. Random probing alone, as
+/// before the ring: `SBMESH_DETECT_PERIOD_MS=3600000
+/// SBMESH_DETECT_RANDOM_PERIOD_MS=1000`.
 fn tuning() -> SwimTuning {
     let d = SwimTuning::default();
     let ms = |name: &str, d: Duration| Duration::from_millis(env(name, d.as_millis() as u64));
@@ -60,6 +63,7 @@ fn tuning() -> SwimTuning {
         suspect_to_down_after: ms("SBMESH_DETECT_SUSPECT_MS", d.suspect_to_down_after),
         probe_rtt: ms("SBMESH_DETECT_RTT_MS", d.probe_rtt),
         probe_period: ms("SBMESH_DETECT_PERIOD_MS", d.probe_period),
+        random_probe_period: ms("SBMESH_DETECT_RANDOM_PERIOD_MS", d.random_probe_period),
         gossip_interval: ms("SBMESH_DETECT_GOSSIP_MS", d.gossip_interval),
         ..d
     }

@@ -178,12 +178,19 @@ fn main() {
     let sent = |s: &Sim| (0..n).map(|i| s.bytes_sent(i)).sum::<u64>();
     let sent_tcp = |s: &Sim| (0..n).map(|i| s.tcp_bytes_sent(i)).sum::<u64>();
     let (b0, t0, downs0) = (sent(&sim), sent_tcp(&sim), sim.downs());
+    let each0: Vec<u64> = (0..n).map(|i| sim.bytes_sent(i)).collect();
     sim.run_until(sim.now() + steady);
     let per = |b: u64| b as f64 / n as f64 / steady.as_secs_f64();
+    let (busiest, most) = (0..n)
+        .map(|i| (i, sim.bytes_sent(i) - each0[i]))
+        .max_by_key(|&(_, b)| b)
+        .unwrap_or((0, 0));
     println!(
-        "steady: {:.0} bytes/node/s ({:.0} of it transport) over {}; false downs {}; wall {}",
+        "steady: {:.0} bytes/node/s ({:.0} of it transport), busiest {} {:.0}, over {}; false downs {}; wall {}",
         per(sent(&sim) - b0),
         per(sent_tcp(&sim) - t0),
+        sim.node_id(busiest),
+        most as f64 / steady.as_secs_f64(),
         secs(steady),
         sim.downs() - downs0,
         secs(wall.elapsed())

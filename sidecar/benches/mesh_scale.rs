@@ -654,17 +654,27 @@ fn main() {
     let s0 = sample();
     std::thread::sleep(Duration::from_secs(steady_secs));
     let s1 = sample();
-    let mut rates: Vec<f64> = s0
+    let mut by_node: Vec<(f64, &str)> = s0
         .iter()
         .zip(&s1)
-        .filter_map(|(a, b)| match (a, b) {
-            (Some((t0, b0)), Some((t1, b1))) => {
-                Some((b1 - b0) / t1.duration_since(*t0).as_secs_f64())
-            }
+        .zip(&ids)
+        .filter_map(|((a, b), id)| match (a, b) {
+            (Some((t0, b0)), Some((t1, b1))) => Some((
+                (b1 - b0) / t1.duration_since(*t0).as_secs_f64(),
+                id.as_str(),
+            )),
             _ => None,
         })
         .collect();
-    rates.sort_by(f64::total_cmp);
+    by_node.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let busiest: Vec<String> = by_node
+        .iter()
+        .rev()
+        .take(3)
+        .map(|(r, id)| format!("{id} {r:.0}"))
+        .collect();
+    eprintln!("busiest senders (bytes/s): {}", busiest.join(", "));
+    let rates: Vec<f64> = by_node.iter().map(|(r, _)| *r).collect();
     let bytes = if rates.is_empty() {
         "n/a".to_string()
     } else {

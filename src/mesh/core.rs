@@ -23,6 +23,7 @@ use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{
     DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted,
 };
+use crate::mesh::ring::{self, Ring, Step};
 use crate::mesh::seal::Reject;
 use crate::mesh::suspicion::{self, Heard, HearingCodec, LocalHealth, Suspicions};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
@@ -69,8 +70,12 @@ const OUT_KEPT: usize = 16;
 /// fast failure detection on a LAN without false downs at 10 % loss.
 #[derive(Clone, Debug)]
 pub struct SwimTuning {
-    /// How often a random member is probed.
+    /// How often each member probes its successor on the monitoring ring
+    /// (`ring.rs`): every member is probed once per period.
     pub probe_period: Duration,
+    /// How often foca probes a random member besides: the ring's backstop
+    /// while views differ.
+    pub random_probe_period: Duration,
     /// How long a direct probe may take before indirect probes are sent.
     pub probe_rtt: Duration,
     /// How many members are asked to probe indirectly.
@@ -94,6 +99,7 @@ impl Default for SwimTuning {
     fn default() -> Self {
         Self {
             probe_period: Duration::from_millis(1000),
+            random_probe_period: Duration::from_secs(3),
             probe_rtt: Duration::from_millis(300),
             indirect_probes: 5,
             suspect_to_down_after: Duration::from_millis(1500),
@@ -114,7 +120,7 @@ impl SwimTuning {
         let nz =
             |v: usize| std::num::NonZeroUsize::new(v.max(1)).unwrap_or(std::num::NonZeroUsize::MIN);
         foca::Config {
-            probe_period: self.probe_period,
+            probe_period: self.random_probe_period,
             probe_rtt: self.probe_rtt,
             num_indirect_probes: nz(self.indirect_probes),
             max_transmissions: std::num::NonZeroU8::new(max_tx).unwrap_or(std::num::NonZeroU8::MIN),
@@ -272,6 +278,8 @@ pub(crate) struct MeshCore {
     /// Lifeguard's local health: stretches our probe and gossip timings
     /// while this node looks overloaded.
     health: LocalHealth,
+    /// The monitoring ring: our successor's probe, and those we relay.
+    ring: Ring,
     out: VecDeque<Output>,
 }
 
@@ -305,6 +313,7 @@ impl MeshCore {
             json: encode_meta(meta).into(),
         };
         let next_push_pull = now + tuning.push_pull_interval;
+        let ring = Ring::new(now, tuning.probe_period);
         Self {
             foca,
             heard,
@@ -343,6 +352,7 @@ impl MeshCore {
             own_incarnation: 0,
             health: LocalHealth::default(),
             probe_timer: None,
+            ring,
             out: VecDeque::new(),
         }
     }
@@ -391,6 +401,7 @@ impl MeshCore {
             Some(self.next_tick),
             self.next_resolve,
             self.suspicions.next_due(),
+            Some(self.ring.next_due()),
         ]
         .into_iter()
         .flatten()
@@ -449,6 +460,7 @@ impl MeshCore {
         for (id, inc) in due.expired {
             self.declare_down(id, inc);
         }
+        self.ring_due(now);
         let tick = now >= self.next_tick;
         if tick {
             // Late ticks are not caught up: the work is idempotent.
@@ -571,15 +583,15 @@ impl MeshCore {
                 };
                 self.want(digest);
             }
-            wire::KIND_CHECK | wire::KIND_CHECK_ACK => {
+            wire::KIND_CHECK | wire::KIND_CHECK_ACK | wire::KIND_PING_REQ => {
                 let Ok(check) = postcard::from_bytes::<wire::Check>(body) else {
                     self.reject(Reject::Decode);
                     return;
                 };
-                if kind == wire::KIND_CHECK {
-                    self.on_check(check, from);
-                } else {
-                    self.on_check_ack(check);
+                match kind {
+                    wire::KIND_CHECK => self.on_check(check, from),
+                    wire::KIND_CHECK_ACK => self.on_check_ack(check, now),
+                    _ => self.on_ping_req(check, from, now),
                 }
             }
             _ => self.reject(Reject::Decode),
@@ -895,10 +907,18 @@ impl MeshCore {
         self.send_check(from, wire::KIND_CHECK_ACK, me, inc);
     }
 
-    /// A suspect answered our check: alive, at this incarnation; told on.
-    fn on_check_ack(&mut self, ack: wire::Check) {
+    /// A suspect answered our check, or a member our ring probe: alive, at
+    /// this incarnation; told on, and passed on to whoever asked us to
+    /// probe it.
+    fn on_check_ack(&mut self, ack: wire::Check, now: Instant) {
         if ack.id.node_id == self.foca.identity().node_id {
             return;
+        }
+        if self.ring.answered(&ack.id) == Some(true) {
+            self.health.better();
+        }
+        for to in self.ring.relays_for(ack.id.addr(), now) {
+            self.send_check(to, wire::KIND_CHECK_ACK, ack.id.clone(), ack.incarnation);
         }
         self.suspicions.alive(&ack.id, ack.incarnation);
         let alive = Member::new(ack.id, ack.incarnation, State::Alive);
@@ -908,6 +928,119 @@ impl MeshCore {
         {
             debug!(error = %e, "check answer not applied");
         }
+    }
+
+    /// A member asks us to probe `req.id` for it: a ring probe, whose
+    /// answer [`MeshCore::on_check_ack`] passes on.
+    fn on_ping_req(&mut self, req: wire::Check, from: SocketAddr, now: Instant) {
+        if self.leaving {
+            return;
+        }
+        let me = self.foca.identity().clone();
+        if req.id.node_id == me.node_id {
+            let inc = self.own_incarnation;
+            self.send_check(from, wire::KIND_CHECK_ACK, me, inc);
+            return;
+        }
+        let until = now + self.health.scale(self.tuning.probe_rtt) * 2;
+        self.ring.relay(req.id.addr(), from, now, until);
+        self.send_ping(&req.id);
+    }
+
+    fn send_ping(&mut self, target: &NodeIdentity) {
+        self.send_check(target.gossip, wire::KIND_CHECK, ring::ping_id(target), 0);
+    }
+
+    /// Whatever the monitoring ring has due: a period's probe of our
+    /// successor, the indirect round of one unanswered, or the suspicion
+    /// of one nobody got an answer from.
+    ///
+    /// Local health stretches the wait for answers, so a slow node is slow
+    /// to accuse, but not the period: our successor has no other prober,
+    /// and a period stretched 4-fold while the node was busy left a dead
+    /// successor unprobed for 4 s (the kill -9 tail, BENCHMARKS.md). A
+    /// probe is one datagram and its answer.
+    fn ring_due(&mut self, now: Instant) {
+        let rtt = self.health.scale(self.tuning.probe_rtt);
+        let period = self.tuning.probe_period;
+        while let Some(step) = self.ring.poll(now, rtt, period) {
+            match step {
+                Step::Period => {
+                    if self.leaving {
+                        continue;
+                    }
+                    if let Some((target, inc)) = self.ring_successor() {
+                        self.send_ping(&target);
+                        self.ring.probe(target, inc, now + rtt);
+                    }
+                }
+                Step::Indirect(target) => {
+                    debug!(member = %target.node_id, "ring probe unanswered: probing through others");
+                    self.health_worse("ring probe unanswered");
+                    self.send_ping(&target);
+                    let mut helpers: Vec<SocketAddr> = self
+                        .foca
+                        .iter_members()
+                        .filter(|m| m.state() == State::Alive && m.id().addr() != target.addr())
+                        .map(|m| m.id().gossip)
+                        .collect();
+                    let k = self.tuning.indirect_probes.min(helpers.len());
+                    let (chosen, _) = helpers.partial_shuffle(&mut self.rng, k);
+                    for &to in chosen.iter() {
+                        self.send_check(to, wire::KIND_PING_REQ, target.clone(), 0);
+                    }
+                }
+                Step::Suspect(target, inc) => self.ring_suspect(target, inc, now),
+            }
+        }
+    }
+
+    /// The alive member after us on the ring, and its incarnation: the
+    /// one kept since the membership last changed while it is alive, else
+    /// found again.
+    fn ring_successor(&mut self) -> Option<(NodeIdentity, u16)> {
+        if let Some(kept) = self.ring.successor() {
+            let alive = self
+                .foca
+                .iter_members()
+                .find(|m| m.id() == kept && m.state() == State::Alive);
+            if let Some(m) = alive {
+                return Some((m.id().clone(), m.incarnation()));
+            }
+        }
+        let me = &self.foca.identity().node_id;
+        let (m, simply_next) = ring::successor(me, self.foca.iter_members())?;
+        let found = (m.id().clone(), m.incarnation());
+        if simply_next {
+            self.ring.keep_successor(found.0.clone());
+        }
+        Some(found)
+    }
+
+    /// Nobody got an answer from `target`: suspect it, if foca still holds
+    /// it alive at the incarnation probed (it may have refuted, left or
+    /// been renewed meanwhile). Not while leaving, nor while the clock-skew
+    /// guard says we are the one cut off.
+    fn ring_suspect(&mut self, target: NodeIdentity, inc: u16, now: Instant) {
+        if self.skew_isolated || self.leaving {
+            return;
+        }
+        let alive = self
+            .foca
+            .iter_members()
+            .any(|m| m.id() == &target && m.state() == State::Alive && m.incarnation() == inc);
+        if !alive {
+            return;
+        }
+        debug!(member = %target.node_id, incarnation = inc, "ring successor did not answer: suspect");
+        let suspicion = Member::new(target.clone(), inc, State::Suspect);
+        if let Err(e) = self
+            .foca
+            .apply_many(std::iter::once(suspicion), true, &mut self.rt)
+        {
+            debug!(error = %e, "ring suspicion not applied");
+        }
+        self.heard_suspect(target, inc, now);
     }
 
     /// A suspicion expired unrefuted: down, if foca still holds the member
@@ -938,6 +1071,7 @@ impl MeshCore {
     /// we could not hear while stopped is not evidence against it.
     fn starved(&mut self, late: Duration) {
         self.suspicions.delay(late);
+        self.ring.delay(late);
         let mut timers = std::mem::take(&mut self.timers).into_vec();
         for Reverse((at, seq)) in &mut timers {
             if matches!(
@@ -1493,13 +1627,16 @@ impl MeshCore {
                 if self.has_our_digest != Some(id.addr()) {
                     self.send_digest(id.gossip);
                 }
+                self.ring.members_changed();
                 self.event(Event::MemberUp(id));
             }
             OwnedNotification::MemberDown(id) => {
+                self.ring.members_changed();
                 self.suspicions.forget(&id.node_id);
                 self.event(Event::MemberDown(id));
             }
             OwnedNotification::Rename(old, new) => {
+                self.ring.members_changed();
                 self.suspicions.alive(&new, 0);
                 self.event(Event::Renamed { old, new });
             }
@@ -1580,6 +1717,7 @@ mod tests {
     fn quiet() -> SwimTuning {
         SwimTuning {
             probe_period: Duration::from_secs(3600),
+            random_probe_period: Duration::from_secs(3600),
             gossip_interval: Duration::from_secs(3600),
             announce_down_interval: Duration::from_secs(3600),
             push_pull_interval: Duration::from_secs(3600),
@@ -1772,11 +1910,11 @@ mod tests {
         // sbproxy-2 greets sbproxy-0 alone and learns sbproxy-1 from the
         // join's full state, so its digest reaches sbproxy-1 before
         // sbproxy-1 knows it: nothing tells sbproxy-1 of sbproxy-2 until
-        // sbproxy-2's first probe, several ticks later. The record must
-        // still be there when the member is (no periodic exchange here to
-        // repair it).
+        // sbproxy-2's first probe by foca, several ticks later. The record
+        // must still be there when the member is (no periodic exchange here
+        // to repair it).
         let tuning = SwimTuning {
-            probe_period: Duration::from_secs(5),
+            random_probe_period: Duration::from_secs(5),
             ..quiet()
         };
         let mut s = sim(3, Start::Manual, Seeds::First, tuning);
@@ -1859,6 +1997,48 @@ mod tests {
             assert_eq!(entries[0].membership_state, MemberState::Alive);
             assert!(entries[0].incarnation > old_gen);
             assert_eq!(st.summary.total_nodes, 4);
+        }
+    }
+
+    #[test]
+    fn every_kill_is_suspected_within_one_ring_period() {
+        // foca's random probe off: only the ring probes. Each member probes
+        // its successor every period, so whoever dies, its predecessor's
+        // next probe finds it, and the suspicion is raised one period and
+        // two probe round trips after the kill at the latest. (Random
+        // probing leaves a dead member unprobed for a whole period about
+        // a third of the time; with it alone, this run never suspects.)
+        let tuning = SwimTuning {
+            random_probe_period: Duration::from_secs(3600),
+            ..SwimTuning::default()
+        };
+        let bound = tuning.probe_period + tuning.probe_rtt * 2;
+        let n = 24;
+        let mut s = sim(n, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        for victim in [3, 7, 11, 16, 20] {
+            // Kills at different phases of everyone's period.
+            s.run_until(s.now() + Duration::from_millis(2_337));
+            s.kill(victim);
+            let killed = s.now();
+            let suspected = s
+                .run_while_not(killed + LIMIT, |s| {
+                    (0..n).any(|i| {
+                        s.is_up(i)
+                            && matches!(
+                                s.sees(i, victim),
+                                Some(MemberState::Suspect | MemberState::Down)
+                            )
+                    })
+                })
+                .expect("the kill is suspected");
+            assert!(
+                suspected - killed <= bound,
+                "sbproxy-{victim} suspected {:?} after the kill, past {bound:?}",
+                suspected - killed
+            );
+            s.run_while_not(s.now() + LIMIT, Sim::watched_down_everywhere)
+                .expect("the kill is seen down by every survivor");
         }
     }
 

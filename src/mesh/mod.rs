@@ -8,6 +8,7 @@ mod core;
 pub mod discovery;
 pub mod member;
 pub mod meta;
+mod ring;
 mod runtime;
 pub mod seal;
 pub mod sim;

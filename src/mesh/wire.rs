@@ -15,13 +15,17 @@ pub(crate) const KIND_HELLO: u8 = 1;
 pub(crate) const KIND_HELLO_ACK: u8 = 2;
 pub(crate) const KIND_LEAVE: u8 = 3;
 /// "You are suspected": sent by every member that hears of a suspicion,
-/// to the suspect (see `suspicion`).
+/// to the suspect (see `suspicion`). Naming generation 0, a ring probe
+/// (see `ring`): answered the same way, never a suspicion.
 pub(crate) const KIND_CHECK: u8 = 4;
 /// The suspect's answer: alive, at this incarnation (the refutation).
 pub(crate) const KIND_CHECK_ACK: u8 = 5;
 /// A member's metadata digest (`MetaDigest`, its record inline when small),
 /// sent straight to a member that just came up instead of gossiped to all.
 pub(crate) const KIND_DIGEST: u8 = 6;
+/// Probe a member for the sender (a [`Check`] of it) and pass its answer
+/// on: the indirect step of the monitoring ring (`ring.rs`).
+pub(crate) const KIND_PING_REQ: u8 = 7;
 
 /// Body of a check and of its answer: a member and an incarnation (the
 /// suspected one in a check, the refuting one in the answer).
