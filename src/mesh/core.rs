@@ -1697,6 +1697,7 @@ mod tests {
 
     use super::SwimTuning;
     use crate::mesh::meta::{CertificateInfo, NodeMeta};
+    use crate::mesh::ring;
     use crate::mesh::sim::{Seeds, Sim, SimConfig, Start};
     use crate::mesh::view::MemberState;
 
@@ -2040,6 +2041,39 @@ mod tests {
             s.run_while_not(s.now() + LIMIT, Sim::watched_down_everywhere)
                 .expect("the kill is seen down by every survivor");
         }
+    }
+
+    #[test]
+    fn a_member_its_predecessor_cannot_reach_is_probed_through_others() {
+        // Only the ring probes. The link between a member and its ring
+        // successor is cut; everyone else reaches both. The predecessor's
+        // own probes go unanswered, those it asks others to send do not:
+        // nobody ever holds the successor suspect. (Without the indirect
+        // round, the predecessor would suspect it every second.)
+        let tuning = SwimTuning {
+            random_probe_period: Duration::from_secs(3600),
+            ..SwimTuning::default()
+        };
+        let n = 8;
+        let mut s = sim(n, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        let from = ring::position(s.node_id(0));
+        let succ = (1..n)
+            .min_by_key(|&j| ring::position(s.node_id(j)).wrapping_sub(from))
+            .unwrap();
+        s.cut_link(0, succ);
+        let end = s.now() + Duration::from_secs(30);
+        let suspected = s.run_while_not(end, |s| {
+            (0..n).any(|i| {
+                i != succ
+                    && matches!(
+                        s.sees(i, succ),
+                        Some(MemberState::Suspect | MemberState::Down)
+                    )
+            })
+        });
+        assert_eq!(suspected, None, "sbproxy-{succ} was suspected");
+        assert!(s.converged_exactly());
     }
 
     #[test]

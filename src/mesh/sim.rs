@@ -8,7 +8,7 @@
 //! part of a running sidecar.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -208,6 +208,8 @@ pub struct Sim {
     saw_down_count: usize,
     /// Starts queued but not yet run.
     pending_starts: usize,
+    /// Links cut both ways (lower index first), beside the groups.
+    cut: BTreeSet<(usize, usize)>,
 }
 
 impl Sim {
@@ -252,6 +254,7 @@ impl Sim {
             up: 0,
             saw_down_count: 0,
             pending_starts: 0,
+            cut: BTreeSet::new(),
             cfg,
         };
         match sim.cfg.start {
@@ -449,6 +452,12 @@ impl Sim {
     /// reach each other. Everyone in group 0 is one network again.
     pub fn set_group(&mut self, i: usize, g: u8) {
         self.nodes[i].group = g;
+    }
+
+    /// Cuts the link between pods `i` and `j`, both ways: each still
+    /// reaches everyone else.
+    pub fn cut_link(&mut self, i: usize, j: usize) {
+        self.cut.insert((i.min(j), i.max(j)));
     }
 
     /// Changes the datagram loss from now on.
@@ -729,8 +738,10 @@ impl Sim {
 
     fn reachable(&self, from: usize, to: SocketAddr) -> Option<usize> {
         let j = *self.by_addr.get(&to)?;
-        (self.nodes[j].life == Life::Up && self.nodes[j].group == self.nodes[from].group)
-            .then_some(j)
+        (self.nodes[j].life == Life::Up
+            && self.nodes[j].group == self.nodes[from].group
+            && !self.cut.contains(&(from.min(j), from.max(j))))
+        .then_some(j)
     }
 
     /// Carries out what core `i` asked for.
