@@ -955,14 +955,13 @@ impl MeshCore {
     /// successor, the indirect round of one unanswered, or the suspicion
     /// of one nobody got an answer from.
     ///
-    /// Local health stretches the wait for answers, so a slow node is slow
-    /// to accuse, but not the period: our successor has no other prober,
-    /// and a period stretched 4-fold while the node was busy left a dead
-    /// successor unprobed for 4 s (the kill -9 tail, BENCHMARKS.md). A
-    /// probe is one datagram and its answer.
+    /// Local health stretches the period and the waits like foca's: a node
+    /// that misses its answers probes less and accuses later. Unstretched,
+    /// 512 pods starting at once on 2 cores kept one another suspected and
+    /// took 3 times the CPU to converge (BENCHMARKS.md).
     fn ring_due(&mut self, now: Instant) {
         let rtt = self.health.scale(self.tuning.probe_rtt);
-        let period = self.tuning.probe_period;
+        let period = self.health.scale(self.tuning.probe_period);
         while let Some(step) = self.ring.poll(now, rtt, period) {
             match step {
                 Step::Period => {
@@ -1627,7 +1626,7 @@ impl MeshCore {
                 if self.has_our_digest != Some(id.addr()) {
                     self.send_digest(id.gossip);
                 }
-                self.ring.members_changed();
+                self.ring.member_up(now);
                 self.event(Event::MemberUp(id));
             }
             OwnedNotification::MemberDown(id) => {
@@ -2017,6 +2016,8 @@ mod tests {
         let n = 24;
         let mut s = sim(n, Start::Burst, Seeds::Service, tuning);
         converge(&mut s);
+        // The ring starts once the members have settled.
+        s.run_until(s.now() + ring::SETTLE);
         for victim in [3, 7, 11, 16, 20] {
             // Kills at different phases of everyone's period.
             s.run_until(s.now() + Duration::from_millis(2_337));

@@ -43,6 +43,13 @@ pub(crate) const PING_GENERATION: u64 = 0;
 /// Probes relayed for others at once; the oldest goes first beyond.
 const MAX_RELAYS: usize = 16;
 
+/// After a member comes up, no ring probe for this long: it is most likely
+/// still starting (a process at 100 % CPU answers late), and while pods
+/// come up one after another the ring waits for them to settle. 512 pods
+/// started at once on 2 cores, probed at once, kept one another suspected
+/// (BENCHMARKS.md). foca's random probe goes on meanwhile.
+pub(crate) const SETTLE: Duration = Duration::from_secs(5);
+
 /// What [`Ring::poll`] says is due.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Step {
@@ -79,6 +86,8 @@ pub(crate) struct Ring {
     /// The successor found last, until the membership changes: finding it
     /// hashes every member's name.
     successor: Option<NodeIdentity>,
+    /// No probe before this: a member came up lately ([`SETTLE`]).
+    settled_at: Instant,
 }
 
 /// The identity a ring probe of `target` names.
@@ -144,6 +153,7 @@ impl Ring {
             probe: None,
             relays: Vec::new(),
             successor: None,
+            settled_at: now,
         }
     }
 
@@ -157,9 +167,15 @@ impl Ring {
         self.successor = Some(successor);
     }
 
-    /// A member came up, went down or was renamed.
+    /// A member went down or was renamed.
     pub(crate) fn members_changed(&mut self) {
         self.successor = None;
+    }
+
+    /// A member came up at `now`: the ring waits [`SETTLE`] to probe.
+    pub(crate) fn member_up(&mut self, now: Instant) {
+        self.successor = None;
+        self.settled_at = now + SETTLE;
     }
 
     /// When [`Ring::poll`] next has something to do.
@@ -188,7 +204,7 @@ impl Ring {
             // From now, not from when it was due: a stalled node does not
             // catch up on periods it slept through.
             self.next_period = now + period;
-            if self.probe.is_none() {
+            if self.probe.is_none() && now >= self.settled_at {
                 return Some(Step::Period);
             }
         }
@@ -344,6 +360,20 @@ mod tests {
             None,
             "nothing to suspect"
         );
+    }
+
+    #[test]
+    fn no_probe_until_the_members_settle() {
+        let t0 = Instant::now();
+        let (rtt, period) = (Duration::from_millis(300), Duration::from_secs(1));
+        let mut r = Ring::new(t0, period);
+        r.member_up(t0);
+        let mut t = t0;
+        while t < t0 + SETTLE {
+            t += period;
+            let step = r.poll(t, rtt, period);
+            assert_eq!(step.is_some(), t >= t0 + SETTLE, "at {:?}", t - t0);
+        }
     }
 
     #[test]
