@@ -568,12 +568,7 @@ impl MeshCore {
                             self.push_pull(peer, true);
                         }
                     }
-                    _ => {
-                        let members = std::iter::once(Member::down(id));
-                        if let Err(e) = self.foca.apply_many(members, true, &mut self.rt) {
-                            debug!(error = %e, "applying a leave failed");
-                        }
-                    }
+                    _ => self.apply(Member::down(id), "a leave"),
                 }
             }
             wire::KIND_DIGEST => {
@@ -869,12 +864,18 @@ impl MeshCore {
         }
     }
 
-    /// Whether foca holds `id` suspect at `inc` (one scan of its members;
-    /// suspicions are rare).
+    /// Whether foca holds `id` suspect at `inc`.
     fn holds_suspect(&self, id: &NodeIdentity, inc: u16) -> bool {
+        self.held(id) == Some((State::Suspect, inc))
+    }
+
+    /// How foca holds `id`: its state and incarnation (one scan of its
+    /// members, down ones included).
+    fn held(&self, id: &NodeIdentity) -> Option<(State, u16)> {
         self.foca
             .iter_membership_state()
-            .any(|m| m.id() == id && m.state() == State::Suspect && m.incarnation() == inc)
+            .find(|m| m.id() == id)
+            .map(|m| (m.state(), m.incarnation()))
     }
 
     fn send_check(&mut self, to: SocketAddr, kind: u8, id: NodeIdentity, incarnation: u16) {
@@ -890,21 +891,33 @@ impl MeshCore {
             return;
         }
         if check.id == me {
-            let suspicion = Member::new(me.clone(), check.incarnation, State::Suspect);
-            if let Err(e) = self
-                .foca
-                .apply_many(std::iter::once(suspicion), true, &mut self.rt)
-            {
-                debug!(error = %e, "suspicion of ourselves not applied");
-            }
+            let suspicion = Member::new(me, check.incarnation, State::Suspect);
+            self.apply(suspicion, "a suspicion of ourselves");
             // What foca just did (it does not expose its incarnation).
             if check.incarnation >= self.own_incarnation {
                 self.own_incarnation = check.incarnation.saturating_add(1);
                 self.health_worse("refuted a suspicion of ourselves");
             }
         }
-        let inc = self.own_incarnation;
-        self.send_check(from, wire::KIND_CHECK_ACK, me, inc);
+        self.answer_check(from);
+    }
+
+    /// Our answer to a check (and a ring probe): our identity and
+    /// incarnation.
+    fn answer_check(&mut self, to: SocketAddr) {
+        let (me, inc) = (self.foca.identity().clone(), self.own_incarnation);
+        self.send_check(to, wire::KIND_CHECK_ACK, me, inc);
+    }
+
+    /// Tells foca one update, broadcast if it changes anything; `what` it
+    /// was, for the log when foca refuses it.
+    fn apply(&mut self, update: Member<NodeIdentity>, what: &'static str) {
+        if let Err(e) = self
+            .foca
+            .apply_many(std::iter::once(update), true, &mut self.rt)
+        {
+            debug!(error = %e, what, "update not applied");
+        }
     }
 
     /// A suspect answered our check, or a member our ring probe: alive, at
@@ -921,13 +934,10 @@ impl MeshCore {
             self.send_check(to, wire::KIND_CHECK_ACK, ack.id.clone(), ack.incarnation);
         }
         self.suspicions.alive(&ack.id, ack.incarnation);
-        let alive = Member::new(ack.id, ack.incarnation, State::Alive);
-        if let Err(e) = self
-            .foca
-            .apply_many(std::iter::once(alive), true, &mut self.rt)
-        {
-            debug!(error = %e, "check answer not applied");
-        }
+        self.apply(
+            Member::new(ack.id, ack.incarnation, State::Alive),
+            "a check's answer",
+        );
     }
 
     /// A member asks us to probe `req.id` for it: a ring probe, whose
@@ -936,10 +946,8 @@ impl MeshCore {
         if self.leaving {
             return;
         }
-        let me = self.foca.identity().clone();
-        if req.id.node_id == me.node_id {
-            let inc = self.own_incarnation;
-            self.send_check(from, wire::KIND_CHECK_ACK, me, inc);
+        if req.id.node_id == self.foca.identity().node_id {
+            self.answer_check(from);
             return;
         }
         let until = now + self.health.scale(self.tuning.probe_rtt) * 2;
@@ -998,14 +1006,10 @@ impl MeshCore {
     /// one kept since the membership last changed while it is alive, else
     /// found again.
     fn ring_successor(&mut self) -> Option<(NodeIdentity, u16)> {
-        if let Some(kept) = self.ring.successor() {
-            let alive = self
-                .foca
-                .iter_members()
-                .find(|m| m.id() == kept && m.state() == State::Alive);
-            if let Some(m) = alive {
-                return Some((m.id().clone(), m.incarnation()));
-            }
+        if let Some(kept) = self.ring.successor().cloned()
+            && let Some((State::Alive, inc)) = self.held(&kept)
+        {
+            return Some((kept, inc));
         }
         let me = &self.foca.identity().node_id;
         let (m, simply_next) = ring::successor(me, self.foca.iter_members())?;
@@ -1024,21 +1028,14 @@ impl MeshCore {
         if self.skew_isolated || self.leaving {
             return;
         }
-        let alive = self
-            .foca
-            .iter_members()
-            .any(|m| m.id() == &target && m.state() == State::Alive && m.incarnation() == inc);
-        if !alive {
+        if self.held(&target) != Some((State::Alive, inc)) {
             return;
         }
         debug!(member = %target.node_id, incarnation = inc, "ring successor did not answer: suspect");
-        let suspicion = Member::new(target.clone(), inc, State::Suspect);
-        if let Err(e) = self
-            .foca
-            .apply_many(std::iter::once(suspicion), true, &mut self.rt)
-        {
-            debug!(error = %e, "ring suspicion not applied");
-        }
+        self.apply(
+            Member::new(target.clone(), inc, State::Suspect),
+            "a ring suspicion",
+        );
         self.heard_suspect(target, inc, now);
     }
 
@@ -1050,13 +1047,7 @@ impl MeshCore {
             return;
         }
         if self.holds_suspect(&id, inc) {
-            let down = Member::new(id, inc, State::Down);
-            if let Err(e) = self
-                .foca
-                .apply_many(std::iter::once(down), true, &mut self.rt)
-            {
-                debug!(error = %e, "down not applied");
-            }
+            self.apply(Member::new(id, inc, State::Down), "a down");
         }
     }
 

@@ -36,8 +36,8 @@ use foca::{Member, State};
 use crate::mesh::member::NodeIdentity;
 
 /// The generation a ring probe names: no member has it (generations are
-/// Unix milliseconds at start), so the check is answered and never taken
-/// for a suspicion.
+/// Unix milliseconds at start, and the mesh starts at 1 at the least), so
+/// the check is answered and never taken for a suspicion.
 pub(crate) const PING_GENERATION: u64 = 0;
 
 /// Probes relayed for others at once; the oldest goes first beyond.
@@ -278,6 +278,13 @@ impl Ring {
 mod tests {
     use super::*;
 
+    /// A ring started now, with the default probe_rtt and period.
+    fn ring() -> (Ring, Instant, Duration, Duration) {
+        let t0 = Instant::now();
+        let (rtt, period) = (Duration::from_millis(300), Duration::from_secs(1));
+        (Ring::new(t0, period), t0, rtt, period)
+    }
+
     fn id(name: &str) -> NodeIdentity {
         NodeIdentity::new(name.into(), "127.0.0.1:7946".parse().unwrap(), 7947, 1_000)
     }
@@ -327,9 +334,7 @@ mod tests {
 
     #[test]
     fn an_unanswered_probe_goes_indirect_then_suspects() {
-        let t0 = Instant::now();
-        let (rtt, period) = (Duration::from_millis(300), Duration::from_secs(1));
-        let mut r = Ring::new(t0, period);
+        let (mut r, t0, rtt, period) = ring();
         assert_eq!(r.poll(t0, rtt, period), None);
         let t1 = t0 + period;
         assert_eq!(r.poll(t1, rtt, period), Some(Step::Period));
@@ -345,9 +350,7 @@ mod tests {
 
     #[test]
     fn an_answer_ends_the_probe_and_says_whether_it_was_in_time() {
-        let t0 = Instant::now();
-        let (rtt, period) = (Duration::from_millis(300), Duration::from_secs(1));
-        let mut r = Ring::new(t0, period);
+        let (mut r, t0, rtt, period) = ring();
         r.probe(id("b"), 0, t0 + rtt);
         assert_eq!(r.answered(&id("c")), None);
         assert_eq!(r.answered(&id("b")), Some(true));
@@ -364,9 +367,7 @@ mod tests {
 
     #[test]
     fn no_probe_until_the_members_settle() {
-        let t0 = Instant::now();
-        let (rtt, period) = (Duration::from_millis(300), Duration::from_secs(1));
-        let mut r = Ring::new(t0, period);
+        let (mut r, t0, rtt, period) = ring();
         r.member_up(t0);
         let mut t = t0;
         while t < t0 + SETTLE {
@@ -378,9 +379,7 @@ mod tests {
 
     #[test]
     fn a_stall_gives_the_probe_its_time_back() {
-        let t0 = Instant::now();
-        let (rtt, period) = (Duration::from_millis(300), Duration::from_secs(1));
-        let mut r = Ring::new(t0, period);
+        let (mut r, t0, rtt, period) = ring();
         r.probe(id("b"), 0, t0 + rtt);
         r.delay(Duration::from_secs(2));
         assert_eq!(r.poll(t0 + rtt, rtt, period), None);

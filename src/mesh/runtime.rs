@@ -21,6 +21,7 @@ use crate::mesh::core::{Event, MeshCore, Output, SwimTuning};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{MetaRecord, NodeMeta, key_ring_of};
+use crate::mesh::ring;
 use crate::mesh::seal::{
     Channel, Isolation, KeyRing, MAX_DATAGRAM, PeerKeys, REPLAY_WINDOW_MS, Reject, Sealer,
     SkewWatch, SkewedPeer,
@@ -173,11 +174,14 @@ impl Mesh {
             Some(a) => a,
             None => SocketAddr::new(pick_advertise_ip(cfg.bind, &cfg.seeds).await, gossip_port),
         };
+        // Never the generation a ring probe names, even with a clock at
+        // the Unix epoch: a check of it is a ring probe, not a suspicion.
+        let generation = now_ms().max(ring::PING_GENERATION + 1);
         let local = NodeIdentity::new(
             cfg.node_id.as_str().into(),
             advertise,
             transport_port,
-            now_ms(),
+            generation,
         );
         info!(node_id = %local.node_id, gossip = %advertise, transport_port, cluster_id = %cfg.cluster_id, "mesh starting");
 
