@@ -21,7 +21,7 @@ use tracing::debug;
 
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{
-    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Relay, Wanted,
+    DigestHandler, MAX_META_BYTES, MetaDigest, MetaRecord, NodeMeta, Records, Relay, Wanted,
 };
 use crate::mesh::ring::{self, Ring, Step};
 use crate::mesh::seal::Reject;
@@ -233,11 +233,12 @@ pub(crate) struct MeshCore {
     next_push_pull: Instant,
     /// By foca's address of the member (a hash of its name): updated on
     /// every datagram, so no string compares. Only looked up, never
-    /// iterated in an order that matters. A B-tree: ~34 B per member where
-    /// a hash map, at twice the members' count in slots, took ~51.
-    last_seen: BTreeMap<u64, Instant>,
+    /// iterated in an order that matters. Milliseconds since `started`
+    /// (an `Instant` is twice the size). A B-tree: ~28 B per member where a
+    /// hash map, at twice the members' count in slots, took ~51.
+    last_seen: BTreeMap<u64, u64>,
     // Ordered maps: the simulator needs runs that repeat exactly.
-    metas: BTreeMap<Arc<str>, MetaRecord>,
+    metas: Records,
     local_meta: MetaRecord,
     /// Records whose owner is not (or no longer) a member, since when: a
     /// member sends us its digest when *it* sees us come up, which can be
@@ -331,7 +332,7 @@ impl MeshCore {
             resolve_retry: RESOLVE_RETRY_FIRST,
             next_push_pull,
             last_seen: BTreeMap::new(),
-            metas: BTreeMap::new(),
+            metas: Records::default(),
             local_meta,
             orphans: Vec::new(),
             wanted,
@@ -758,7 +759,7 @@ impl MeshCore {
             .peers()
             .map(|m| {
                 let id = m.id();
-                let meta = self.metas.get(&*id.node_id).map(|r| r.meta());
+                let meta = self.metas.get(&id.node_id).map(|r| r.meta());
                 let state: MemberState = m.state().into();
                 let ready = meta.as_ref().is_some_and(|m| m.ready);
                 let meta = meta.unwrap_or_default();
@@ -771,7 +772,7 @@ impl MeshCore {
                     last_seen_ms_ago: self
                         .last_seen
                         .get(&id.addr())
-                        .map(|t| now.saturating_duration_since(*t).as_millis() as u64)
+                        .map(|&ms| self.since_start(now).saturating_sub(ms))
                         .unwrap_or(u64::MAX / 2),
                     health: if state == MemberState::Alive && ready {
                         "healthy"
@@ -1198,9 +1199,9 @@ impl MeshCore {
             let present: HashSet<u64> = self.peers().map(|m| m.id().addr()).collect();
             let absent: Vec<Arc<str>> = self
                 .metas
-                .keys()
-                .filter(|k| !present.contains(&NodeIdentity::addr_of(k)))
-                .cloned()
+                .values()
+                .filter(|r| !present.contains(&NodeIdentity::addr_of(&r.node_id)))
+                .map(|r| r.node_id.clone())
                 .collect();
             for k in absent {
                 if let Some(rec) = self.metas.remove(&k) {
@@ -1454,21 +1455,15 @@ impl MeshCore {
             self.reject(Reject::Size);
             return;
         }
-        let changed = match self.metas.get_mut(&rec.node_id) {
+        let changed = match self.metas.get(&rec.node_id) {
             Some(have) if rec.stamp() > have.stamp() => {
-                // Most updates only move the version: keep the name and
-                // JSON already held (shared with whoever we had them from).
+                // Most updates only move the version.
                 let same = rec.json == have.json;
-                let json = if same { have.json.clone() } else { rec.json };
-                *have = MetaRecord {
-                    node_id: have.node_id.clone(),
-                    json,
-                    ..rec
-                };
-                (!same).then_some(have)
+                let rec = self.metas.put(rec);
+                (!same).then_some(rec)
             }
             Some(_) => None,
-            None => Some(self.metas.entry(rec.node_id.clone()).or_insert(rec)),
+            None => Some(self.metas.put(rec)),
         };
         if let Some(rec) = changed {
             let e = Event::RecordChanged {
@@ -1594,13 +1589,20 @@ impl MeshCore {
         }
     }
 
+    /// Milliseconds from the core's start to `now`.
+    fn since_start(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.started).as_millis() as u64
+    }
+
     fn on_notification(&mut self, n: OwnedNotification<NodeIdentity>, now: Instant) {
         match n {
             OwnedNotification::DataReceived(h) => {
-                self.last_seen.insert(h.src.addr(), now);
+                let ms = self.since_start(now);
+                self.last_seen.insert(h.src.addr(), ms);
             }
             OwnedNotification::MemberUp(id) => {
-                self.last_seen.insert(id.addr(), now);
+                let ms = self.since_start(now);
+                self.last_seen.insert(id.addr(), ms);
                 // Set aside more than once (a newer record came, and was
                 // set aside too): store_meta keeps the newest.
                 if self.orphans.iter().any(|(r, _)| r.node_id == id.node_id) {

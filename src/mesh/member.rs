@@ -2,9 +2,12 @@
 
 use std::hash::{BuildHasher, RandomState};
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
+
+use crate::mesh::intern::{Interner, NAMES};
 
 /// Generations advance by this much when a member renews its identity after
 /// being declared down, so `generation + foca incarnation` (what status
@@ -18,42 +21,89 @@ pub const RENEW_STEP: u64 = 1 << 16;
 /// name and replaces its stale entry, whatever its new IP).
 ///
 /// Build it with [`NodeIdentity::new`]: foca's address of the member is a
-/// hash of `node_id` taken there (and on decoding), so `node_id` must not
-/// be changed afterwards.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(from = "IdentityFields")]
+/// hash of `node_id` taken there (and on decoding). The name and addresses
+/// are read through [`Place`] (`id.node_id`, `id.gossip`,
+/// `id.transport_port`).
+///
+/// 24 bytes: foca keeps a `Vec` of these, one per member, and scans it for
+/// every update it applies, so each node holds N of them and the simulator
+/// N². The place behind the pointer is interned: every identity of a member
+/// in the process shares one.
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(from = "IdentityFields<Arc<str>>")]
 pub struct NodeIdentity {
     /// foca's address of the member: a hash of `node_id`, never sent.
     /// foca finds a member by comparing the address of every member it
     /// holds, on every update it applies; a `u64` kept inline makes that a
-    /// scan of its member list instead of a pointer chase and a refcount
-    /// per member. First, so that comparing identities rejects early.
-    #[serde(skip_serializing)]
+    /// scan of its member list instead of a pointer chase per member.
+    /// First, so that comparing identities rejects early.
     addr: u64,
+    /// Unix milliseconds at the member's start, advanced by [`RENEW_STEP`]
+    /// at every rejoin.
+    pub generation: u64,
+    place: Arc<Place>,
+}
+
+/// Who a member is and where it listens: the part of its identity that
+/// stays the same across its rejoins, shared by all copies of it.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Place {
     /// The member's name (`--node-id`), unique in the cluster.
     pub node_id: Arc<str>,
     /// Where the member receives gossip datagrams.
     pub gossip: SocketAddr,
     /// TCP port of the member's transport, on the gossip IP.
     pub transport_port: u16,
-    /// Unix milliseconds at the member's start, advanced by [`RENEW_STEP`]
-    /// at every rejoin.
-    pub generation: u64,
+}
+
+static PLACES: Interner<Place> = Interner::new();
+
+/// An identity reads as its place: `id.node_id`, `id.gossip`.
+impl Deref for NodeIdentity {
+    type Target = Place;
+
+    fn deref(&self) -> &Place {
+        &self.place
+    }
+}
+
+impl std::fmt::Debug for NodeIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeIdentity")
+            .field("node_id", &self.node_id)
+            .field("gossip", &self.gossip)
+            .field("transport_port", &self.transport_port)
+            .field("generation", &self.generation)
+            .finish()
+    }
 }
 
 /// What goes on the wire (postcard: the fields in this order), and what
 /// decoding fills in before the address is computed.
-#[derive(Deserialize)]
-struct IdentityFields {
-    node_id: Arc<str>,
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "NodeIdentity")]
+struct IdentityFields<N> {
+    node_id: N,
     gossip: SocketAddr,
     transport_port: u16,
     generation: u64,
 }
 
-impl From<IdentityFields> for NodeIdentity {
-    fn from(f: IdentityFields) -> Self {
+impl From<IdentityFields<Arc<str>>> for NodeIdentity {
+    fn from(f: IdentityFields<Arc<str>>) -> Self {
         Self::new(f.node_id, f.gossip, f.transport_port, f.generation)
+    }
+}
+
+impl Serialize for NodeIdentity {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        IdentityFields {
+            node_id: &*self.node_id,
+            gossip: self.gossip,
+            transport_port: self.transport_port,
+            generation: self.generation,
+        }
+        .serialize(s)
     }
 }
 
@@ -65,12 +115,15 @@ impl NodeIdentity {
         transport_port: u16,
         generation: u64,
     ) -> Self {
-        Self {
-            addr: Self::addr_of(&node_id),
-            node_id,
+        let place = PLACES.intern_value(Place {
+            node_id: NAMES.intern(node_id),
             gossip,
             transport_port,
+        });
+        Self {
+            addr: Self::addr_of(&place.node_id),
             generation,
+            place,
         }
     }
 
@@ -160,5 +213,23 @@ mod tests {
         let back: NodeIdentity = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back, id(0x0102_0304_0506));
         assert_eq!(back.addr(), id(0).addr());
+    }
+
+    #[test]
+    fn an_identity_is_small_and_its_copies_share_the_place() {
+        // foca's member list holds one of these per member.
+        assert_eq!(std::mem::size_of::<foca::Member<NodeIdentity>>(), 32);
+        let decoded: NodeIdentity =
+            postcard::from_bytes(&postcard::to_allocvec(&id(7)).unwrap()).unwrap();
+        assert!(Arc::ptr_eq(&decoded.place, &id(8).place));
+        assert!(Arc::ptr_eq(&decoded.node_id, &id(9).node_id));
+        let moved = NodeIdentity::new(
+            "demo-proxy-0".into(),
+            "10.0.0.6:7946".parse().unwrap(),
+            8946,
+            7,
+        );
+        assert_ne!(moved, decoded);
+        assert_eq!(moved.addr(), decoded.addr());
     }
 }

@@ -6,11 +6,13 @@
 //! that sees a newer digest than it holds fetches the record over TCP from
 //! its owner. Full-state exchanges carry the records too, as a safety net.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::mesh::intern::{Interner, JSON, NAMES};
 use crate::mesh::member::NodeIdentity;
 
 /// Largest encoded metadata record accepted or produced.
@@ -120,7 +122,7 @@ pub(crate) fn key_ring_of(json: &[u8]) -> Vec<u32> {
 /// record, and a copy handed on (a full-state reply, a record that only
 /// changed its version) costs no allocation. On the wire they are a string
 /// and a byte sequence, as `String` and `Vec<u8>` were.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MetaRecord {
     /// Owner of the record.
     pub node_id: Arc<str>,
@@ -142,6 +144,78 @@ impl MetaRecord {
     /// The decoded metadata; a record that does not decode reads as empty.
     pub fn meta(&self) -> NodeMeta {
         serde_json::from_slice(&self.json).unwrap_or_default()
+    }
+}
+
+/// The records a node holds of its peers, by owner.
+///
+/// Every member holds every other's record, so a node holds N and the
+/// simulator N²: each is one pointer in a set ordered by owner, to a record
+/// interned with its name and JSON (one copy per process, however many
+/// cores hold it).
+#[derive(Default)]
+pub(crate) struct Records(BTreeSet<Held>);
+
+/// A held record, ordered and found by its owner's name.
+struct Held(Arc<MetaRecord>);
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.node_id == other.0.node_id
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.node_id.cmp(&other.0.node_id)
+    }
+}
+impl Borrow<str> for Held {
+    fn borrow(&self) -> &str {
+        &self.0.node_id
+    }
+}
+
+static RECORDS: Interner<MetaRecord> = Interner::new();
+
+impl Records {
+    /// The record of `node_id`.
+    pub(crate) fn get(&self, node_id: &str) -> Option<&MetaRecord> {
+        self.0.get(node_id).map(|h| &*h.0)
+    }
+
+    /// Holds `rec`, replacing the record of its owner.
+    pub(crate) fn put(&mut self, rec: MetaRecord) -> &MetaRecord {
+        let rec = MetaRecord {
+            node_id: NAMES.intern(rec.node_id),
+            json: JSON.intern(rec.json),
+            ..rec
+        };
+        let held = RECORDS.intern_value(rec);
+        self.0.replace(Held(held.clone()));
+        // Found again rather than kept: `held` is a clone of what the set holds.
+        self.get(&held.node_id)
+            .unwrap_or_else(|| unreachable!("just put"))
+    }
+
+    /// Forgets the record of `node_id`, returning it.
+    pub(crate) fn remove(&mut self, node_id: &str) -> Option<MetaRecord> {
+        self.0.take(node_id).map(|h| Arc::unwrap_or_clone(h.0))
+    }
+
+    /// Every record, by owner.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &MetaRecord> {
+        self.0.iter().map(|h| &*h.0)
+    }
+
+    /// How many records are held.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
     }
 }
 

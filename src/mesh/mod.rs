@@ -6,6 +6,7 @@
 
 mod core;
 pub mod discovery;
+mod intern;
 pub mod member;
 pub mod meta;
 mod ring;
