@@ -147,6 +147,32 @@ impl NodeIdentity {
     }
 }
 
+/// Hashes a map keyed by foca's address of a member (or another hash of
+/// its name) by the key itself: it is a hash already.
+#[derive(Default)]
+pub(crate) struct AddrHasher(u64);
+
+impl std::hash::Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is expected; anything else still hashes.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, addr: u64) {
+        self.0 = addr;
+    }
+}
+
+/// A map by foca's address of a member, or another hash of its name.
+pub(crate) type ByAddr<V> =
+    std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<AddrHasher>>;
+
 impl foca::Identity for NodeIdentity {
     type Addr = u64;
 
