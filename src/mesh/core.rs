@@ -238,7 +238,8 @@ pub(crate) struct MeshCore {
     /// at N = 10,000 the B-tree's cache misses at every datagram were a
     /// tenth of the simulator's time; ~28 B per member either way.
     last_seen: ByAddr<u64>,
-    // Ordered maps: the simulator needs runs that repeat exactly.
+    /// Peers' records; iterated in an order that repeats from run to run
+    /// (the simulator needs runs that repeat exactly).
     metas: Records,
     local_meta: MetaRecord,
     /// Records whose owner is not (or no longer) a member, since when: a

@@ -50,8 +50,12 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
     }
 
     /// The shared copy equal to `value`, made by `into_arc` when there is
-    /// none.
-    fn get_or_insert<V: Borrow<T>>(&self, value: V, into_arc: impl FnOnce(V) -> Arc<T>) -> Arc<T> {
+    /// none (so work that only a new value needs is done only then).
+    pub(crate) fn get_or_insert<V: Borrow<T>>(
+        &self,
+        value: V,
+        into_arc: impl FnOnce(V) -> Arc<T>,
+    ) -> Arc<T> {
         // A poisoned lock only means another thread panicked while holding
         // it; the set is whole (an insert does not unwind half-done).
         let mut guard = self.table.lock().unwrap_or_else(|e| e.into_inner());

@@ -115,11 +115,21 @@ impl NodeIdentity {
         transport_port: u16,
         generation: u64,
     ) -> Self {
-        let place = PLACES.intern_value(Place {
-            node_id: NAMES.intern(node_id),
-            gossip,
-            transport_port,
-        });
+        // A place already held carries the interned name; only a new one
+        // needs it interned (every datagram decodes identities).
+        let place = PLACES.get_or_insert(
+            Place {
+                node_id,
+                gossip,
+                transport_port,
+            },
+            |p| {
+                Arc::new(Place {
+                    node_id: NAMES.intern(p.node_id),
+                    ..p
+                })
+            },
+        );
         Self {
             addr: Self::addr_of(&place.node_id),
             generation,
