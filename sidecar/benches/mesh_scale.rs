@@ -15,9 +15,18 @@
 //! `SBMESH_SIDECAR_BIN=path` runs another one.
 //!
 //! Measured (status = `GET /admin/cluster/status`, polled every 100 ms —
-//! `SBMESH_BENCH_POLL_MS` — per node from 16 threads):
+//! `SBMESH_BENCH_POLL_MS` — per node from 16 threads,
+//! `SBMESH_BENCH_POLL_THREADS`):
 //! - converge: from the moment the last process was spawned until every
-//!   node's status shows `total_nodes = N`;
+//!   node's status shows `total_nodes = N`. A polled figure is when an
+//!   answer showed it; each line also gives when the last answer that did
+//!   not was asked for (it came to hold between the two) and the longest
+//!   time between two asks of one node (at N = 512 a round of status
+//!   requests takes seconds while the start loads the machine). From the
+//!   nodes' logs: when the last node logged `member up` for every other,
+//!   and, over every pair of a node and a member spawned a second or more
+//!   after it, how long from the member's spawn to that node's first
+//!   `member up` for it (percentiles);
 //! - kill -9: from the SIGKILL of one node until every survivor shows it
 //!   `down` (`SBMESH_BENCH_KILLS=k`: k nodes, one after another, 3 s apart;
 //!   median and max);
@@ -26,7 +35,9 @@
 //! - bytes/node/s: `mesh_bytes_sent_total` (udp + tcp) deltas per node over
 //!   `SBMESH_BENCH_STEADY_SECS` (20) at steady state, after
 //!   `SBMESH_BENCH_SETTLE_SECS` (30) of settling (the join tail);
-//! - RSS: VmRSS of every process at steady state, median and max.
+//! - RSS: VmRSS of every process at steady state, median and max;
+//! - CPU: the sidecars' CPU time from the first spawn to convergence, and
+//!   per second at steady state (over the bytes' window).
 //!
 //! With `SBMESH_BENCH_LOSS=p` the bench re-executes itself inside
 //! `unshare -rn`, converges without loss, then adds
@@ -166,10 +177,23 @@ fn fetch_brief(addr: SocketAddr) -> Option<Brief> {
 /// showed changed.
 type History = Mutex<Vec<Vec<(f64, u64)>>>;
 
-/// Polls every address's status every `interval` (from up to 16 threads)
-/// until `pred` holds on it; returns per address the time since `t0` at
-/// which it was first seen to hold, or `None` if it never did before
-/// `timeout`. A node is no longer polled once it passed.
+/// What `poll_all` saw, per address (times since its `t0`).
+struct Polled {
+    /// When the predicate was first seen to hold (the answer's arrival), or
+    /// `None` if it never did before the timeout.
+    seen: Vec<Option<Duration>>,
+    /// When the last answer that did not satisfy it was asked for: the
+    /// state still failed the predicate at some moment after this one, so
+    /// the predicate came to hold somewhere in `(before, seen]`.
+    before: Vec<Option<Duration>>,
+    /// The longest time between asking one address twice (a polling
+    /// round under load takes longer than `interval`).
+    widest_round: Duration,
+}
+
+/// Polls every address's status every `interval` (from
+/// `SBMESH_BENCH_POLL_THREADS` threads, 16) until `pred` holds on it. A
+/// node is no longer polled once it passed.
 fn poll_all(
     addrs: &[SocketAddr],
     t0: Instant,
@@ -177,18 +201,31 @@ fn poll_all(
     timeout: Duration,
     history: Option<&History>,
     pred: impl Fn(&Brief) -> bool + Sync,
-) -> Vec<Option<Duration>> {
-    let results = Mutex::new(vec![None; addrs.len()]);
-    let threads = addrs.len().clamp(1, 16);
+) -> Polled {
+    let polled = Mutex::new(Polled {
+        seen: vec![None; addrs.len()],
+        before: vec![None; addrs.len()],
+        widest_round: Duration::ZERO,
+    });
+    let threads = addrs
+        .len()
+        .clamp(1, env_or("SBMESH_BENCH_POLL_THREADS", 16usize).max(1));
     let end = Instant::now() + timeout;
     std::thread::scope(|s| {
         for t in 0..threads {
-            let (results, pred) = (&results, &pred);
+            let (polled, pred) = (&polled, &pred);
             s.spawn(move || {
                 let mut pending: Vec<usize> = (t..addrs.len()).step_by(threads).collect();
+                let mut last_round: Option<Instant> = None;
                 while !pending.is_empty() && Instant::now() < end {
                     let round = Instant::now();
+                    if let Some(prev) = last_round {
+                        let mut p = polled.lock().unwrap();
+                        p.widest_round = p.widest_round.max(round - prev);
+                    }
+                    last_round = Some(round);
                     pending.retain(|&i| {
+                        let asked = t0.elapsed();
                         let brief = fetch_brief(addrs[i]);
                         if let (Some(h), Some(b)) = (history, &brief) {
                             let mut h = h.lock().unwrap();
@@ -197,11 +234,18 @@ fn poll_all(
                                 h[i].push((t0.elapsed().as_secs_f64(), total));
                             }
                         }
-                        let ok = brief.is_some_and(|b| pred(&b));
-                        if ok {
-                            results.lock().unwrap()[i] = Some(t0.elapsed());
+                        let mut p = polled.lock().unwrap();
+                        match brief.map(|b| pred(&b)) {
+                            Some(true) => {
+                                p.seen[i] = Some(t0.elapsed());
+                                false
+                            }
+                            Some(false) => {
+                                p.before[i] = Some(asked);
+                                true
+                            }
+                            None => true,
                         }
-                        !ok
                     });
                     if let Some(rest) = interval.checked_sub(round.elapsed()) {
                         std::thread::sleep(rest);
@@ -210,7 +254,7 @@ fn poll_all(
             });
         }
     });
-    results.into_inner().unwrap()
+    polled.into_inner().unwrap()
 }
 
 fn secs(d: Duration) -> String {
@@ -218,17 +262,29 @@ fn secs(d: Duration) -> String {
 }
 
 /// "max (p50 …)" of a phase, or "> timeout" naming the laggards.
-fn summarize(what: &str, r: &[Option<Duration>], ids: &[String], timeout: Duration) -> String {
+fn summarize(what: &str, polled: &Polled, ids: &[String], timeout: Duration) -> String {
+    let r = &polled.seen;
     let mut done: Vec<Duration> = r.iter().flatten().copied().collect();
     done.sort();
     if done.len() == r.len() && !done.is_empty() {
         let max = *done.last().unwrap();
         let p50 = done[done.len() / 2];
+        let before = polled.before.iter().flatten().max().copied();
+        let bracket = match before {
+            Some(b) => format!(
+                "; the last answer without it was asked for at {} s, so it came to hold everywhere between {} and {} s",
+                secs(b),
+                secs(b),
+                secs(max)
+            ),
+            None => "; every first answer already showed it".to_string(),
+        };
         eprintln!(
-            "{what}: all {} in {} s (p50 {} s)",
+            "{what}: all {} in {} s (p50 {} s){bracket}; one address was asked again at most {} s later",
             r.len(),
             secs(max),
-            secs(p50)
+            secs(p50),
+            secs(polled.widest_round)
         );
         secs(max)
     } else {
@@ -615,8 +671,20 @@ fn main() {
     } else {
         "n/a".to_string()
     };
-    print_laggards(&conv, &ids, &history.into_inner().unwrap());
-    if let Some(k) = conv.iter().position(Option::is_none) {
+    let delays = newcomer_delays_from_logs(&c);
+    if let Some(&max) = delays.last() {
+        let q = |p: f64| delays[((delays.len() - 1) as f64 * p) as usize];
+        eprintln!(
+            "a newcomer unknown to a node up before it (spawn to first `member up`, {} pairs): p50 {:.2} s, p99 {:.2} s, p99.9 {:.2} s, max {max:.2} s; over 2 s: {}",
+            delays.len(),
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            delays.iter().filter(|&&d| d > 2.0).count()
+        );
+    }
+    print_laggards(&conv.seen, &ids, &history.into_inner().unwrap());
+    if let Some(k) = conv.seen.iter().position(Option::is_none) {
         let v = fetch_status(addrs[k]);
         eprintln!(
             "{} total_nodes: {:?}; log tail:\n{}",
@@ -651,9 +719,18 @@ fn main() {
             .map(|&a| fetch_metric(a, "mesh_bytes_sent_total", &[]).map(|b| (Instant::now(), b)))
             .collect()
     };
+    let sidecars_cpu = || -> f64 { c.nodes.iter().filter_map(|x| cpu_secs(x.pid()?)).sum() };
     let s0 = sample();
+    let (cpu0, wall0) = (sidecars_cpu(), Instant::now());
     std::thread::sleep(Duration::from_secs(steady_secs));
+    let (cpu1, wall1) = (sidecars_cpu(), wall0.elapsed().as_secs_f64());
     let s1 = sample();
+    eprintln!(
+        "sidecar CPU at steady state: {:.3} CPU-s/s for all {} ({:.2} ms/s each)",
+        (cpu1 - cpu0) / wall1,
+        c.nodes.len(),
+        1000.0 * (cpu1 - cpu0) / wall1 / c.nodes.len().max(1) as f64
+    );
     let mut by_node: Vec<(f64, &str)> = s0
         .iter()
         .zip(&s1)
@@ -855,8 +932,11 @@ fn main() {
                 last.saturating_sub(killed_unix_ms) as f64 / 1000.0
             );
         }
-        let all = det.iter().all(Option::is_some);
-        kill_times.push(all.then(|| det.iter().flatten().max().copied()).flatten());
+        let all = det.seen.iter().all(Option::is_some);
+        kill_times.push(
+            all.then(|| det.seen.iter().flatten().max().copied())
+                .flatten(),
+        );
         killed.push(victim);
         if k + 1 < kills {
             std::thread::sleep(Duration::from_secs(3));
@@ -1110,6 +1190,53 @@ fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
             None
         })
         .collect()
+}
+
+/// For every pair of a node and a member spawned at least a second after
+/// it: seconds from the member's spawn to the node's first `member up` for
+/// it (how long a newcomer goes unknown to a node already up), sorted.
+fn newcomer_delays_from_logs(c: &Cluster) -> Vec<f64> {
+    let logs: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
+        .collect();
+    let spawned = |text: &str| -> Option<u64> {
+        text.split("=== spawn #1 at ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let spawn: std::collections::HashMap<&str, u64> = c
+        .nodes
+        .iter()
+        .zip(&logs)
+        .filter_map(|(n, text)| Some((n.id(), spawned(text)?)))
+        .collect();
+    let mut delays = Vec::new();
+    for (node, text) in c.nodes.iter().zip(&logs) {
+        let Some(&mine) = spawn.get(node.id()) else {
+            continue;
+        };
+        let mut seen = BTreeSet::new();
+        for line in text.lines().filter(|l| l.contains("member up")) {
+            let Some(id) = logged_node_id(line) else {
+                continue;
+            };
+            if !seen.insert(id) {
+                continue;
+            }
+            if let (Some(&theirs), Some(at)) = (spawn.get(id), log_time_ms(line))
+                && theirs >= mine + 1000
+            {
+                delays.push(at.saturating_sub(theirs) as f64 / 1000.0);
+            }
+        }
+    }
+    delays.sort_by(f64::total_cmp);
+    delays
 }
 
 /// The `node_id=` field of a sidecar log line.
