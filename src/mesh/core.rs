@@ -58,13 +58,18 @@ const MAX_HELLOS: usize = 512;
 /// Greetings per seed at start while it does not answer (the re-resolve's
 /// quick retries, 0.5 s then 1 s apart): a hello dropped on a busy pod's
 /// full receive buffer otherwise left that pod without us until its own
-/// 10 s re-resolve (BENCHMARKS.md, "N = 512 on 2 cores").
+/// 10 s re-resolve (BENCHMARKS.md, "N = 512 on 2 cores"; a fourth try
+/// made no difference measured there, "Catching up after dropped
+/// datagrams").
 const HELLO_TRIES: u8 = 3;
 /// Digests heard by gossip that foca holds at once for passing on; the
 /// rest wait in the core's relay queue. A gossip packet carries a handful.
 const RELAY_BACKLOG: usize = 16;
 /// Outputs the queue keeps room for once drained.
 const OUT_KEPT: usize = 16;
+/// Least time between two catch-up exchanges started because the gossip
+/// socket dropped datagrams ([`MeshCore::handle_receive_drops`]).
+const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
 /// fast failure detection on a LAN without false downs at 10 % loss.
@@ -260,6 +265,8 @@ pub(crate) struct MeshCore {
     /// view's digest alone, until its answer comes: one is out at a time
     /// (the period is tens of seconds, an exchange times out in 5).
     digest_asked: Option<u64>,
+    /// When the last catch-up exchange after dropped datagrams started.
+    caught_up_at: Option<Instant>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
     greeted_all: bool,
@@ -343,6 +350,7 @@ impl MeshCore {
             unfetched: Vec::new(),
             fetching: HashSet::new(),
             digest_asked: None,
+            caught_up_at: None,
             pushed_on_join: false,
             greeted_all: false,
             unanswered: HashSet::new(),
@@ -503,6 +511,42 @@ impl MeshCore {
         };
         self.next_resolve = Some(now + wait);
         self.flush(now);
+    }
+
+    /// The gossip socket dropped `dropped` datagrams since the last report
+    /// (its receive buffer was full: greetings kept arriving while this
+    /// process was not running). Among them may be the only hellos some
+    /// newcomers send us (three, 1.5 s apart at most): at N <=
+    /// [`MAX_HELLOS`] nobody gossips a member learnt by its hello, so we
+    /// would learn of them at our own next re-resolve only, up to
+    /// [`RESOLVE_WITH_PEERS`] later. The seeds are resolved again now, and
+    /// those not members greeted; at most once per [`CATCH_UP_EVERY`]
+    /// while drops go on. A full-state exchange instead cost a 512-pod
+    /// start a fifth more CPU and converged later (BENCHMARKS.md,
+    /// "Catching up after dropped datagrams").
+    pub(crate) fn handle_receive_drops(&mut self, dropped: u64, now: Instant) {
+        if dropped == 0
+            || self.leaving
+            || !self.has_peers()
+            || self
+                .caught_up_at
+                .is_some_and(|t| now.saturating_duration_since(t) < CATCH_UP_EVERY)
+        {
+            return;
+        }
+        // A resolve already out greets them when it comes back.
+        let Some(next) = self.next_resolve else {
+            return;
+        };
+        debug!(
+            dropped,
+            "datagrams dropped: greeting the seeds that are not members"
+        );
+        self.caught_up_at = Some(now);
+        if next > now {
+            self.next_resolve = Some(now);
+        }
+        self.handle_timeout(now);
     }
 
     /// An authenticated datagram (the kind byte first), from `from`.
@@ -1792,6 +1836,80 @@ mod tests {
         assert_eq!(s.sees(1, 2), None, "no gossip, no exchange yet");
         converge(&mut s);
         assert_eq!(s.sees(1, 2), Some(MemberState::Alive));
+    }
+
+    #[test]
+    fn a_node_that_dropped_datagrams_catches_up_from_a_peer() {
+        // sbproxy-1 is stalled, its socket full, while sbproxy-2 starts:
+        // every hello sbproxy-2 sends it (three, 1.5 s apart at most) is
+        // dropped, and nobody gossips a member learnt by its hello. Told of
+        // the drops when it runs again, it greets the seeds it does not know.
+        let run = |rcvbuf: usize| {
+            let mut s = Sim::new(SimConfig {
+                nodes: 3,
+                start: Start::Manual,
+                seeds: Seeds::Service,
+                tuning: quiet(),
+                rcvbuf,
+                ..SimConfig::default()
+            });
+            s.start(0);
+            s.start(1);
+            s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
+                .unwrap();
+            // Its re-resolve, with every seed a member, is 10 s away.
+            s.run_until(s.now() + Duration::from_secs(1));
+            let stall = Duration::from_secs(3);
+            s.stall(1, stall);
+            s.start(2);
+            s.run_until(s.now() + stall + Duration::from_millis(100));
+            (s.sees(1, 2), s.sees(2, 1))
+        };
+        let (unbounded, _) = run(usize::MAX);
+        assert_eq!(
+            unbounded,
+            Some(MemberState::Alive),
+            "the queued hellos are read"
+        );
+        let (dropped, seen_by_2) = run(0);
+        assert_eq!(dropped, Some(MemberState::Alive), "greeted at the catch-up");
+        assert_eq!(seen_by_2, Some(MemberState::Alive));
+    }
+
+    #[test]
+    fn catch_ups_after_drops_are_one_a_second_and_greet_only_strangers() {
+        // Seeds are every pod's address; sbproxy-2 never starts.
+        let mut s = sim(3, Start::Manual, Seeds::All, quiet());
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
+            .unwrap();
+        // Past the start's quick re-resolves: the next is 10 s away.
+        s.run_until(s.now() + Duration::from_secs(20));
+        let sent = |s: &Sim| s.bytes_sent(1);
+        let hello = {
+            let before = sent(&s);
+            s.report_drops(1, 5);
+            s.run_until(s.now() + Duration::from_millis(100));
+            sent(&s) - before
+        };
+        assert!(hello > 0, "a drop greets the seed that is not a member");
+        assert!(hello < 200, "that seed alone: {hello} bytes");
+        let before = sent(&s);
+        s.report_drops(1, 5);
+        s.run_until(s.now() + Duration::from_millis(100));
+        assert_eq!(sent(&s), before, "not twice within a second");
+        s.run_until(s.now() + Duration::from_secs(1));
+        s.report_drops(1, 0);
+        s.run_until(s.now() + Duration::from_millis(100));
+        assert_eq!(sent(&s), before, "no drops, no greeting");
+        s.report_drops(1, 1);
+        s.run_until(s.now() + Duration::from_millis(100));
+        assert_eq!(
+            sent(&s) - before,
+            hello,
+            "the next drop a second later greets again"
+        );
     }
 
     #[test]

@@ -212,6 +212,7 @@ impl Mesh {
             StdRng::from_rng(&mut rand::rng()),
             Instant::now(),
         );
+        let drops_seen = receive_drops(&udp).unwrap_or(0);
         let driver = Driver {
             core,
             udp,
@@ -220,6 +221,7 @@ impl Mesh {
             seeds: cfg.seeds,
             resolving: false,
             next_gauges: Instant::now(),
+            drops_seen,
             peer_keys: PeerKeys::default(),
             cmd_tx: cmd_tx.downgrade(),
             shared: shared.clone(),
@@ -312,6 +314,35 @@ impl Mesh {
     }
 }
 
+/// How many datagrams the kernel has dropped on `socket` (its receive
+/// buffer full): `SO_MEMINFO`'s drop counter, a `u32` that wraps. `None`
+/// where that option does not exist.
+#[cfg(target_os = "linux")]
+fn receive_drops(socket: &UdpSocket) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    // SK_MEMINFO_VARS entries since Linux 4.4; older kernels write fewer.
+    let mut info = [0u32; 9];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `info`, which has
+    // room for them, and sets `len` to what it wrote.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    let at = libc::SK_MEMINFO_DROPS as usize;
+    (rc == 0 && len as usize > at * 4).then(|| info[at])
+}
+
+#[cfg(not(target_os = "linux"))]
+fn receive_drops(_: &UdpSocket) -> Option<u32> {
+    None
+}
+
 struct Driver {
     core: MeshCore,
     udp: Arc<UdpSocket>,
@@ -320,6 +351,8 @@ struct Driver {
     seeds: SeedSource,
     resolving: bool,
     next_gauges: Instant,
+    /// The gossip socket's drop counter when last read (once a second).
+    drops_seen: u32,
     /// Which key each peer opens: a rotation rolled out pod by pod drops
     /// no packet ([`PeerKeys`]).
     peer_keys: PeerKeys,
@@ -364,6 +397,11 @@ impl Driver {
                     if now >= self.next_gauges {
                         self.next_gauges = now + Duration::from_secs(1);
                         self.update_gauges();
+                        if let Some(drops) = receive_drops(&self.udp) {
+                            let dropped = drops.wrapping_sub(self.drops_seen);
+                            self.drops_seen = drops;
+                            self.core.handle_receive_drops(dropped.into(), now);
+                        }
                     }
                 }
                 Ok(()) = self.rings.changed() => {
@@ -1217,5 +1255,26 @@ mod transport_limit_tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod receive_drop_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_drop_counter_counts_what_a_full_socket_lost() {
+        let rx = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert_eq!(receive_drops(&rx), Some(0));
+        // Nothing is read: the receive buffer (a few hundred KiB) fills.
+        let payload = [7u8; 1200];
+        let to = rx.local_addr().unwrap();
+        for _ in 0..4000 {
+            tx.send_to(&payload, to).unwrap();
+        }
+        let dropped = receive_drops(&rx).unwrap();
+        assert!(dropped > 0, "a full buffer drops");
+        assert!(dropped < 4000, "what fitted was kept: {dropped} dropped");
     }
 }

@@ -79,6 +79,10 @@ pub struct SimConfig {
     pub seeds: Seeds,
     /// SWIM timing of every node.
     pub tuning: SwimTuning,
+    /// Datagrams a stalled pod's gossip socket holds ([`Sim::stall`]); the
+    /// rest are dropped, and its core is told so when the stall ends, as
+    /// the shell tells it of the socket's drop counter.
+    pub rcvbuf: usize,
 }
 
 impl Default for SimConfig {
@@ -92,6 +96,7 @@ impl Default for SimConfig {
             start: Start::Burst,
             seeds: Seeds::Service,
             tuning: SwimTuning::default(),
+            rcvbuf: usize::MAX,
         }
     }
 }
@@ -113,6 +118,9 @@ struct Node {
     /// Starved of CPU until then: inputs wait.
     stalled_until: Option<Duration>,
     backlog: Vec<Msg>,
+    /// Datagrams in `backlog`, and those dropped for want of room.
+    queued_datagrams: usize,
+    dropped: u64,
     /// Network group; nodes in different groups cannot reach each other.
     group: u8,
     /// Peers alive or suspect, kept from the core's up/down events.
@@ -276,6 +284,8 @@ impl Sim {
                 life: Life::NotStarted,
                 wake: None,
                 stalled_until: None,
+                queued_datagrams: 0,
+                dropped: 0,
                 backlog: Vec::new(),
                 group: 0,
                 active: 0,
@@ -496,6 +506,17 @@ impl Sim {
         self.push(until, Ev::StallEnd { node: i });
     }
 
+    /// Tells pod `i`'s core its gossip socket dropped `dropped` datagrams
+    /// (as the shell does once a second).
+    pub fn report_drops(&mut self, i: usize, dropped: u64) {
+        let now = self.base + self.now;
+        if let Some(core) = self.nodes[i].core.as_mut() {
+            core.handle_receive_drops(dropped, now);
+        }
+        self.drain(i);
+        self.schedule_wake(i);
+    }
+
     /// Puts pod `i` in network group `g`: pods in different groups cannot
     /// reach each other. Everyone in group 0 is one network again.
     pub fn set_group(&mut self, i: usize, g: u8) {
@@ -568,6 +589,8 @@ impl Sim {
         n.life = Life::Gone;
         n.core = None;
         n.backlog.clear();
+        n.queued_datagrams = 0;
+        n.dropped = 0;
         n.stalled_until = None;
         n.wake = None;
         n.active = 0;
@@ -613,6 +636,13 @@ impl Sim {
                     return;
                 }
                 if n.stalled_until.is_some() {
+                    if matches!(msg, Msg::Datagram { .. }) {
+                        if n.queued_datagrams >= self.cfg.rcvbuf {
+                            n.dropped += 1;
+                            return;
+                        }
+                        n.queued_datagrams += 1;
+                    }
                     n.backlog.push(msg);
                     return;
                 }
@@ -624,8 +654,16 @@ impl Sim {
                     return;
                 }
                 self.nodes[node].stalled_until = None;
+                self.nodes[node].queued_datagrams = 0;
                 for msg in std::mem::take(&mut self.nodes[node].backlog) {
                     self.deliver(node, msg);
+                }
+                let dropped = std::mem::take(&mut self.nodes[node].dropped);
+                let now = self.base + self.now;
+                if let Some(core) = self.nodes[node].core.as_mut()
+                    && dropped > 0
+                {
+                    core.handle_receive_drops(dropped, now);
                 }
                 if self.nodes[node].life == Life::Up {
                     self.wake(node);
