@@ -67,8 +67,9 @@ const HELLO_TRIES: u8 = 3;
 const RELAY_BACKLOG: usize = 16;
 /// Outputs the queue keeps room for once drained.
 const OUT_KEPT: usize = 16;
-/// Least time between two catch-up exchanges started because the gossip
-/// socket dropped datagrams ([`MeshCore::handle_receive_drops`]).
+/// Least time between two catch-ups (a re-resolve and hellos to strangers)
+/// because the gossip socket dropped datagrams
+/// ([`MeshCore::handle_receive_drops`]).
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
@@ -265,7 +266,7 @@ pub(crate) struct MeshCore {
     /// view's digest alone, until its answer comes: one is out at a time
     /// (the period is tens of seconds, an exchange times out in 5).
     digest_asked: Option<u64>,
-    /// When the last catch-up exchange after dropped datagrams started.
+    /// When the last catch-up after dropped datagrams was.
     caught_up_at: Option<Instant>,
     pushed_on_join: bool,
     /// Every seed has been greeted once.
@@ -1839,11 +1840,12 @@ mod tests {
     }
 
     #[test]
-    fn a_node_that_dropped_datagrams_catches_up_from_a_peer() {
+    fn a_node_that_dropped_datagrams_greets_the_newcomers_it_missed() {
         // sbproxy-1 is stalled, its socket full, while sbproxy-2 starts:
         // every hello sbproxy-2 sends it (three, 1.5 s apart at most) is
         // dropped, and nobody gossips a member learnt by its hello. Told of
-        // the drops when it runs again, it greets the seeds it does not know.
+        // the drops when it runs again, it greets the seeds it does not
+        // know, long before its next re-resolve.
         let run = |rcvbuf: usize| {
             let mut s = Sim::new(SimConfig {
                 nodes: 3,
@@ -1857,23 +1859,31 @@ mod tests {
             s.start(1);
             s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
                 .unwrap();
-            // Its re-resolve, with every seed a member, is 10 s away.
-            s.run_until(s.now() + Duration::from_secs(1));
+            // Past the start's quick re-resolves, right after one: with
+            // every seed a member, the next is 10 s away.
+            s.run_until(s.now() + Duration::from_secs(5));
+            let resolves = s.resolves(1);
+            s.run_while_not(s.now() + LIMIT, |s| s.resolves(1) > resolves)
+                .unwrap();
+            // Its answer (the seeds) is in.
+            s.run_until(s.now() + Duration::from_millis(10));
             let stall = Duration::from_secs(3);
             s.stall(1, stall);
             s.start(2);
             s.run_until(s.now() + stall + Duration::from_millis(100));
-            (s.sees(1, 2), s.sees(2, 1))
+            (s.sees(1, 2), s.sees(2, 1), s.resolves(1) - resolves)
         };
-        let (unbounded, _) = run(usize::MAX);
+        let (unbounded, _, resolved) = run(usize::MAX);
         assert_eq!(
             unbounded,
             Some(MemberState::Alive),
             "the queued hellos are read"
         );
-        let (dropped, seen_by_2) = run(0);
+        assert_eq!(resolved, 1, "no re-resolve in the stall");
+        let (dropped, seen_by_2, resolved) = run(0);
         assert_eq!(dropped, Some(MemberState::Alive), "greeted at the catch-up");
         assert_eq!(seen_by_2, Some(MemberState::Alive));
+        assert_eq!(resolved, 2, "the catch-up's");
     }
 
     #[test]

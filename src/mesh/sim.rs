@@ -121,6 +121,8 @@ struct Node {
     /// Datagrams in `backlog`, and those dropped for want of room.
     queued_datagrams: usize,
     dropped: u64,
+    /// Seed resolves asked for.
+    resolves: u64,
     /// Network group; nodes in different groups cannot reach each other.
     group: u8,
     /// Peers alive or suspect, kept from the core's up/down events.
@@ -286,6 +288,7 @@ impl Sim {
                 stalled_until: None,
                 queued_datagrams: 0,
                 dropped: 0,
+                resolves: 0,
                 backlog: Vec::new(),
                 group: 0,
                 active: 0,
@@ -504,6 +507,11 @@ impl Sim {
         let until = self.now + d;
         self.nodes[i].stalled_until = Some(until);
         self.push(until, Ev::StallEnd { node: i });
+    }
+
+    /// How many times pod `i` has asked for its seeds.
+    pub fn resolves(&self, i: usize) -> u64 {
+        self.nodes[i].resolves
     }
 
     /// Tells pod `i`'s core its gossip socket dropped `dropped` datagrams
@@ -887,6 +895,7 @@ impl Sim {
                     self.push(at, Ev::Deliver { to, msg });
                 }
                 Output::ResolveSeeds => {
+                    self.nodes[i].resolves += 1;
                     self.push(
                         self.now + RESOLVE_DELAY,
                         Ev::Deliver {
