@@ -75,6 +75,11 @@ pub struct MeshMetrics {
     /// transport connections closed before their first frame opened, by
     /// [`TRANSPORT_REFUSED_REASONS`].
     pub connections_refused: Family<ReasonLabels, Counter>,
+    /// The counters of `bytes_sent` and `bytes_received` by [`Transport`]
+    /// (udp, tcp), looked up once: counting a datagram is an atomic add,
+    /// not a hash of its labels under the family's lock.
+    sent_by: [Counter; 2],
+    received_by: [Counter; 2],
 }
 
 /// Reasons of `mesh_transport_connections_refused_total`: `source_limit`
@@ -118,16 +123,12 @@ impl MeshMetrics {
 
     /// Counts bytes sent on a transport.
     pub fn sent(&self, transport: Transport, bytes: usize) {
-        self.bytes_sent
-            .get_or_create(&TransportLabels { transport })
-            .inc_by(bytes as u64);
+        self.sent_by[transport as usize].inc_by(bytes as u64);
     }
 
     /// Counts bytes received on a transport.
     pub fn received(&self, transport: Transport, bytes: usize) {
-        self.bytes_received
-            .get_or_create(&TransportLabels { transport })
-            .inc_by(bytes as u64);
+        self.received_by[transport as usize].inc_by(bytes as u64);
     }
 }
 
@@ -416,12 +417,20 @@ impl Metrics {
     /// fixed by docs/reference.md#metrics pre-created, so a scrape shows them at zero).
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let (bytes_sent, bytes_received) = (Family::default(), Family::default());
+        // Pre-created, in `Transport`'s order: a scrape shows them at zero.
+        let by_transport = |family: &Family<TransportLabels, Counter>| {
+            [Transport::udp, Transport::tcp]
+                .map(|transport| family.get_or_create(&TransportLabels { transport }).clone())
+        };
         let mesh = MeshMetrics {
             peer_count: Family::default(),
             state_changes: Family::default(),
             packets_rejected: Family::default(),
-            bytes_sent: Family::default(),
-            bytes_received: Family::default(),
+            sent_by: by_transport(&bytes_sent),
+            received_by: by_transport(&bytes_received),
+            bytes_sent,
+            bytes_received,
             connections_refused: Family::default(),
         };
         for state in [PeerState::alive, PeerState::suspect, PeerState::down] {
@@ -439,14 +448,6 @@ impl Metrics {
             let _ = mesh
                 .packets_rejected
                 .get_or_create(&ReasonLabels { reason });
-        }
-        for transport in [Transport::udp, Transport::tcp] {
-            let _ = mesh
-                .bytes_sent
-                .get_or_create(&TransportLabels { transport });
-            let _ = mesh
-                .bytes_received
-                .get_or_create(&TransportLabels { transport });
         }
         registry.register(
             "mesh_peer_count",
@@ -770,6 +771,24 @@ mod tests {
             "mesh_bytes_received_total{transport=\"tcp\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn bytes_are_counted_under_their_own_transport() {
+        let m = Metrics::new();
+        m.mesh.sent(Transport::udp, 5);
+        m.mesh.sent(Transport::udp, 2);
+        m.mesh.sent(Transport::tcp, 11);
+        m.mesh.received(Transport::tcp, 13);
+        let text = m.encode();
+        for line in [
+            "mesh_bytes_sent_total{transport=\"udp\"} 7",
+            "mesh_bytes_sent_total{transport=\"tcp\"} 11",
+            "mesh_bytes_received_total{transport=\"udp\"} 0",
+            "mesh_bytes_received_total{transport=\"tcp\"} 13",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
         }
     }
 
