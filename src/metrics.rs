@@ -757,21 +757,29 @@ impl MediaRange {
 mod tests {
     use super::*;
 
+    /// Every one of `lines` is in the exposition `text`.
+    fn assert_exposes(text: &str, lines: &[&str]) {
+        for line in lines {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
     #[test]
     fn exposes_spec_names_at_zero() {
         let m = Metrics::new();
         m.mesh.rejected("replay");
         let text = m.encode();
-        for name in [
-            "mesh_peer_count{state=\"alive\"} 0",
-            "mesh_member_state_changes_total{state=\"down\"} 0",
-            "mesh_packets_rejected_total{reason=\"replay\"} 1",
-            "mesh_packets_rejected_total{reason=\"clock_skew\"} 0",
-            "mesh_bytes_sent_total{transport=\"udp\"} 0",
-            "mesh_bytes_received_total{transport=\"tcp\"} 0",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "mesh_peer_count{state=\"alive\"} 0",
+                "mesh_member_state_changes_total{state=\"down\"} 0",
+                "mesh_packets_rejected_total{reason=\"replay\"} 1",
+                "mesh_packets_rejected_total{reason=\"clock_skew\"} 0",
+                "mesh_bytes_sent_total{transport=\"udp\"} 0",
+                "mesh_bytes_received_total{transport=\"tcp\"} 0",
+            ],
+        );
     }
 
     #[test]
@@ -782,14 +790,15 @@ mod tests {
         m.mesh.sent(Transport::tcp, 11);
         m.mesh.received(Transport::tcp, 13);
         let text = m.encode();
-        for line in [
-            "mesh_bytes_sent_total{transport=\"udp\"} 7",
-            "mesh_bytes_sent_total{transport=\"tcp\"} 11",
-            "mesh_bytes_received_total{transport=\"udp\"} 0",
-            "mesh_bytes_received_total{transport=\"tcp\"} 13",
-        ] {
-            assert!(text.contains(line), "missing {line} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "mesh_bytes_sent_total{transport=\"udp\"} 7",
+                "mesh_bytes_sent_total{transport=\"tcp\"} 11",
+                "mesh_bytes_received_total{transport=\"udp\"} 0",
+                "mesh_bytes_received_total{transport=\"tcp\"} 13",
+            ],
+        );
     }
 
     #[test]
@@ -797,14 +806,15 @@ mod tests {
         let m = Metrics::new();
         m.mesh.connection_refused("timeout");
         let text = m.encode();
-        for name in [
-            "mesh_transport_connections_refused_total{reason=\"timeout\"} 1",
-            "mesh_transport_connections_refused_total{reason=\"source_limit\"} 0",
-            "sbmesh_http_connections_closed_total{listener=\"admin\",reason=\"header_timeout\"} 0",
-            "sbmesh_http_connections_closed_total{listener=\"challenge\",reason=\"limit\"} 0",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "mesh_transport_connections_refused_total{reason=\"timeout\"} 1",
+                "mesh_transport_connections_refused_total{reason=\"source_limit\"} 0",
+                "sbmesh_http_connections_closed_total{listener=\"admin\",reason=\"header_timeout\"} 0",
+                "sbmesh_http_connections_closed_total{listener=\"challenge\",reason=\"limit\"} 0",
+            ],
+        );
     }
 
     #[test]
@@ -812,15 +822,16 @@ mod tests {
         let m = Metrics::new();
         m.reloader.config_invalid.inc();
         let text = m.encode();
-        for name in [
-            "reloader_reloads_total 0",
-            "reloader_reloads_failed_total 0",
-            "reloader_last_reload_successful 0",
-            "reloader_last_reload_success_timestamp_seconds 0",
-            "reloader_config_invalid_total 1",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "reloader_reloads_total 0",
+                "reloader_reloads_failed_total 0",
+                "reloader_last_reload_successful 0",
+                "reloader_last_reload_success_timestamp_seconds 0",
+                "reloader_config_invalid_total 1",
+            ],
+        );
     }
 
     #[test]
@@ -835,14 +846,15 @@ mod tests {
         );
         m.acme.set_expiry("a.example.com", 3600);
         let text = m.encode();
-        for name in [
-            "acme_orders_total{result=\"issued\"} 1",
-            "acme_orders_total{result=\"skipped\"} 0",
-            "acme_challenge_requests_total{result=\"rejected\"} 1",
-            "acme_challenge_requests_total{result=\"hit\"} 0",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "acme_orders_total{result=\"issued\"} 1",
+                "acme_orders_total{result=\"skipped\"} 0",
+                "acme_challenge_requests_total{result=\"rejected\"} 1",
+                "acme_challenge_requests_total{result=\"hit\"} 0",
+            ],
+        );
         // Seconds left when scraped: at most what was set, a moment later.
         let left = text
             .lines()
@@ -886,14 +898,15 @@ mod tests {
         let m = Metrics::new();
         m.proxy.watch_tls_rejected("mismatch");
         let text = m.encode();
-        for name in [
-            "sbmesh_proxy_restart_failing 0",
-            "sbmesh_proxy_restarts_total{reason=\"certificate\"} 0",
-            "sbmesh_watch_tls_rejected_total{reason=\"mismatch\"} 1",
-            "sbmesh_watch_tls_rejected_total{reason=\"incomplete\"} 0",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "sbmesh_proxy_restart_failing 0",
+                "sbmesh_proxy_restarts_total{reason=\"certificate\"} 0",
+                "sbmesh_watch_tls_rejected_total{reason=\"mismatch\"} 1",
+                "sbmesh_watch_tls_rejected_total{reason=\"incomplete\"} 0",
+            ],
+        );
         m.proxy.restarted_for_certificate();
         assert!(
             m.encode()
@@ -1059,12 +1072,13 @@ mod tests {
         m.store.lock_acquired("redis");
         m.store.unseal_failed("missing_key");
         let text = m.encode();
-        for name in [
-            "store_operations_total{backend=\"redis\",op=\"get\",result=\"miss\"} 1",
-            "store_lock_acquired_total{backend=\"redis\"} 1",
-            "store_unseal_failures_total{reason=\"missing_key\"} 1",
-        ] {
-            assert!(text.contains(name), "missing {name} in\n{text}");
-        }
+        assert_exposes(
+            &text,
+            &[
+                "store_operations_total{backend=\"redis\",op=\"get\",result=\"miss\"} 1",
+                "store_lock_acquired_total{backend=\"redis\"} 1",
+                "store_unseal_failures_total{reason=\"missing_key\"} 1",
+            ],
+        );
     }
 }

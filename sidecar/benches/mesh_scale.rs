@@ -660,7 +660,13 @@ fn main() {
         "CPU from the first start to convergence ({wall:.2} s wall, {:.2} s on 2 cores): sidecars {sidecar_cpu:.2} s, the bench's pollers {bench_cpu:.2} s",
         2.0 * wall
     );
-    let from_logs = full_view_from_logs(&c, addrs.len());
+    // Every node's log as it is now, read once for both figures.
+    let logs: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
+        .collect();
+    let from_logs = full_view_from_logs(&logs, addrs.len());
     let log_conv = if from_logs.iter().all(Option::is_some) {
         let last = from_logs.iter().flatten().max().copied().unwrap_or(0);
         let s = last.saturating_sub(last_start_unix_ms) as f64 / 1000.0;
@@ -671,7 +677,8 @@ fn main() {
     } else {
         "n/a".to_string()
     };
-    let delays = newcomer_delays_from_logs(&c);
+    let delays = newcomer_delays_from_logs(&c, &logs);
+    drop(logs);
     if let Some(&max) = delays.last() {
         let q = |p: f64| delays[((delays.len() - 1) as f64 * p) as usize];
         eprintln!(
@@ -1175,11 +1182,9 @@ fn log_time_ms(line: &str) -> Option<u64> {
 
 /// From the nodes' own logs, independent of polling: per node, the unix ms
 /// at which it had logged `member up` for `n - 1` distinct others.
-fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
-    c.nodes
-        .iter()
-        .map(|node| {
-            let text = std::fs::read_to_string(&node.log_path).ok()?;
+fn full_view_from_logs(logs: &[String], n: usize) -> Vec<Option<u64>> {
+    logs.iter()
+        .map(|text| {
             let mut seen = BTreeSet::new();
             for line in text.lines().filter(|l| l.contains("member up")) {
                 let id = logged_node_id(line)?;
@@ -1195,12 +1200,7 @@ fn full_view_from_logs(c: &Cluster, n: usize) -> Vec<Option<u64>> {
 /// For every pair of a node and a member spawned at least a second after
 /// it: seconds from the member's spawn to the node's first `member up` for
 /// it (how long a newcomer goes unknown to a node already up), sorted.
-fn newcomer_delays_from_logs(c: &Cluster) -> Vec<f64> {
-    let logs: Vec<String> = c
-        .nodes
-        .iter()
-        .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
-        .collect();
+fn newcomer_delays_from_logs(c: &Cluster, logs: &[String]) -> Vec<f64> {
     let spawned = |text: &str| -> Option<u64> {
         text.split("=== spawn #1 at ")
             .nth(1)?
@@ -1212,11 +1212,11 @@ fn newcomer_delays_from_logs(c: &Cluster) -> Vec<f64> {
     let spawn: std::collections::HashMap<&str, u64> = c
         .nodes
         .iter()
-        .zip(&logs)
+        .zip(logs)
         .filter_map(|(n, text)| Some((n.id(), spawned(text)?)))
         .collect();
     let mut delays = Vec::new();
-    for (node, text) in c.nodes.iter().zip(&logs) {
+    for (node, text) in c.nodes.iter().zip(logs) {
         let Some(&mine) = spawn.get(node.id()) else {
             continue;
         };

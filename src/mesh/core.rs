@@ -480,8 +480,7 @@ impl MeshCore {
             self.on_tick(now);
         }
         if self.next_resolve.is_some_and(|t| now >= t) {
-            self.next_resolve = None;
-            self.out.push_back(Output::ResolveSeeds);
+            self.resolve_seeds();
         }
         self.flush(now);
         // foca's runtime keeps the capacity of its largest burst (the
@@ -536,18 +535,22 @@ impl MeshCore {
             return;
         }
         // A resolve already out greets them when it comes back.
-        let Some(next) = self.next_resolve else {
+        if self.next_resolve.is_none() {
             return;
-        };
+        }
         debug!(
             dropped,
             "datagrams dropped: greeting the seeds that are not members"
         );
         self.caught_up_at = Some(now);
-        if next > now {
-            self.next_resolve = Some(now);
-        }
-        self.handle_timeout(now);
+        self.resolve_seeds();
+    }
+
+    /// Asks the shell for the seeds; [`MeshCore::handle_seeds`] greets
+    /// them and schedules the next resolve.
+    fn resolve_seeds(&mut self) {
+        self.next_resolve = None;
+        self.out.push_back(Output::ResolveSeeds);
     }
 
     /// An authenticated datagram (the kind byte first), from `from`.
@@ -1778,6 +1781,14 @@ mod tests {
         s.status(i).map_or(0, |st| st.summary.total_nodes)
     }
 
+    /// Starts sbproxy-0 and sbproxy-1 and runs until each sees the other.
+    fn first_two_meshed(s: &mut Sim) {
+        s.start(0);
+        s.start(1);
+        s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
+            .expect("two pods meshed");
+    }
+
     #[test]
     fn nodes_join_through_seeds_and_hellos() {
         let mut s = sim(5, Start::Burst, Seeds::Service, SwimTuning::default());
@@ -1855,10 +1866,7 @@ mod tests {
                 rcvbuf,
                 ..SimConfig::default()
             });
-            s.start(0);
-            s.start(1);
-            s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
-                .unwrap();
+            first_two_meshed(&mut s);
             // Past the start's quick re-resolves, right after one: with
             // every seed a member, the next is 10 s away.
             s.run_until(s.now() + Duration::from_secs(5));
@@ -1890,10 +1898,7 @@ mod tests {
     fn catch_ups_after_drops_are_one_a_second_and_greet_only_strangers() {
         // Seeds are every pod's address; sbproxy-2 never starts.
         let mut s = sim(3, Start::Manual, Seeds::All, quiet());
-        s.start(0);
-        s.start(1);
-        s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
-            .unwrap();
+        first_two_meshed(&mut s);
         // Past the start's quick re-resolves: the next is 10 s away.
         s.run_until(s.now() + Duration::from_secs(20));
         let sent = |s: &Sim| s.bytes_sent(1);
@@ -2229,10 +2234,7 @@ mod tests {
         // for the first 1.2 s); sbproxy-2 knows sbproxy-1 from the join's
         // full state, yet greets it again because it never answered.
         let mut s = sim(3, Start::Manual, Seeds::All, quiet());
-        s.start(0);
-        s.start(1);
-        s.run_while_not(LIMIT, |s| total(s, 0) == 2 && total(s, 1) == 2)
-            .expect("two pods meshed");
+        first_two_meshed(&mut s);
         // sbproxy-2's address is in everyone's seed list from the start;
         // by now sbproxy-1 looks for it only every 10 s.
         s.run_until(s.now() + Duration::from_secs(30));

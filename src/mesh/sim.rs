@@ -667,11 +667,8 @@ impl Sim {
                     self.deliver(node, msg);
                 }
                 let dropped = std::mem::take(&mut self.nodes[node].dropped);
-                let now = self.base + self.now;
-                if let Some(core) = self.nodes[node].core.as_mut()
-                    && dropped > 0
-                {
-                    core.handle_receive_drops(dropped, now);
+                if dropped > 0 {
+                    self.report_drops(node, dropped);
                 }
                 if self.nodes[node].life == Life::Up {
                     self.wake(node);
