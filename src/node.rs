@@ -49,7 +49,9 @@ use crate::proxy::{
     ProxyStatus, RestartConfig, RestartCoordinator, TlsWatcher, WatchTlsConfig, restart_readiness,
     watch_tls_readiness,
 };
-use crate::reload::{ReloadError, ReloadStatus, Reloader, ReloaderConfig, ReloaderHandle};
+use crate::reload::{
+    ReloadError, ReloadStatus, ReloadTrigger, Reloader, ReloaderConfig, ReloaderHandle,
+};
 use crate::store::Store;
 use crate::store::open::{open_cluster_store, probe};
 use crate::store::sealed::AtRestRing;
@@ -183,11 +185,17 @@ pub struct NodeConfig {
 }
 
 impl std::fmt::Debug for NodeConfig {
+    /// Every field; the key ring, the admin password and the reload's
+    /// `Authorization` are redacted.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |set: bool| if set { Some("<redacted>") } else { None };
         f.debug_struct("NodeConfig")
             .field("node_id", &self.node_id)
             .field("cluster_id", &self.cluster_id)
+            .field("version", &self.version)
             .field("config_path", &self.config_path)
+            .field("config", &self.config)
+            .field("config_sha256", &self.config_sha256)
             .field("bind", &self.bind)
             .field("gossip_port", &self.gossip_port)
             .field("transport_port", &self.transport_port)
@@ -201,13 +209,25 @@ impl std::fmt::Debug for NodeConfig {
                     .as_ref()
                     .map(|ring| format!("<{} key(s) redacted>", ring.len())),
             )
+            .field("cluster_key_file", &self.cluster_key_file)
+            .field("swim", &self.swim)
             .field("admin_listen", &self.admin_listen)
+            .field("admin_user", &self.admin_user)
+            .field("admin_password", &redacted(self.admin_password.is_some()))
             .field("challenge_listen", &self.challenge_listen)
             .field("proxy_reload", &self.proxy_reload)
+            .field("reload_debounce", &self.reload_debounce)
+            .field("reload_rescan", &self.reload_rescan)
             .field("cert_dir", &self.cert_dir)
             .field("state_dir", &self.state_dir)
             .field("cert_apply", &self.cert_apply)
-            .finish_non_exhaustive()
+            .field("proxy_restart", &self.proxy_restart)
+            .field("watch_tls", &self.watch_tls)
+            .field("acme_concurrent_orders", &self.acme_concurrent_orders)
+            .field("acme_max_orders", &self.acme_max_orders)
+            .field("acme_orders_interval", &self.acme_orders_interval)
+            .field("acme_order_lock_ttl", &self.acme_order_lock_ttl)
+            .finish()
     }
 }
 
@@ -256,6 +276,11 @@ impl NodeConfig {
             acme_orders_interval: acme.order_interval,
             acme_order_lock_ttl: acme.order_lock_ttl,
         }
+    }
+
+    /// The config hash as announced and reported (`sha256:<hex>`).
+    fn config_hash(&self) -> Option<String> {
+        self.config_sha256.as_ref().map(|h| format!("sha256:{h}"))
     }
 
     /// [`NodeConfig::new`] with the configuration read from `path`
@@ -414,160 +439,36 @@ impl Node {
     /// store is open, and the metadata publisher. Must be called within a
     /// Tokio runtime.
     pub async fn start(cfg: NodeConfig) -> Result<Node, NodeError> {
-        match crate::acme::manager::write_startup_placeholders(&cfg.config, &cfg.cert_dir) {
-            Ok(0) => {}
-            Ok(n) => info!(
-                certificates = n,
-                dir = %cfg.cert_dir.display(),
-                "placeholder certificates written until the CA's arrive"
-            ),
-            Err(e) => {
-                warn!(dir = %cfg.cert_dir.display(), "cannot write placeholder certificates: {e}")
-            }
-        }
+        write_placeholders(&cfg);
         let metrics = Arc::new(Metrics::new());
-        let keys = match cfg.cluster_key.clone() {
-            Some(keys) => keys,
-            None => {
-                // Validation refuses peers without a key, so this node is
-                // alone: a throwaway key keeps the code path (and the
-                // sockets) the same.
-                warn!("no cluster key configured: running alone with an ephemeral key");
-                let mut k = [0u8; 32];
-                aws_lc_rs::rand::fill(&mut k).map_err(|_| NodeError::Randomness)?;
-                vec![k]
-            }
-        };
+        let keys = cluster_keys(&cfg)?;
         // Bound before the mesh starts: a taken port fails the start
         // without a join and a leave.
-        let bind = |what: &'static str, addr: Option<SocketAddr>| async move {
-            match addr {
-                Some(addr) => TcpListener::bind(addr)
-                    .await
-                    .map(Some)
-                    .map_err(|source| NodeError::Bind { what, addr, source }),
-                None => Ok(None),
-            }
-        };
-        let admin_listener = bind("admin", cfg.admin_listen).await?;
-        let challenge_listener = bind("challenge", cfg.challenge_listen).await?;
+        let admin_listener = bind_listener("admin", cfg.admin_listen).await?;
+        let challenge_listener = bind_listener("challenge", cfg.challenge_listen).await?;
         let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
         let (admin_addr, challenge_addr) = (local(&admin_listener), local(&challenge_listener));
 
-        // The config file: every distinct valid content is POSTed to the
-        // proxy once (the proxy read the file as it is now when it
-        // started), or only followed when there is no proxy to tell.
         let (stop_tx, stop_rx) = watch::channel(false);
-        let sidecar_ports = Some(crate::config::SidecarPorts {
-            gossip: cfg.gossip_port,
-            transport: cfg.transport_port,
-        });
-        let mut follow_tasks = Vec::new();
-        let mut fixed_config = None;
-        let mut reloader = None;
-        let (config_rx, reload_rx, reload_trigger) = match (&cfg.config_path, &cfg.proxy_reload) {
-            (Some(path), Some(proxy)) => {
-                let reload_cfg = ReloaderConfig {
-                    authorization: proxy.authorization.clone(),
-                    debounce: cfg.reload_debounce,
-                    rescan: cfg.reload_rescan,
-                    assume_delivered: cfg.config_sha256.clone(),
-                    initial_config: Arc::new(cfg.config.clone()),
-                    sidecar_ports,
-                    ..ReloaderConfig::new(path.clone(), proxy.url.clone())
-                };
-                let handle = Reloader::spawn(reload_cfg, metrics.clone())?;
-                let out = (handle.config(), handle.status(), Some(handle.trigger()));
-                reloader = Some(handle);
-                out
-            }
-            (Some(path), None) => {
-                let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
-                let (status_tx, status_rx) = watch::channel(ReloadStatus {
-                    delivered_hash: cfg.config_sha256.as_ref().map(|h| format!("sha256:{h}")),
-                    last_result: None,
-                });
-                let (content_tx, content_rx) = mpsc::channel(16);
-                follow_tasks.push(tokio::spawn(crate::reload::watcher::run(
-                    path.clone(),
-                    cfg.reload_debounce,
-                    cfg.reload_rescan,
-                    true,
-                    sidecar_ports,
-                    content_tx,
-                    config_tx,
-                )));
-                follow_tasks.push(tokio::spawn(follow_hash(content_rx, status_tx)));
-                (config_rx, status_rx, None)
-            }
-            (None, _) => {
-                let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
-                fixed_config = Some(config_tx);
-                let status = ReloadStatus {
-                    delivered_hash: cfg.config_sha256.as_ref().map(|h| format!("sha256:{h}")),
-                    last_result: None,
-                };
-                // The sender lives as long as the receiver needs no change.
-                let (status_tx, status_rx) = watch::channel(status);
-                follow_tasks.push(tokio::spawn(async move {
-                    status_tx.closed().await;
-                }));
-                (config_rx, status_rx, None)
-            }
-        };
+        let FollowedConfig {
+            config: config_rx,
+            reload: reload_rx,
+            trigger: reload_trigger,
+            reloader,
+            fixed: fixed_config,
+            tasks: mut follow_tasks,
+        } = follow_config(&cfg, &metrics)?;
 
-        let mesh_cfg = MeshConfig {
-            node_id: cfg.node_id.clone(),
-            cluster_id: cfg.cluster_id.clone(),
-            bind: cfg.bind,
-            gossip_port: cfg.gossip_port,
-            transport_port: cfg.transport_port,
-            advertise: cfg.advertise,
-            seeds: SeedSource {
-                seeds: cfg.seeds.clone(),
-                mesh_service: cfg.mesh_service.clone(),
-                gossip_port: cfg.gossip_port,
-            },
-            keys,
-            key_file: cfg.cluster_key_file.clone(),
-            tuning: cfg.swim.clone(),
-        };
         let meta = NodeMeta {
             version: cfg.version.clone(),
-            config_hash: cfg.config_sha256.as_ref().map(|h| format!("sha256:{h}")),
+            config_hash: cfg.config_hash(),
             ready: false,
             ..NodeMeta::default()
         };
+        let mesh_cfg = mesh_config(&cfg, keys);
         let mesh = Mesh::start(mesh_cfg, metrics.clone(), meta.clone()).await?;
 
-        let store_health = Arc::new(std::sync::Mutex::new(Some(
-            "store: not probed yet".to_owned(),
-        )));
-        let (store_tx, store_rx) = watch::channel(None);
-        let acme = cfg.config.sbmesh().acme.as_ref();
-        let store_place = StorePlace {
-            backend: acme
-                .and_then(|a| a.storage_backend)
-                .unwrap_or(StorageBackend::Redb),
-            path: acme
-                .and_then(|a| a.storage_path.clone())
-                .unwrap_or_default(),
-            state_dir: cfg.state_dir.clone(),
-            cluster_id: cfg.cluster_id.clone(),
-        };
-        follow_tasks.push(tokio::spawn(keep_store_probed(
-            store_place,
-            metrics.clone(),
-            store_health.clone(),
-            store_tx,
-            stop_rx.clone(),
-        )));
-        let store_check: ReadinessCheck = Arc::new(move || {
-            store_health
-                .lock()
-                .map(|h| h.clone())
-                .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
-        });
+        let (store_rx, store_check) = probe_store(&cfg, &metrics, &mut follow_tasks, &stop_rx);
         // How new certificates reach the proxy (cert_apply): one callback
         // for the ACME manager and every watch_tls directory, set once its
         // target exists (a restart needs the store).
@@ -913,6 +814,191 @@ async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader: FeedReader
             changed
         });
     }
+}
+/// Placeholder certificates, so a proxy reading its files at start-up
+/// finds some; a failure is logged, never fatal.
+fn write_placeholders(cfg: &NodeConfig) {
+    match crate::acme::manager::write_startup_placeholders(&cfg.config, &cfg.cert_dir) {
+        Ok(0) => {}
+        Ok(n) => info!(
+            certificates = n,
+            dir = %cfg.cert_dir.display(),
+            "placeholder certificates written until the CA's arrive"
+        ),
+        Err(e) => {
+            warn!(dir = %cfg.cert_dir.display(), "cannot write placeholder certificates: {e}")
+        }
+    }
+}
+
+/// The cluster key ring, or a throwaway key when none is configured.
+fn cluster_keys(cfg: &NodeConfig) -> Result<Vec<[u8; 32]>, NodeError> {
+    if let Some(keys) = cfg.cluster_key.clone() {
+        return Ok(keys);
+    }
+    // Validation refuses peers without a key, so this node is alone: a
+    // throwaway key keeps the code path (and the sockets) the same.
+    warn!("no cluster key configured: running alone with an ephemeral key");
+    let mut k = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut k).map_err(|_| NodeError::Randomness)?;
+    Ok(vec![k])
+}
+
+/// The `what` listener (`admin`, `challenge`) when `addr` is set.
+async fn bind_listener(
+    what: &'static str,
+    addr: Option<SocketAddr>,
+) -> Result<Option<TcpListener>, NodeError> {
+    match addr {
+        Some(addr) => TcpListener::bind(addr)
+            .await
+            .map(Some)
+            .map_err(|source| NodeError::Bind { what, addr, source }),
+        None => Ok(None),
+    }
+}
+
+/// How the node follows its configuration ([`follow_config`]).
+struct FollowedConfig {
+    config: watch::Receiver<Arc<SbConfig>>,
+    reload: watch::Receiver<ReloadStatus>,
+    /// Tells the reloader certificates changed (only when it POSTs).
+    trigger: Option<ReloadTrigger>,
+    reloader: Option<ReloaderHandle>,
+    /// Keeps a fixed configuration's channel open.
+    fixed: Option<watch::Sender<Arc<SbConfig>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The config file: every distinct valid content is POSTed to the proxy
+/// once (the proxy read the file as it is now when it started), or only
+/// followed when there is no proxy to tell; without a file the
+/// configuration is fixed.
+fn follow_config(cfg: &NodeConfig, metrics: &Arc<Metrics>) -> Result<FollowedConfig, NodeError> {
+    let sidecar_ports = Some(crate::config::SidecarPorts {
+        gossip: cfg.gossip_port,
+        transport: cfg.transport_port,
+    });
+    let mut tasks = Vec::new();
+    let mut fixed = None;
+    let mut reloader = None;
+    let (config, reload, trigger) = match (&cfg.config_path, &cfg.proxy_reload) {
+        (Some(path), Some(proxy)) => {
+            let reload_cfg = ReloaderConfig {
+                authorization: proxy.authorization.clone(),
+                debounce: cfg.reload_debounce,
+                rescan: cfg.reload_rescan,
+                assume_delivered: cfg.config_sha256.clone(),
+                initial_config: Arc::new(cfg.config.clone()),
+                sidecar_ports,
+                ..ReloaderConfig::new(path.clone(), proxy.url.clone())
+            };
+            let handle = Reloader::spawn(reload_cfg, metrics.clone())?;
+            let out = (handle.config(), handle.status(), Some(handle.trigger()));
+            reloader = Some(handle);
+            out
+        }
+        (Some(path), None) => {
+            let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
+            let (status_tx, status_rx) = watch::channel(ReloadStatus {
+                delivered_hash: cfg.config_hash(),
+                last_result: None,
+            });
+            let (content_tx, content_rx) = mpsc::channel(16);
+            tasks.push(tokio::spawn(crate::reload::watcher::run(
+                path.clone(),
+                cfg.reload_debounce,
+                cfg.reload_rescan,
+                true,
+                sidecar_ports,
+                content_tx,
+                config_tx,
+            )));
+            tasks.push(tokio::spawn(follow_hash(content_rx, status_tx)));
+            (config_rx, status_rx, None)
+        }
+        (None, _) => {
+            let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
+            fixed = Some(config_tx);
+            let status = ReloadStatus {
+                delivered_hash: cfg.config_hash(),
+                last_result: None,
+            };
+            // The sender lives as long as the receiver needs no change.
+            let (status_tx, status_rx) = watch::channel(status);
+            tasks.push(tokio::spawn(async move {
+                status_tx.closed().await;
+            }));
+            (config_rx, status_rx, None)
+        }
+    };
+    Ok(FollowedConfig {
+        config,
+        reload,
+        trigger,
+        reloader,
+        fixed,
+        tasks,
+    })
+}
+
+/// What the mesh member starts with.
+fn mesh_config(cfg: &NodeConfig, keys: Vec<[u8; 32]>) -> MeshConfig {
+    MeshConfig {
+        node_id: cfg.node_id.clone(),
+        cluster_id: cfg.cluster_id.clone(),
+        bind: cfg.bind,
+        gossip_port: cfg.gossip_port,
+        transport_port: cfg.transport_port,
+        advertise: cfg.advertise,
+        seeds: SeedSource {
+            seeds: cfg.seeds.clone(),
+            mesh_service: cfg.mesh_service.clone(),
+            gossip_port: cfg.gossip_port,
+        },
+        keys,
+        key_file: cfg.cluster_key_file.clone(),
+        tuning: cfg.swim.clone(),
+    }
+}
+
+/// Opens the store in the background, retried, never fatal: the store as
+/// soon as it is open, and the readiness check that tells why it is not.
+fn probe_store(
+    cfg: &NodeConfig,
+    metrics: &Arc<Metrics>,
+    tasks: &mut Vec<JoinHandle<()>>,
+    stop: &watch::Receiver<bool>,
+) -> (watch::Receiver<Option<Arc<dyn Store>>>, ReadinessCheck) {
+    let health = Arc::new(std::sync::Mutex::new(Some(
+        "store: not probed yet".to_owned(),
+    )));
+    let (store_tx, store_rx) = watch::channel(None);
+    let acme = cfg.config.sbmesh().acme.as_ref();
+    let place = StorePlace {
+        backend: acme
+            .and_then(|a| a.storage_backend)
+            .unwrap_or(StorageBackend::Redb),
+        path: acme
+            .and_then(|a| a.storage_path.clone())
+            .unwrap_or_default(),
+        state_dir: cfg.state_dir.clone(),
+        cluster_id: cfg.cluster_id.clone(),
+    };
+    tasks.push(tokio::spawn(keep_store_probed(
+        place,
+        metrics.clone(),
+        health.clone(),
+        store_tx,
+        stop.clone(),
+    )));
+    let check: ReadinessCheck = Arc::new(move || {
+        health
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
+    });
+    (store_rx, check)
 }
 
 /// The certificate files of every unit `config` asks for, as they are in

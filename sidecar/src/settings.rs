@@ -27,6 +27,7 @@ use sbmesh::config::{
     SidecarPorts,
 };
 use sbmesh::identity;
+use sbmesh::node::{NodeConfig, ProxyReload, ProxyRestart};
 use sbmesh::reload::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
 
 use crate::cli::RunArgs;
@@ -34,137 +35,23 @@ use crate::cli::RunArgs;
 /// The cluster id when nothing else names one.
 pub const DEFAULT_CLUSTER_ID: &str = "sbmesh";
 
-/// The resolved settings of `run`.
-#[derive(Clone, PartialEq, Eq)]
+/// The resolved settings of `run`: the library's [`NodeConfig`] (every
+/// setting the node itself runs with, documented there once) and what
+/// only the process around it needs.
+#[derive(Clone, Debug)]
 pub struct Settings {
-    /// `--config`.
-    pub config_path: PathBuf,
-    /// The parsed `sb.yml`.
-    pub config: SbConfig,
-    /// Lowercase hex sha256 of the raw `sb.yml` bytes.
-    pub config_sha256: String,
-    /// `--pod-name`.
-    pub pod_name: Option<String>,
-    /// `--pod-ip`.
-    pub pod_ip: Option<IpAddr>,
-    /// `--namespace`.
-    pub namespace: String,
-    /// This member's name in the mesh.
-    pub node_id: String,
-    /// `--cluster-id`, else `proxy.extensions.sbmesh.cluster_id`, else the StatefulSet
-    /// name, else [`DEFAULT_CLUSTER_ID`].
-    pub cluster_id: String,
-    /// `<svc>.<namespace>.svc.<domain>` when `--mesh-service` is set.
-    pub mesh_service: Option<String>,
-    /// `host:port` seeds (`[ipv6]:port` for IPv6 literals); a seed written
-    /// without a port has the gossip port.
-    pub seeds: Vec<String>,
-    /// `--bind`.
-    pub bind: IpAddr,
-    /// UDP port.
-    pub gossip_port: u16,
-    /// TCP port.
-    pub transport_port: u16,
-    /// The address peers use to reach this node; `None` lets the runtime pick.
-    pub advertise: Option<SocketAddr>,
-    /// The key ring, primary first.
-    pub cluster_key: Option<Vec<[u8; 32]>>,
-    /// `--cluster-key-file`, to be re-read when it changes.
-    pub cluster_key_file: Option<PathBuf>,
-    /// `--admin-listen`.
-    pub admin_listen: SocketAddr,
-    /// HTTP Basic user for `/admin/*`.
-    pub admin_user: Option<String>,
-    /// HTTP Basic password for `/admin/*`.
-    pub admin_password: Option<String>,
-    /// `--challenge-listen`.
-    pub challenge_listen: SocketAddr,
-    /// Where reloads are POSTed.
-    pub proxy_reload_url: String,
-    /// The `Authorization` header value for the reload POST.
-    pub proxy_authorization: Option<String>,
-    /// `--cert-dir`.
-    pub cert_dir: PathBuf,
-    /// `--state-dir`.
-    pub state_dir: PathBuf,
+    /// What [`sbmesh::node::Node::start`] runs with. The sidecar always
+    /// serves its own admin and challenge listeners and POSTs reloads, so
+    /// `admin_listen`, `challenge_listen` and `proxy_reload` are set, as
+    /// are `config_path` and `config_sha256`.
+    pub node: NodeConfig,
     /// `--log-format`.
     pub log_format: LogFormat,
     /// `--shutdown-grace-ms`.
     pub shutdown_grace: Duration,
-    /// `--reload-debounce-ms`.
-    pub reload_debounce: Duration,
-    /// `--reload-rescan-secs`.
-    pub reload_rescan: Duration,
-    /// `--acme-order-lock-ttl-secs`.
-    pub acme_order_lock_ttl: Duration,
-    /// `--acme-max-orders`.
-    pub acme_max_orders: u32,
-    /// `--acme-orders-interval-secs`.
-    pub acme_orders_interval: Duration,
-    /// `--acme-concurrent-orders`.
-    pub acme_concurrent_orders: usize,
-    /// `--proxy-cert-apply`, else `acme.apply`, else `reload`.
-    pub proxy_cert_apply: CertApply,
-    /// `--proxy-process-name`.
-    pub proxy_process_name: String,
-    /// `--proxy-health-url`.
-    pub proxy_health_url: String,
-    /// `--proxy-restart-interval-secs`: at most one restart per pod this often.
-    pub proxy_restart_interval: Duration,
-    /// `--watch-tls`: directories with a `tls.crt` / `tls.key` pair to hand
-    /// to the proxy when they change.
-    pub watch_tls: Vec<PathBuf>,
     /// What deserves a look but does not stop `run` (printed at start, and
     /// by `validate`).
     pub warnings: Vec<Problem>,
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redacted = |set: bool| if set { Some("<redacted>") } else { None };
-        f.debug_struct("Settings")
-            .field("config_path", &self.config_path)
-            .field("config", &self.config)
-            .field("config_sha256", &self.config_sha256)
-            .field("pod_name", &self.pod_name)
-            .field("pod_ip", &self.pod_ip)
-            .field("namespace", &self.namespace)
-            .field("node_id", &self.node_id)
-            .field("cluster_id", &self.cluster_id)
-            .field("mesh_service", &self.mesh_service)
-            .field("seeds", &self.seeds)
-            .field("bind", &self.bind)
-            .field("gossip_port", &self.gossip_port)
-            .field("transport_port", &self.transport_port)
-            .field("advertise", &self.advertise)
-            .field(
-                "cluster_key",
-                &self
-                    .cluster_key
-                    .as_ref()
-                    .map(|ring| format!("<{} key(s) redacted>", ring.len())),
-            )
-            .field("cluster_key_file", &self.cluster_key_file)
-            .field("admin_listen", &self.admin_listen)
-            .field("admin_user", &self.admin_user)
-            .field("admin_password", &redacted(self.admin_password.is_some()))
-            .field("challenge_listen", &self.challenge_listen)
-            .field("proxy_reload_url", &self.proxy_reload_url)
-            .field(
-                "proxy_authorization",
-                &redacted(self.proxy_authorization.is_some()),
-            )
-            .field("cert_dir", &self.cert_dir)
-            .field("state_dir", &self.state_dir)
-            .field("log_format", &self.log_format)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("proxy_cert_apply", &self.proxy_cert_apply)
-            .field("proxy_process_name", &self.proxy_process_name)
-            .field("proxy_health_url", &self.proxy_health_url)
-            .field("proxy_restart_interval", &self.proxy_restart_interval)
-            .field("watch_tls", &self.watch_tls)
-            .finish()
-    }
 }
 
 /// How logs are written to stderr.
@@ -573,44 +460,47 @@ pub fn resolve(
     if r.problems.iter().any(Problem::is_error) {
         return Err(r.problems);
     }
-    Ok(Settings {
-        config_path,
-        config,
-        config_sha256,
-        pod_name,
-        pod_ip,
-        namespace,
-        node_id,
-        cluster_id,
-        mesh_service,
-        seeds,
+    let node = NodeConfig {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        config_path: Some(config_path),
+        config_sha256: Some(config_sha256),
         bind,
         gossip_port,
         transport_port,
         advertise,
+        seeds,
+        mesh_service,
         cluster_key,
         cluster_key_file,
-        admin_listen,
+        admin_listen: Some(admin_listen),
         admin_user,
         admin_password,
-        challenge_listen,
-        proxy_reload_url,
-        proxy_authorization,
-        cert_dir,
-        state_dir,
-        log_format,
-        shutdown_grace,
+        challenge_listen: Some(challenge_listen),
+        proxy_reload: Some(ProxyReload {
+            url: proxy_reload_url,
+            authorization: proxy_authorization,
+        }),
         reload_debounce,
         reload_rescan,
-        acme_order_lock_ttl,
+        cert_dir,
+        state_dir,
+        cert_apply: proxy_cert_apply,
+        proxy_restart: ProxyRestart {
+            process_name: proxy_process_name,
+            health_url: proxy_health_url,
+            min_interval: proxy_restart_interval,
+        },
+        watch_tls,
+        acme_concurrent_orders,
         acme_max_orders,
         acme_orders_interval,
-        acme_concurrent_orders,
-        proxy_cert_apply,
-        proxy_process_name,
-        proxy_health_url,
-        proxy_restart_interval,
-        watch_tls,
+        acme_order_lock_ttl,
+        ..NodeConfig::new(node_id, cluster_id, config)
+    };
+    Ok(Settings {
+        node,
+        log_format,
+        shutdown_grace,
         warnings: r.problems,
     })
 }
@@ -1034,6 +924,14 @@ mod tests {
         }
     }
 
+    /// Where the settings POST reloads (always set for the sidecar).
+    fn reload(s: &Settings) -> &ProxyReload {
+        s.node
+            .proxy_reload
+            .as_ref()
+            .expect("the sidecar POSTs reloads")
+    }
+
     /// A config file, its run args and an environment, for one scenario.
     struct Case {
         dir: TempDir,
@@ -1104,15 +1002,18 @@ origins: { api.example.com: {} }
         // enabled, no credentials: the proxy checks admin / changeme
         let s = Case::new("proxy:\n  admin: { enabled: true, bind: 127.0.4.5, port: 9300 }\n").ok();
         assert_eq!(
-            s.proxy_authorization.as_deref(),
+            reload(&s).authorization.as_deref(),
             Some(basic_authorization("admin", "changeme").as_str())
         );
-        assert_eq!(s.proxy_reload_url, "http://127.0.4.5:9300/admin/reload");
-        assert_eq!(s.proxy_health_url, "http://127.0.4.5:9300/health");
+        assert_eq!(reload(&s).url, "http://127.0.4.5:9300/admin/reload");
+        assert_eq!(
+            s.node.proxy_restart.health_url,
+            "http://127.0.4.5:9300/health"
+        );
         let s = Case::new("proxy:\n  admin: { enabled: true, bind: 0.0.0.0 }\n").ok();
-        assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9090/admin/reload");
+        assert_eq!(reload(&s).url, "http://127.0.0.1:9090/admin/reload");
         // disabled: nothing to authenticate against
-        assert_eq!(Case::new("origins: {}\n").ok().proxy_authorization, None);
+        assert_eq!(reload(&Case::new("origins: {}\n").ok()).authorization, None);
     }
 
     #[test]
@@ -1137,16 +1038,17 @@ origins: { api.example.com: {} }
     #[test]
     fn cert_apply_comes_from_the_flag_the_env_the_block_then_reload() {
         let yml = "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory, apply: restart }\n";
-        assert_eq!(Case::new(yml).ok().proxy_cert_apply, CertApply::Restart);
+        assert_eq!(Case::new(yml).ok().node.cert_apply, CertApply::Restart);
         assert_eq!(
             Case::new(yml)
                 .env("SBMESH_PROXY_CERT_APPLY", "none")
                 .ok()
-                .proxy_cert_apply,
+                .node
+                .cert_apply,
             CertApply::None
         );
         assert_eq!(
-            Case::new("origins: {}\n").ok().proxy_cert_apply,
+            Case::new("origins: {}\n").ok().node.cert_apply,
             CertApply::Reload
         );
         let problems = Case::new("origins: {}\n")
@@ -1169,7 +1071,7 @@ origins: { api.example.com: {} }
             .env("SBMESH_WATCH_TLS", "/etc/tls/a, /etc/tls/b")
             .ok();
         assert_eq!(
-            s.watch_tls,
+            s.node.watch_tls,
             [PathBuf::from("/etc/tls/a"), PathBuf::from("/etc/tls/b")]
         );
     }
@@ -1178,41 +1080,47 @@ origins: { api.example.com: {} }
     fn defaults() {
         let case = Case::new("origins: {}\n");
         let s = case.ok();
-        assert_eq!(s.config, SbConfig::default());
-        assert_eq!(s.config_sha256, config::sha256_hex(b"origins: {}\n"));
-        assert_eq!(s.pod_name, None);
-        assert_eq!(s.pod_ip, None);
-        assert_eq!(s.namespace, "default");
-        assert_eq!(s.node_id, "host-a");
-        assert_eq!(s.cluster_id, "sbmesh");
-        assert_eq!(s.mesh_service, None);
-        assert!(s.seeds.is_empty());
-        assert_eq!(s.bind, IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        assert_eq!(s.gossip_port, 7946);
-        assert_eq!(s.transport_port, 8946);
-        assert_eq!(s.advertise, None);
-        assert_eq!(s.cluster_key, None);
-        assert_eq!(s.cluster_key_file, None);
-        assert_eq!(s.admin_listen, "0.0.0.0:9091".parse().unwrap());
-        assert_eq!(s.admin_user, None);
-        assert_eq!(s.admin_password, None);
-        assert_eq!(s.challenge_listen, "0.0.0.0:8089".parse().unwrap());
-        assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9090/admin/reload");
-        assert_eq!(s.proxy_authorization, None);
-        assert_eq!(s.cert_dir, Path::new("/var/lib/sbproxy/certs"));
-        assert_eq!(s.state_dir, Path::new("/var/lib/sbproxy/sidecar"));
+        assert_eq!(s.node.config, SbConfig::default());
+        assert_eq!(
+            s.node.config_sha256,
+            Some(config::sha256_hex(b"origins: {}\n"))
+        );
+        assert_eq!(s.node.node_id, "host-a");
+        assert_eq!(s.node.cluster_id, "sbmesh");
+        assert_eq!(s.node.mesh_service, None);
+        assert!(s.node.seeds.is_empty());
+        assert_eq!(s.node.bind, IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        assert_eq!(s.node.gossip_port, 7946);
+        assert_eq!(s.node.transport_port, 8946);
+        assert_eq!(s.node.advertise, None);
+        assert_eq!(s.node.cluster_key, None);
+        assert_eq!(s.node.cluster_key_file, None);
+        assert_eq!(s.node.admin_listen, Some("0.0.0.0:9091".parse().unwrap()));
+        assert_eq!(s.node.admin_user, None);
+        assert_eq!(s.node.admin_password, None);
+        assert_eq!(
+            s.node.challenge_listen,
+            Some("0.0.0.0:8089".parse().unwrap())
+        );
+        assert_eq!(reload(&s).url, "http://127.0.0.1:9090/admin/reload");
+        assert_eq!(reload(&s).authorization, None);
+        assert_eq!(s.node.cert_dir, Path::new("/var/lib/sbproxy/certs"));
+        assert_eq!(s.node.state_dir, Path::new("/var/lib/sbproxy/sidecar"));
         assert_eq!(s.shutdown_grace, Duration::from_secs(30));
-        assert_eq!(s.reload_debounce, Duration::from_millis(200));
-        assert_eq!(s.reload_rescan, Duration::from_secs(30));
-        assert_eq!(s.acme_order_lock_ttl, Duration::from_secs(60));
-        assert_eq!(s.acme_max_orders, 300);
-        assert_eq!(s.acme_orders_interval, Duration::from_secs(3 * 3600));
-        assert_eq!(s.acme_concurrent_orders, 8);
-        assert_eq!(s.proxy_cert_apply, CertApply::Reload);
-        assert_eq!(s.proxy_process_name, "sbproxy");
-        assert_eq!(s.proxy_health_url, "http://127.0.0.1:9090/health");
-        assert_eq!(s.proxy_restart_interval, Duration::from_secs(600));
-        assert!(s.watch_tls.is_empty());
+        assert_eq!(s.node.reload_debounce, Duration::from_millis(200));
+        assert_eq!(s.node.reload_rescan, Duration::from_secs(30));
+        assert_eq!(s.node.acme_order_lock_ttl, Duration::from_secs(60));
+        assert_eq!(s.node.acme_max_orders, 300);
+        assert_eq!(s.node.acme_orders_interval, Duration::from_secs(3 * 3600));
+        assert_eq!(s.node.acme_concurrent_orders, 8);
+        assert_eq!(s.node.cert_apply, CertApply::Reload);
+        assert_eq!(s.node.proxy_restart.process_name, "sbproxy");
+        assert_eq!(
+            s.node.proxy_restart.health_url,
+            "http://127.0.0.1:9090/health"
+        );
+        assert_eq!(s.node.proxy_restart.min_interval, Duration::from_secs(600));
+        assert!(s.node.watch_tls.is_empty());
         let expected_format = if std::io::stderr().is_terminal() {
             LogFormat::Text
         } else {
@@ -1228,7 +1136,7 @@ origins: { api.example.com: {} }
         let case = case
             .args(|a| a.config = None)
             .env("SBMESH_CONFIG", path.to_str().unwrap());
-        assert_eq!(case.ok().config_path, path);
+        assert_eq!(case.ok().node.config_path, Some(path));
 
         let case = case.args(|a| a.config = None);
         let env = |_: &str| None;
@@ -1244,27 +1152,26 @@ origins: { api.example.com: {} }
             .env("SBPROXY_POD_NAME", "demo-proxy-1")
             .env("SBPROXY_CLUSTER_KEY", &format!("{K1},{K2}"));
         let s = case.ok();
-        assert_eq!(s.pod_name.as_deref(), Some("demo-proxy-1"));
-        assert_eq!(s.node_id, "demo-proxy-1");
-        assert_eq!(s.cluster_id, "demo");
-        assert_eq!(s.gossip_port, 7100);
-        assert_eq!(s.transport_port, 8100);
+        assert_eq!(s.node.node_id, "demo-proxy-1");
+        assert_eq!(s.node.cluster_id, "demo");
+        assert_eq!(s.node.gossip_port, 7100);
+        assert_eq!(s.node.transport_port, 8100);
         assert_eq!(
-            s.seeds,
+            s.node.seeds,
             [
                 "demo-proxy-0.demo-mesh.default.svc.cluster.local:7100",
                 "10.0.0.9:7000"
             ]
         );
-        let ring = s.cluster_key.unwrap();
+        let ring = s.node.cluster_key.clone().unwrap();
         assert_eq!(ring.len(), 2);
         assert_eq!(ring[0][1], 1);
         assert_eq!(ring[1][0], 0xff);
-        assert_eq!(s.admin_user.as_deref(), Some("admin"));
-        assert_eq!(s.admin_password.as_deref(), Some("secret"));
-        assert_eq!(s.proxy_reload_url, "http://127.0.0.1:9191/admin/reload");
+        assert_eq!(s.node.admin_user.as_deref(), Some("admin"));
+        assert_eq!(s.node.admin_password.as_deref(), Some("secret"));
+        assert_eq!(reload(&s).url, "http://127.0.0.1:9191/admin/reload");
         assert_eq!(
-            s.proxy_authorization.as_deref(),
+            reload(&s).authorization.as_deref(),
             Some("Basic YWRtaW46c2VjcmV0")
         );
     }
@@ -1284,22 +1191,22 @@ origins: { api.example.com: {} }
             if let Some(env) = env {
                 case = case.env("SBMESH_GOSSIP_PORT", env);
             }
-            assert_eq!(case.ok().gossip_port, expected, "{flag:?} {env:?}");
+            assert_eq!(case.ok().node.gossip_port, expected, "{flag:?} {env:?}");
         }
-        assert_eq!(Case::new("origins:\n").ok().gossip_port, 7946);
+        assert_eq!(Case::new("origins:\n").ok().node.gossip_port, 7946);
 
         // string-valued settings, same ladder
         let yml = "proxy:\n  admin: { username: yml-user, password: yml-pw }\n  extensions:\n    sbmesh: { cluster_id: yml-id, node_id: yml-node, advertise_addr: 10.0.0.1 }\n";
         let s = Case::new(yml).ok();
         assert_eq!(
             (
-                s.cluster_id.as_str(),
-                s.node_id.as_str(),
-                s.admin_user.as_deref()
+                s.node.cluster_id.as_str(),
+                s.node.node_id.as_str(),
+                s.node.admin_user.as_deref()
             ),
             ("yml-id", "yml-node", Some("yml-user"))
         );
-        assert_eq!(s.advertise, Some("10.0.0.1:7946".parse().unwrap()));
+        assert_eq!(s.node.advertise, Some("10.0.0.1:7946".parse().unwrap()));
         let case = Case::new(yml)
             .env("SBMESH_CLUSTER_ID", "env-id")
             .env("SBMESH_NODE_ID", "env-node")
@@ -1308,13 +1215,13 @@ origins: { api.example.com: {} }
         let s = case.ok();
         assert_eq!(
             (
-                s.cluster_id.as_str(),
-                s.node_id.as_str(),
-                s.admin_user.as_deref()
+                s.node.cluster_id.as_str(),
+                s.node.node_id.as_str(),
+                s.node.admin_user.as_deref()
             ),
             ("env-id", "env-node", Some("env-user"))
         );
-        assert_eq!(s.advertise, Some("10.0.0.2:7946".parse().unwrap()));
+        assert_eq!(s.node.advertise, Some("10.0.0.2:7946".parse().unwrap()));
         let s = case
             .args(|a| {
                 a.cluster_id = Some("flag-id".into());
@@ -1325,15 +1232,15 @@ origins: { api.example.com: {} }
             .ok();
         assert_eq!(
             (
-                s.cluster_id.as_str(),
-                s.node_id.as_str(),
-                s.admin_user.as_deref()
+                s.node.cluster_id.as_str(),
+                s.node.node_id.as_str(),
+                s.node.admin_user.as_deref()
             ),
             ("flag-id", "flag-node", Some("flag-user"))
         );
-        assert_eq!(s.advertise, Some("10.0.0.3:9".parse().unwrap()));
+        assert_eq!(s.node.advertise, Some("10.0.0.3:9".parse().unwrap()));
         // the password still comes from the file: each key has its own ladder
-        assert_eq!(s.admin_password.as_deref(), Some("yml-pw"));
+        assert_eq!(s.node.admin_password.as_deref(), Some("yml-pw"));
     }
 
     #[test]
@@ -1342,8 +1249,8 @@ origins: { api.example.com: {} }
             .env("SBMESH_GOSSIP_PORT", "")
             .args(|a| a.transport_port = Some(String::new()));
         let s = case.ok();
-        assert_eq!(s.gossip_port, 7000);
-        assert_eq!(s.transport_port, 8946);
+        assert_eq!(s.node.gossip_port, 7000);
+        assert_eq!(s.node.transport_port, 8946);
     }
 
     #[test]
@@ -1352,19 +1259,23 @@ origins: { api.example.com: {} }
             .env("SBPROXY_POD_NAME", "web-proxy-3")
             .env("SBPROXY_POD_IP", "10.1.2.3")
             .env("SBMESH_NAMESPACE", "prod")
+            .env("SBMESH_MESH_SERVICE", "web-mesh")
+            .env("SBMESH_CLUSTER_KEY", K1)
             .ok();
-        assert_eq!(s.node_id, "web-proxy-3");
-        assert_eq!(s.cluster_id, "web-proxy");
-        assert_eq!(s.namespace, "prod");
-        assert_eq!(s.pod_ip, Some("10.1.2.3".parse().unwrap()));
-        assert_eq!(s.advertise, Some("10.1.2.3:7946".parse().unwrap()));
+        assert_eq!(s.node.node_id, "web-proxy-3");
+        assert_eq!(s.node.cluster_id, "web-proxy");
+        assert_eq!(
+            s.node.mesh_service.as_deref(),
+            Some("web-mesh.prod.svc.cluster.local")
+        );
+        assert_eq!(s.node.advertise, Some("10.1.2.3:7946".parse().unwrap()));
 
         // not a StatefulSet pod: the fallback cluster id
         let s = Case::new("origins: {}\n")
             .env("SBPROXY_POD_NAME", "laptop")
             .ok();
-        assert_eq!(s.cluster_id, "sbmesh");
-        assert_eq!(s.node_id, "laptop");
+        assert_eq!(s.node.cluster_id, "sbmesh");
+        assert_eq!(s.node.node_id, "laptop");
     }
 
     #[test]
@@ -1373,23 +1284,23 @@ origins: { api.example.com: {} }
         let s = Case::new("origins: {}\n")
             .env("SBMESH_BIND", "10.9.9.9")
             .ok();
-        assert_eq!(s.bind, "10.9.9.9".parse::<IpAddr>().unwrap());
-        assert_eq!(s.advertise, Some("10.9.9.9:7946".parse().unwrap()));
+        assert_eq!(s.node.bind, "10.9.9.9".parse::<IpAddr>().unwrap());
+        assert_eq!(s.node.advertise, Some("10.9.9.9:7946".parse().unwrap()));
         // pod IP wins over bind; the gossip port follows the flag
         let s = Case::new("origins: {}\n")
             .env("SBMESH_BIND", "::")
             .env("SBPROXY_POD_IP", "fd00::7")
             .env("SBMESH_GOSSIP_PORT", "7001")
             .ok();
-        assert_eq!(s.advertise, Some("[fd00::7]:7001".parse().unwrap()));
+        assert_eq!(s.node.advertise, Some("[fd00::7]:7001".parse().unwrap()));
         // unspecified bind and no pod IP: the runtime picks
         let s = Case::new("origins: {}\n").env("SBMESH_BIND", "::").ok();
-        assert_eq!(s.advertise, None);
+        assert_eq!(s.node.advertise, None);
         // --advertise with and without a port
         let s = Case::new("origins: {}\n")
             .args(|a| a.advertise = Some("[fd00::9]".into()))
             .ok();
-        assert_eq!(s.advertise, Some("[fd00::9]:7946".parse().unwrap()));
+        assert_eq!(s.node.advertise, Some("[fd00::9]:7946".parse().unwrap()));
     }
 
     #[test]
@@ -1402,16 +1313,16 @@ origins: { api.example.com: {} }
             .env("SBMESH_CLUSTER_KEY", K1)
             .ok();
         assert_eq!(
-            s.mesh_service.as_deref(),
+            s.node.mesh_service.as_deref(),
             Some("demo-mesh.edge.svc.corp.internal")
         );
         // duplicates dropped, order kept
         assert_eq!(
-            s.seeds,
+            s.node.seeds,
             ["a:7946", "b:7001", "[fd00::1]:7946", "10.0.0.1:7946"]
         );
         assert_eq!(
-            s.cluster_key,
+            s.node.cluster_key,
             Some(vec![config::parse_key_ring(K1).unwrap()[0]])
         );
 
@@ -1420,7 +1331,7 @@ origins: { api.example.com: {} }
             .env("SBMESH_SEEDS", "flag-seed")
             .env("SBMESH_CLUSTER_KEY", K1)
             .ok();
-        assert_eq!(s.seeds, ["flag-seed:7946"]);
+        assert_eq!(s.node.seeds, ["flag-seed:7946"]);
     }
 
     #[test]
@@ -1448,7 +1359,7 @@ origins: { api.example.com: {} }
             }
         }
         // alone, no key is needed
-        assert_eq!(Case::new("origins: {}\n").ok().cluster_key, None);
+        assert_eq!(Case::new("origins: {}\n").ok().node.cluster_key, None);
     }
 
     #[test]
@@ -1457,13 +1368,13 @@ origins: { api.example.com: {} }
         let s = Case::new("origins: {}\n")
             .args(|a| a.cluster_key = Some(format!("{K2},{K1}")))
             .ok();
-        assert_eq!(s.cluster_key.unwrap()[0][0], 0xff);
+        assert_eq!(s.node.cluster_key.unwrap()[0][0], 0xff);
         // env: in the flag
         let s = Case::new("origins: {}\n")
             .args(|a| a.cluster_key = Some("env:MY_KEY".into()))
             .env("MY_KEY", K1)
             .ok();
-        assert_eq!(s.cluster_key.unwrap().len(), 1);
+        assert_eq!(s.node.cluster_key.unwrap().len(), 1);
         // file: in sb.yml
         let case = Case::new("origins: {}\n");
         let key_path = case.dir.file("key", &format!("{K1}\n"));
@@ -1472,20 +1383,20 @@ origins: { api.example.com: {} }
             key_path.display()
         );
         std::fs::write(case.args.config.as_ref().unwrap(), yml).unwrap();
-        assert_eq!(case.ok().cluster_key.unwrap().len(), 1);
+        assert_eq!(case.ok().node.cluster_key.unwrap().len(), 1);
         // literal in sb.yml
         let s = Case::new(&format!(
             "proxy:\n  extensions:\n    sbmesh: {{ shared_key: \"{K1}\" }}\n"
         ))
         .ok();
-        assert_eq!(s.cluster_key.unwrap().len(), 1);
+        assert_eq!(s.node.cluster_key.unwrap().len(), 1);
         // the flag wins over sb.yml
         let s = Case::new(&format!(
             "proxy:\n  extensions:\n    sbmesh: {{ shared_key: \"{K1}\" }}\n"
         ))
         .env("SBMESH_CLUSTER_KEY", K2)
         .ok();
-        assert_eq!(s.cluster_key.unwrap()[0][0], 0xff);
+        assert_eq!(s.node.cluster_key.unwrap()[0][0], 0xff);
     }
 
     #[test]
@@ -1498,8 +1409,8 @@ origins: { api.example.com: {} }
             .file("ring", &format!("# rotated in\n{K2}\n\n{K1}\n"));
         let case = case.env("SBMESH_CLUSTER_KEY_FILE", key_file.to_str().unwrap());
         let s = case.ok();
-        assert_eq!(s.cluster_key_file.as_deref(), Some(key_file.as_path()));
-        let ring = s.cluster_key.unwrap();
+        assert_eq!(s.node.cluster_key_file.as_deref(), Some(key_file.as_path()));
+        let ring = s.node.cluster_key.clone().unwrap();
         assert_eq!(ring.len(), 2);
         assert_eq!(ring[0][0], 0xff);
     }
@@ -1515,7 +1426,7 @@ origins: { api.example.com: {} }
         let s = case
             .env("SBMESH_CLUSTER_KEY_FILE", key_file.to_str().unwrap())
             .ok();
-        assert_eq!(s.cluster_key.unwrap()[0][0], 0xff);
+        assert_eq!(s.node.cluster_key.unwrap()[0][0], 0xff);
         let problems = Case::new(text).problems();
         assert_eq!(
             problems.last().map(String::as_str),
@@ -1751,7 +1662,10 @@ origins: { api.example.com: {} }
         // The proxy's default user goes with a password written alone.
         let s = Case::new("proxy:\n  admin: { password: p }\n").ok();
         assert_eq!(
-            (s.admin_user.as_deref(), s.admin_password.as_deref()),
+            (
+                s.node.admin_user.as_deref(),
+                s.node.admin_password.as_deref()
+            ),
             (Some("admin"), Some("p"))
         );
         // env: and file: references, resolved as the proxy resolves them.
@@ -1759,7 +1673,7 @@ origins: { api.example.com: {} }
             .env("ADMIN_PW", "from-env")
             .ok();
         assert_eq!(
-            s.proxy_authorization.as_deref(),
+            reload(&s).authorization.as_deref(),
             Some(basic_authorization("admin", "from-env").as_str())
         );
         let problems =
@@ -1785,11 +1699,14 @@ origins: { api.example.com: {} }
             .env("SBMESH_ADMIN_PASSWORD", "p")
             .ok();
         assert_eq!(
-            (s.admin_user.as_deref(), s.admin_password.as_deref()),
+            (
+                s.node.admin_user.as_deref(),
+                s.node.admin_password.as_deref()
+            ),
             (Some("u"), Some("p"))
         );
         // the sidecar's own credentials do not become the proxy's
-        assert_eq!(s.proxy_authorization, None);
+        assert_eq!(reload(&s).authorization, None);
     }
 
     #[test]
@@ -1801,8 +1718,8 @@ origins: { api.example.com: {} }
             )
             .env("SBMESH_PROXY_AUTHORIZATION", "Bearer t0k")
             .ok();
-        assert_eq!(s.proxy_reload_url, "https://proxy.local:9443/admin/reload");
-        assert_eq!(s.proxy_authorization.as_deref(), Some("Bearer t0k"));
+        assert_eq!(reload(&s).url, "https://proxy.local:9443/admin/reload");
+        assert_eq!(reload(&s).authorization.as_deref(), Some("Bearer t0k"));
     }
 
     #[test]
@@ -1817,10 +1734,13 @@ origins: { api.example.com: {} }
             })
             .env("SBMESH_STATE_DIR", "/state")
             .ok();
-        assert_eq!(s.admin_listen, "[::]:9999".parse().unwrap());
-        assert_eq!(s.challenge_listen, "127.0.0.1:80".parse().unwrap());
-        assert_eq!(s.cert_dir, Path::new("/certs"));
-        assert_eq!(s.state_dir, Path::new("/state"));
+        assert_eq!(s.node.admin_listen, Some("[::]:9999".parse().unwrap()));
+        assert_eq!(
+            s.node.challenge_listen,
+            Some("127.0.0.1:80".parse().unwrap())
+        );
+        assert_eq!(s.node.cert_dir, Path::new("/certs"));
+        assert_eq!(s.node.state_dir, Path::new("/state"));
         assert_eq!(s.log_format, LogFormat::Text);
         assert_eq!(s.shutdown_grace, Duration::from_millis(1500));
     }
