@@ -83,7 +83,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
@@ -678,18 +678,52 @@ fn main() {
         "n/a".to_string()
     };
     let delays = newcomer_delays_from_logs(&c, &logs);
-    drop(logs);
-    if let Some(&max) = delays.last() {
-        let q = |p: f64| delays[((delays.len() - 1) as f64 * p) as usize];
+    if let Some(&(max, _, _)) = delays.last() {
+        let q = |p: f64| delays[((delays.len() - 1) as f64 * p) as usize].0;
+        let stalls: std::collections::HashMap<&str, f64> = c
+            .nodes
+            .iter()
+            .zip(&logs)
+            .map(|(node, text)| (node.id(), longest_stall_ms(text) as f64 / 1000.0))
+            .collect();
+        let stalled = |id: &str| stalls.get(id).copied().unwrap_or(0.0);
+        let slowest: Vec<String> = delays
+            .iter()
+            .rev()
+            .take(5)
+            .map(|(d, node, newcomer)| {
+                format!(
+                    "{node} learnt {newcomer} after {d:.2} s (longest stalls {:.2} / {:.2} s)",
+                    stalled(node),
+                    stalled(newcomer)
+                )
+            })
+            .collect();
+        let mut longest: Vec<(f64, &str)> = stalls.iter().map(|(id, s)| (*s, *id)).collect();
+        longest.sort_by(|a, b| b.0.total_cmp(&a.0));
         eprintln!(
-            "a newcomer unknown to a node up before it (spawn to first `member up`, {} pairs): p50 {:.2} s, p99 {:.2} s, p99.9 {:.2} s, max {max:.2} s; over 2 s: {}",
+            "stalls the sidecars logged (timers >= 1 s late) during the start: {} processes; longest: {}",
+            longest.iter().filter(|s| s.0 > 0.0).count(),
+            longest
+                .iter()
+                .take(5)
+                .filter(|s| s.0 > 0.0)
+                .map(|(s, id)| format!("{id} {s:.2} s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        eprintln!(
+            "a newcomer unknown to a node up before it (spawn to first `member up`, {} pairs): p50 {:.2} s, p99 {:.2} s, p99.9 {:.2} s, max {max:.2} s; over 2 s: {}; slowest: {}",
             delays.len(),
             q(0.5),
             q(0.99),
             q(0.999),
-            delays.iter().filter(|&&d| d > 2.0).count()
+            delays.iter().filter(|d| d.0 > 2.0).count(),
+            slowest.join(", ")
         );
     }
+    drop(delays);
+    drop(logs);
     print_laggards(&conv.seen, &ids, &history.into_inner().unwrap());
     if let Some(k) = conv.seen.iter().position(Option::is_none) {
         let v = fetch_status(addrs[k]);
@@ -781,6 +815,44 @@ fn main() {
         )
     };
     eprintln!("RSS MiB (median / max): {rss_s}");
+    // Nobody has been killed yet: every `member down` so far is false.
+    let false_down_lines = log_lines(&c, "member down");
+    if false_down_lines > 0 {
+        let logs: Vec<String> = c
+            .nodes
+            .iter()
+            .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
+            .collect();
+        let mut downed: BTreeMap<&str, usize> = BTreeMap::new();
+        for line in logs.iter().flat_map(|t| t.lines()) {
+            if line.contains("member down")
+                && let Some(id) = logged_node_id(line)
+            {
+                *downed.entry(id).or_default() += 1;
+            }
+        }
+        let stall_of = |id: &str| {
+            c.nodes
+                .iter()
+                .zip(&logs)
+                .find(|(n, _)| n.id() == id)
+                .map_or(0, |(_, text)| longest_stall_ms(text))
+        };
+        let who: Vec<String> = downed
+            .iter()
+            .map(|(id, by)| {
+                format!(
+                    "{id} by {by} (its longest logged stall {:.2} s)",
+                    stall_of(id) as f64 / 1000.0
+                )
+            })
+            .collect();
+        eprintln!(
+            "before any kill: {false_down_lines} `member down` lines (false), {} identity renewals: {}",
+            log_lines(&c, RENEWAL_LINE),
+            who.join(", ")
+        );
+    }
 
     if let Some(p) = loss {
         // ---- false downs under random loss ---------------------------------------------
@@ -1199,8 +1271,12 @@ fn full_view_from_logs(logs: &[String], n: usize) -> Vec<Option<u64>> {
 
 /// For every pair of a node and a member spawned at least a second after
 /// it: seconds from the member's spawn to the node's first `member up` for
-/// it (how long a newcomer goes unknown to a node already up), sorted.
-fn newcomer_delays_from_logs(c: &Cluster, logs: &[String]) -> Vec<f64> {
+/// it (how long a newcomer goes unknown to a node already up), with the
+/// node and the member, sorted by the delay.
+fn newcomer_delays_from_logs<'a>(
+    c: &'a Cluster,
+    logs: &'a [String],
+) -> Vec<(f64, &'a str, &'a str)> {
     let spawned = |text: &str| -> Option<u64> {
         text.split("=== spawn #1 at ")
             .nth(1)?
@@ -1231,12 +1307,29 @@ fn newcomer_delays_from_logs(c: &Cluster, logs: &[String]) -> Vec<f64> {
             if let (Some(&theirs), Some(at)) = (spawn.get(id), log_time_ms(line))
                 && theirs >= mine + 1000
             {
-                delays.push(at.saturating_sub(theirs) as f64 / 1000.0);
+                delays.push((at.saturating_sub(theirs) as f64 / 1000.0, node.id(), id));
             }
         }
     }
-    delays.sort_by(f64::total_cmp);
+    delays.sort_by(|a, b| a.0.total_cmp(&b.0));
     delays
+}
+
+/// The longest stall a sidecar logged (its timers ran that late: the
+/// process was not running), in ms; 0 when it logged none.
+fn longest_stall_ms(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("this process was not running"))
+        .filter_map(|l| {
+            l.split("late_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The `node_id=` field of a sidecar log line.

@@ -215,6 +215,13 @@ pub(crate) enum Event {
     Left {
         peers: usize,
     },
+    /// Our timers ran `late` (at least [`suspicion::STARVED_AFTER`]): this
+    /// process was not running that long (CPU starvation or throttling,
+    /// SIGSTOP), long enough, past the ring's probe and a suspicion, for
+    /// peers to declare it down.
+    Stalled {
+        late: Duration,
+    },
 }
 
 /// One mesh node's protocol state.
@@ -427,6 +434,7 @@ impl MeshCore {
             if late >= suspicion::STARVED_AFTER {
                 self.starved(late);
                 self.health_worse("timers ran late");
+                self.event(Event::Stalled { late });
             }
         }
         while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
@@ -2269,6 +2277,17 @@ mod tests {
         }
         assert_eq!(s.downs(), downs, "no member was declared down");
         assert_eq!(generation(&s), before, "the starved node kept its identity");
+        // It knows it was not running (and says so), nobody else does.
+        let stall = s.longest_stall(11);
+        assert!(
+            stall > Duration::from_millis(1200) && stall <= Duration::from_millis(1500),
+            "the starved node reported a stall of {stall:?}"
+        );
+        assert!(
+            (0..32)
+                .filter(|&i| i != 11)
+                .all(|i| s.longest_stall(i).is_zero())
+        );
         assert!(s.converged_exactly());
     }
 

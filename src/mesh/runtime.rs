@@ -36,6 +36,11 @@ const TCP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Datagrams read ahead of late timers, at most (a flood must not hold
 /// the timers back for long).
 const MAX_BACKLOG_READ: usize = 256;
+/// A stall of this process this long is logged as a warning: it shows in
+/// the peers' probes (the ring's direct probe waits 300 ms, its indirect
+/// ones 300 ms more, then a suspicion lasts 1.5 s), and explains a false
+/// `down` of this node.
+const STALL_WARNING: Duration = Duration::from_secs(1);
 
 /// What a mesh node needs to start.
 #[derive(Clone, Debug)]
@@ -647,6 +652,11 @@ impl Driver {
                 warn!(bytes, "node metadata over 64 KiB not published");
             }
             Event::Left { peers } => info!(peers, "left the mesh"),
+            Event::Stalled { late } if late >= STALL_WARNING => warn!(
+                late_ms = late.as_millis() as u64,
+                "this process was not running (CPU starved or throttled, or stopped): peers may have suspected it"
+            ),
+            Event::Stalled { late } => debug!(late_ms = late.as_millis() as u64, "timers ran late"),
         }
     }
 }

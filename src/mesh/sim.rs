@@ -123,6 +123,8 @@ struct Node {
     dropped: u64,
     /// Seed resolves asked for.
     resolves: u64,
+    /// The longest stall its core reported (`Event::Stalled`).
+    longest_stall: Duration,
     /// Network group; nodes in different groups cannot reach each other.
     group: u8,
     /// Peers alive or suspect, kept from the core's up/down events.
@@ -289,6 +291,7 @@ impl Sim {
                 queued_datagrams: 0,
                 dropped: 0,
                 resolves: 0,
+                longest_stall: Duration::ZERO,
                 backlog: Vec::new(),
                 group: 0,
                 active: 0,
@@ -512,6 +515,12 @@ impl Sim {
     /// How many times pod `i` has asked for its seeds.
     pub fn resolves(&self, i: usize) -> u64 {
         self.nodes[i].resolves
+    }
+
+    /// The longest time pod `i`'s core found its timers late (it was not
+    /// running), as it reported it.
+    pub fn longest_stall(&self, i: usize) -> Duration {
+        self.nodes[i].longest_stall
     }
 
     /// Tells pod `i`'s core its gossip socket dropped `dropped` datagrams
@@ -925,6 +934,7 @@ impl Sim {
                     self.saw_down_count += 1;
                 }
             }
+            Event::Stalled { late } => n.longest_stall = n.longest_stall.max(late),
             _ => {}
         }
     }
