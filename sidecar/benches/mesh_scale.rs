@@ -680,35 +680,38 @@ fn main() {
     let delays = newcomer_delays_from_logs(&c, &logs);
     if let Some(&(max, _, _)) = delays.last() {
         let q = |p: f64| delays[((delays.len() - 1) as f64 * p) as usize].0;
-        let stalls: std::collections::HashMap<&str, f64> = c
+        let stalls: std::collections::HashMap<&str, (u64, u64)> = c
             .nodes
             .iter()
             .zip(&logs)
-            .map(|(node, text)| (node.id(), longest_stall_ms(text) as f64 / 1000.0))
+            .map(|(node, text)| (node.id(), stalls_ms(text)))
             .collect();
-        let stalled = |id: &str| stalls.get(id).copied().unwrap_or(0.0);
+        let stalled = |id: &str| {
+            let (max, sum) = stalls.get(id).copied().unwrap_or((0, 0));
+            format!("{:.2}/{:.2} s", max as f64 / 1000.0, sum as f64 / 1000.0)
+        };
         let slowest: Vec<String> = delays
             .iter()
             .rev()
             .take(5)
             .map(|(d, node, newcomer)| {
                 format!(
-                    "{node} learnt {newcomer} after {d:.2} s (longest stalls {:.2} / {:.2} s)",
+                    "{node} learnt {newcomer} after {d:.2} s (stalls, longest/all: {}; {})",
                     stalled(node),
                     stalled(newcomer)
                 )
             })
             .collect();
-        let mut longest: Vec<(f64, &str)> = stalls.iter().map(|(id, s)| (*s, *id)).collect();
-        longest.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let mut longest: Vec<(u64, &str)> = stalls.iter().map(|(id, s)| (s.0, *id)).collect();
+        longest.sort_by(|a, b| b.cmp(a));
         eprintln!(
-            "stalls the sidecars logged (timers >= 1 s late) during the start: {} processes; longest: {}",
-            longest.iter().filter(|s| s.0 > 0.0).count(),
+            "stalls the sidecars logged (timers >= 1 s late) during the start: {} processes; longest/all: {}",
+            longest.iter().filter(|s| s.0 > 0).count(),
             longest
                 .iter()
                 .take(5)
-                .filter(|s| s.0 > 0.0)
-                .map(|(s, id)| format!("{id} {s:.2} s"))
+                .filter(|s| s.0 > 0)
+                .map(|(_, id)| format!("{id} {}", stalled(id)))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -836,14 +839,16 @@ fn main() {
                 .iter()
                 .zip(&logs)
                 .find(|(n, _)| n.id() == id)
-                .map_or(0, |(_, text)| longest_stall_ms(text))
+                .map_or((0, 0), |(_, text)| stalls_ms(text))
         };
         let who: Vec<String> = downed
             .iter()
             .map(|(id, by)| {
+                let (max, sum) = stall_of(id);
                 format!(
-                    "{id} by {by} (its longest logged stall {:.2} s)",
-                    stall_of(id) as f64 / 1000.0
+                    "{id} by {by} (its logged stalls: longest {:.2} s, all {:.2} s)",
+                    max as f64 / 1000.0,
+                    sum as f64 / 1000.0
                 )
             })
             .collect();
@@ -1316,8 +1321,8 @@ fn newcomer_delays_from_logs<'a>(
 }
 
 /// The longest stall a sidecar logged (its timers ran that late: the
-/// process was not running), in ms; 0 when it logged none.
-fn longest_stall_ms(log: &str) -> u64 {
+/// process was not running) and all its logged stalls together, in ms.
+fn stalls_ms(log: &str) -> (u64, u64) {
     log.lines()
         .filter(|l| l.contains("this process was not running"))
         .filter_map(|l| {
@@ -1328,8 +1333,7 @@ fn longest_stall_ms(log: &str) -> u64 {
                 .parse()
                 .ok()
         })
-        .max()
-        .unwrap_or(0)
+        .fold((0, 0), |(max, sum), ms: u64| (max.max(ms), sum + ms))
 }
 
 /// The `node_id=` field of a sidecar log line.

@@ -30,8 +30,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let node = Node::start(settings.node).await.map_err(in_flag_terms)?;
     let bound = |addr: Option<std::net::SocketAddr>| addr.map(|a| a.to_string());
     info!(
-        admin = bound(node.admin_addr()).unwrap_or_default(),
-        challenge = bound(node.challenge_addr()).unwrap_or_default(),
+        admin = %bound(node.admin_addr()).unwrap_or_default(),
+        challenge = %bound(node.challenge_addr()).unwrap_or_default(),
         "sidecar running"
     );
     // Start-up code runs once; its pages need not stay resident.

@@ -158,6 +158,12 @@ impl Mesh {
                 addr: udp_addr,
                 source,
             })?;
+        let rcvbuf = enlarge_receive_buffer(&udp, GOSSIP_RECEIVE_BUFFER);
+        debug!(
+            bytes = rcvbuf,
+            asked = GOSSIP_RECEIVE_BUFFER,
+            "gossip socket receive buffer"
+        );
         let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
         let tcp = TcpListener::bind(tcp_addr)
             .await
@@ -317,6 +323,56 @@ impl Mesh {
             let _ = rx.await;
         }
     }
+}
+
+/// Asks the kernel for a gossip receive buffer this large (memberlist
+/// asks for the same). It holds a burst, not a steady load: a newcomer's
+/// greeting is answered by every seed at once (~500 answers at N = 512),
+/// and a process that was not running finds every datagram of that time
+/// queued. The default (`net.core.rmem_default`, 208 KiB) holds ~150
+/// small datagrams; what overflows is lost, probes and hellos among them
+/// (BENCHMARKS.md, "A larger gossip receive buffer"). Memory is taken only
+/// while datagrams wait; the kernel caps the size at `net.core.rmem_max`.
+const GOSSIP_RECEIVE_BUFFER: usize = 2 << 20;
+
+/// Sets `socket`'s receive buffer to `bytes` (as far as the kernel allows);
+/// the size it then has (the kernel counts its bookkeeping in it, and
+/// reports twice what was granted), or 0 when it cannot tell.
+#[cfg(unix)]
+fn enlarge_receive_buffer(socket: &UdpSocket, bytes: usize) -> usize {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    let want = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: both calls read or write one c_int, whose size is passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw const want).cast(),
+            size,
+        );
+        let mut got: libc::c_int = 0;
+        let mut len = size;
+        let rc = libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&raw mut got).cast(),
+            &mut len,
+        );
+        if rc == 0 {
+            usize::try_from(got).unwrap_or(0)
+        } else {
+            0
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn enlarge_receive_buffer(_: &UdpSocket, _: usize) -> usize {
+    0
 }
 
 /// How many datagrams the kernel has dropped on `socket` (its receive
@@ -1286,5 +1342,21 @@ mod receive_drop_tests {
         let dropped = receive_drops(&rx).unwrap();
         assert!(dropped > 0, "a full buffer drops");
         assert!(dropped < 4000, "what fitted was kept: {dropped} dropped");
+    }
+
+    #[tokio::test]
+    async fn the_gossip_socket_gets_the_largest_receive_buffer_the_kernel_allows() {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let max: usize = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Linux grants up to rmem_max and reports twice what it granted
+        // (its bookkeeping); the default is rmem_default, not doubled.
+        assert_eq!(
+            enlarge_receive_buffer(&socket, GOSSIP_RECEIVE_BUFFER),
+            2 * GOSSIP_RECEIVE_BUFFER.min(max)
+        );
     }
 }
