@@ -1321,19 +1321,36 @@ fn newcomer_delays_from_logs<'a>(
 }
 
 /// The longest stall a sidecar logged (its timers ran that late: the
-/// process was not running) and all its logged stalls together, in ms.
+/// process was not running) and the time its stalls covered together, in
+/// ms (a stall logged at `t` with `late_ms` covers the `late_ms` before
+/// `t`; two reports of one stretch count once).
 fn stalls_ms(log: &str) -> (u64, u64) {
-    log.lines()
+    let mut spans: Vec<(u64, u64)> = log
+        .lines()
         .filter(|l| l.contains("this process was not running"))
         .filter_map(|l| {
-            l.split("late_ms=")
+            let late: u64 = l
+                .split("late_ms=")
                 .nth(1)?
                 .split_whitespace()
                 .next()?
                 .parse()
-                .ok()
+                .ok()?;
+            let at = log_time_ms(l)?;
+            Some((at.saturating_sub(late), at))
         })
-        .fold((0, 0), |(max, sum), ms: u64| (max.max(ms), sum + ms))
+        .collect();
+    spans.sort();
+    let longest = spans.iter().map(|(a, b)| b - a).max().unwrap_or(0);
+    let (mut covered, mut reach) = (0, 0);
+    for (from, to) in spans {
+        let from = from.max(reach);
+        if to > from {
+            covered += to - from;
+            reach = to;
+        }
+    }
+    (longest, covered)
 }
 
 /// The `node_id=` field of a sidecar log line.

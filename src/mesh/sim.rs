@@ -123,8 +123,10 @@ struct Node {
     dropped: u64,
     /// Seed resolves asked for.
     resolves: u64,
-    /// The longest stall its core reported (`Event::Stalled`).
+    /// The longest stall its core reported (`Event::Stalled`), and how
+    /// many it reported.
     longest_stall: Duration,
+    stalls: u32,
     /// Network group; nodes in different groups cannot reach each other.
     group: u8,
     /// Peers alive or suspect, kept from the core's up/down events.
@@ -292,6 +294,7 @@ impl Sim {
                 dropped: 0,
                 resolves: 0,
                 longest_stall: Duration::ZERO,
+                stalls: 0,
                 backlog: Vec::new(),
                 group: 0,
                 active: 0,
@@ -521,6 +524,11 @@ impl Sim {
     /// running), as it reported it.
     pub fn longest_stall(&self, i: usize) -> Duration {
         self.nodes[i].longest_stall
+    }
+
+    /// How many stalls pod `i`'s core reported.
+    pub fn stalls(&self, i: usize) -> u32 {
+        self.nodes[i].stalls
     }
 
     /// Tells pod `i`'s core its gossip socket dropped `dropped` datagrams
@@ -934,7 +942,10 @@ impl Sim {
                     self.saw_down_count += 1;
                 }
             }
-            Event::Stalled { late } => n.longest_stall = n.longest_stall.max(late),
+            Event::Stalled { late } => {
+                n.longest_stall = n.longest_stall.max(late);
+                n.stalls += 1;
+            }
             _ => {}
         }
     }
