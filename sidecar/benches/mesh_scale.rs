@@ -1323,7 +1323,7 @@ fn newcomer_delays_from_logs<'a>(
 /// The longest stall a sidecar logged (its timers ran that late: the
 /// process was not running) and the time its stalls covered together, in
 /// ms (a stall logged at `t` with `late_ms` covers the `late_ms` before
-/// `t`; two reports of one stretch count once).
+/// `t`: the sidecar logs a stall before anything else it does after it).
 fn stalls_ms(log: &str) -> (u64, u64) {
     let mut spans: Vec<(u64, u64)> = log
         .lines()

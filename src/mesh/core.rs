@@ -434,7 +434,11 @@ impl MeshCore {
             if late >= suspicion::STARVED_AFTER {
                 self.starved(late);
                 self.health_worse("timers ran late");
-                self.event(Event::Stalled { late });
+                // First out: the shell logs it before it sends what queued
+                // meanwhile (hundreds of datagrams, on a machine that may
+                // stop this process again), so the log line's time is
+                // when the stall ended.
+                self.out.push_front(Output::Event(Event::Stalled { late }));
             }
         }
         while let Some(Reverse((at, seq))) = self.timers.peek().copied() {
