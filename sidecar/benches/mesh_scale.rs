@@ -660,7 +660,8 @@ fn main() {
         "CPU from the first start to convergence ({wall:.2} s wall, {:.2} s on 2 cores): sidecars {sidecar_cpu:.2} s, the bench's pollers {bench_cpu:.2} s",
         2.0 * wall
     );
-    // Every node's log as it is now, read once for both figures.
+    // Every node's log as it is now, read once for both figures (0.6 s and
+    // 0.35 CPU-s of the bench at N = 512).
     let logs: Vec<String> = c
         .nodes
         .iter()
