@@ -468,6 +468,16 @@ fn full_config(dir: &Path) -> String {
 }
 
 /// UDP receive-buffer errors of the whole namespace (`/proc/net/snmp`).
+/// CPU seconds the hypervisor gave to others (`steal` of /proc/stat's
+/// `cpu` line, all CPUs together).
+fn stolen_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let steal: f64 = line.split_whitespace().nth(8)?.parse().ok()?;
+    // USER_HZ: 100 on every Linux this runs on.
+    Some(steal / 100.0)
+}
+
 fn udp_rcvbuf_errors() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/net/snmp").ok()?;
     let mut it = s.lines().filter(|l| l.starts_with("Udp:"));
@@ -601,6 +611,7 @@ fn main() {
         .collect();
     let rcvbuf_before = udp_rcvbuf_errors();
     let bench_cpu0 = cpu_secs(std::process::id()).unwrap_or(0.0);
+    let steal0 = stolen_secs();
     let t_first_start = Instant::now();
     let t_last_start = match start.as_str() {
         "spread" => {
@@ -660,6 +671,19 @@ fn main() {
         "CPU from the first start to convergence ({wall:.2} s wall, {:.2} s on 2 cores): sidecars {sidecar_cpu:.2} s, the bench's pollers {bench_cpu:.2} s",
         2.0 * wall
     );
+    // Pages read back from the binary's file: a start-up page one sidecar
+    // evicted is read from disk by the next one to touch it.
+    let majflt_converged = proc_stat_sum(&c, MAJFLT);
+    eprintln!("major page faults of all sidecars, start to convergence: {majflt_converged}");
+    // On a virtual machine the host may run others on "our" cores: the
+    // same start then takes longer and starves more sidecars.
+    if let (Some(a), Some(b)) = (steal0, stolen_secs()) {
+        eprintln!(
+            "CPU time the host took from this machine (steal), start to convergence: {:.1} s of {:.1} s",
+            b - a,
+            2.0 * wall
+        );
+    }
     // Every node's log as it is now, read once for both figures (0.6 s and
     // 0.35 CPU-s of the bench at N = 512).
     let logs: Vec<String> = c
@@ -819,6 +843,10 @@ fn main() {
         )
     };
     eprintln!("RSS MiB (median / max): {rss_s}");
+    eprintln!(
+        "major page faults of all sidecars, convergence to the end of the steady window: {}",
+        proc_stat_sum(&c, MAJFLT).saturating_sub(majflt_converged)
+    );
     // Nobody has been killed yet: every `member down` so far is false.
     let false_down_lines = log_lines(&c, "member down");
     if false_down_lines > 0 {
