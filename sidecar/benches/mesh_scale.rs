@@ -467,7 +467,6 @@ fn full_config(dir: &Path) -> String {
     )
 }
 
-/// UDP receive-buffer errors of the whole namespace (`/proc/net/snmp`).
 /// CPU seconds the hypervisor gave to others (`steal` of /proc/stat's
 /// `cpu` line, all CPUs together).
 fn stolen_secs() -> Option<f64> {
@@ -478,6 +477,7 @@ fn stolen_secs() -> Option<f64> {
     Some(steal / 100.0)
 }
 
+/// UDP receive-buffer errors of the whole namespace (`/proc/net/snmp`).
 fn udp_rcvbuf_errors() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/net/snmp").ok()?;
     let mut it = s.lines().filter(|l| l.starts_with("Udp:"));
@@ -702,44 +702,41 @@ fn main() {
     } else {
         "n/a".to_string()
     };
+    let stalls: std::collections::HashMap<&str, (u64, u64)> = c
+        .nodes
+        .iter()
+        .zip(&logs)
+        .map(|(node, text)| (node.id(), stalls_ms(text)))
+        .collect();
+    let stalled = |id: &str| stall_text(stalls.get(id).copied().unwrap_or((0, 0)));
+    let mut longest: Vec<(u64, &str)> = stalls.iter().map(|(id, s)| (s.0, *id)).collect();
+    longest.sort_by(|a, b| b.cmp(a));
+    eprintln!(
+        "stalls the sidecars logged (timers >= 1 s late) during the start: {} processes; longest: {}",
+        longest.iter().filter(|s| s.0 > 0).count(),
+        longest
+            .iter()
+            .take(5)
+            .filter(|s| s.0 > 0)
+            .map(|(_, id)| format!("{id} {}", stalled(id)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let delays = newcomer_delays_from_logs(&c, &logs);
     if let Some(&(max, _, _)) = delays.last() {
         let q = |p: f64| delays[((delays.len() - 1) as f64 * p) as usize].0;
-        let stalls: std::collections::HashMap<&str, (u64, u64)> = c
-            .nodes
-            .iter()
-            .zip(&logs)
-            .map(|(node, text)| (node.id(), stalls_ms(text)))
-            .collect();
-        let stalled = |id: &str| {
-            let (max, sum) = stalls.get(id).copied().unwrap_or((0, 0));
-            format!("{:.2}/{:.2} s", max as f64 / 1000.0, sum as f64 / 1000.0)
-        };
         let slowest: Vec<String> = delays
             .iter()
             .rev()
             .take(5)
             .map(|(d, node, newcomer)| {
                 format!(
-                    "{node} learnt {newcomer} after {d:.2} s (stalls, longest/all: {}; {})",
+                    "{node} learnt {newcomer} after {d:.2} s (stalls: {}; {})",
                     stalled(node),
                     stalled(newcomer)
                 )
             })
             .collect();
-        let mut longest: Vec<(u64, &str)> = stalls.iter().map(|(id, s)| (s.0, *id)).collect();
-        longest.sort_by(|a, b| b.cmp(a));
-        eprintln!(
-            "stalls the sidecars logged (timers >= 1 s late) during the start: {} processes; longest/all: {}",
-            longest.iter().filter(|s| s.0 > 0).count(),
-            longest
-                .iter()
-                .take(5)
-                .filter(|s| s.0 > 0)
-                .map(|(_, id)| format!("{id} {}", stalled(id)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
         eprintln!(
             "a newcomer unknown to a node up before it (spawn to first `member up`, {} pairs): p50 {:.2} s, p99 {:.2} s, p99.9 {:.2} s, max {max:.2} s; over 2 s: {}; slowest: {}",
             delays.len(),
@@ -751,6 +748,7 @@ fn main() {
         );
     }
     drop(delays);
+    drop(stalls);
     drop(logs);
     print_laggards(&conv.seen, &ids, &history.into_inner().unwrap());
     if let Some(k) = conv.seen.iter().position(Option::is_none) {
@@ -848,21 +846,22 @@ fn main() {
         proc_stat_sum(&c, MAJFLT).saturating_sub(majflt_converged)
     );
     // Nobody has been killed yet: every `member down` so far is false.
-    let false_down_lines = log_lines(&c, "member down");
-    if false_down_lines > 0 {
-        let logs: Vec<String> = c
-            .nodes
-            .iter()
-            .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
-            .collect();
-        let mut downed: BTreeMap<&str, usize> = BTreeMap::new();
-        for line in logs.iter().flat_map(|t| t.lines()) {
-            if line.contains("member down")
-                && let Some(id) = logged_node_id(line)
-            {
-                *downed.entry(id).or_default() += 1;
-            }
+    let logs: Vec<String> = c
+        .nodes
+        .iter()
+        .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
+        .collect();
+    let mut downed: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut renewals = 0;
+    for line in logs.iter().flat_map(|t| t.lines()) {
+        if line.contains("member down")
+            && let Some(id) = logged_node_id(line)
+        {
+            *downed.entry(id).or_default() += 1;
         }
+        renewals += usize::from(line.contains(RENEWAL_LINE));
+    }
+    if !downed.is_empty() {
         let stall_of = |id: &str| {
             c.nodes
                 .iter()
@@ -872,21 +871,15 @@ fn main() {
         };
         let who: Vec<String> = downed
             .iter()
-            .map(|(id, by)| {
-                let (max, sum) = stall_of(id);
-                format!(
-                    "{id} by {by} (its logged stalls: longest {:.2} s, all {:.2} s)",
-                    max as f64 / 1000.0,
-                    sum as f64 / 1000.0
-                )
-            })
+            .map(|(id, by)| format!("{id} by {by} (its stalls: {})", stall_text(stall_of(id))))
             .collect();
         eprintln!(
-            "before any kill: {false_down_lines} `member down` lines (false), {} identity renewals: {}",
-            log_lines(&c, RENEWAL_LINE),
+            "before any kill: {} `member down` lines (false), {renewals} identity renewals: {}",
+            downed.values().sum::<usize>(),
             who.join(", ")
         );
     }
+    drop(logs);
 
     if let Some(p) = loss {
         // ---- false downs under random loss ---------------------------------------------
@@ -1380,6 +1373,15 @@ fn stalls_ms(log: &str) -> (u64, u64) {
         }
     }
     (longest, covered)
+}
+
+/// `stalls_ms`'s figures as printed: longest / all together.
+fn stall_text((longest, all): (u64, u64)) -> String {
+    format!(
+        "longest {:.2} s, all {:.2} s",
+        longest as f64 / 1000.0,
+        all as f64 / 1000.0
+    )
 }
 
 /// The `node_id=` field of a sidecar log line.

@@ -28,10 +28,11 @@ fn in_flag_terms(e: NodeError) -> anyhow::Error {
 /// Runs the sidecar; returns the process exit code.
 pub async fn run(settings: Settings) -> anyhow::Result<i32> {
     let node = Node::start(settings.node).await.map_err(in_flag_terms)?;
-    let bound = |addr: Option<std::net::SocketAddr>| addr.map(|a| a.to_string());
+    let shown =
+        |addr: Option<std::net::SocketAddr>| addr.map_or_else(String::new, |a| a.to_string());
     info!(
-        admin = %bound(node.admin_addr()).unwrap_or_default(),
-        challenge = %bound(node.challenge_addr()).unwrap_or_default(),
+        admin = %shown(node.admin_addr()),
+        challenge = %shown(node.challenge_addr()),
         "sidecar running"
     );
     // Start-up code runs once; its pages need not stay resident.

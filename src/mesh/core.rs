@@ -2287,6 +2287,7 @@ mod tests {
             stall > Duration::from_millis(1200) && stall <= Duration::from_millis(1500),
             "the starved node reported a stall of {stall:?}"
         );
+        assert_eq!(s.stalls(11), 6, "each stop reported once");
         assert!(
             (0..32)
                 .filter(|&i| i != 11)

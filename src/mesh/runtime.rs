@@ -712,7 +712,8 @@ impl Driver {
                 late_ms = late.as_millis() as u64,
                 "this process was not running (CPU starved or throttled, or stopped): peers may have suspected it"
             ),
-            Event::Stalled { late } => debug!(late_ms = late.as_millis() as u64, "timers ran late"),
+            // The core's local-health line says so at debug level already.
+            Event::Stalled { .. } => {}
         }
     }
 }
