@@ -67,6 +67,19 @@ const HELLO_TRIES: u8 = 3;
 const RELAY_BACKLOG: usize = 16;
 /// Outputs the queue keeps room for once drained.
 const OUT_KEPT: usize = 16;
+/// A member that started less than this long ago (its generation is the
+/// Unix milliseconds of its start) is young: its suspicions run
+/// [`YOUNG_SUSPICION`] times longer. A pod's first seconds are its
+/// busiest (it greets every seed and hears from every member at once),
+/// and on a loaded node it may not run for seconds then: at N = 512 on 2
+/// cores, late newcomers that did not run for 3 s were declared down and
+/// had to renew (BENCHMARKS.md, "Young members"). The benches kill pods
+/// older than this, so detection as measured there is unchanged.
+const YOUNG_FOR: Duration = Duration::from_secs(10);
+/// How many times [`SwimTuning::suspect_to_down_after`] a young member's
+/// suspicion runs: 4.5 s by default, so a pod that dies in its first 10 s
+/// is seen down about 3 s later than one that dies afterwards.
+const YOUNG_SUSPICION: u32 = 3;
 /// Least time between two catch-ups (a re-resolve and hellos to strangers)
 /// because the gossip socket dropped datagrams
 /// ([`MeshCore::handle_receive_drops`]).
@@ -288,6 +301,8 @@ pub(crate) struct MeshCore {
     skew_isolated: bool,
     /// Suspicions this node times and checks itself.
     suspicions: Suspicions,
+    /// Unix milliseconds at `started`: our identity's first generation.
+    started_unix_ms: u64,
     /// Our incarnation as foca last sent it (foca does not expose it).
     own_incarnation: u16,
     /// foca's pending probe timer (its slot and when it is due), to end a
@@ -368,6 +383,7 @@ impl MeshCore {
             running: false,
             skew_isolated: false,
             suspicions: Suspicions::default(),
+            started_unix_ms: local.generation,
             own_incarnation: 0,
             health: LocalHealth::default(),
             probe_timer: None,
@@ -917,13 +933,25 @@ impl MeshCore {
     /// Gossip said `id` is suspect at `inc`: if foca now holds it so, time
     /// the suspicion here too and ask the suspect.
     fn heard_suspect(&mut self, id: NodeIdentity, inc: u16, now: Instant) {
-        if self.holds_suspect(&id, inc)
-            && self
-                .suspicions
-                .suspect(&id, inc, now, self.tuning.suspect_to_down_after)
-        {
+        let timeout = self.suspicion_timeout(&id, self.tuning.suspect_to_down_after, now);
+        if self.holds_suspect(&id, inc) && self.suspicions.suspect(&id, inc, now, timeout) {
             self.event(Event::Suspected(id.clone()));
             self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
+        }
+    }
+
+    /// How long a suspicion of `id` runs: `base`, or [`YOUNG_SUSPICION`]
+    /// times it while `id` is young ([`YOUNG_FOR`]). A renewed identity's
+    /// generation is ahead of the clock by [`RENEW_STEP`](crate::mesh::member::RENEW_STEP)
+    /// (65.5 s) per renewal, so a member that was just declared down while
+    /// alive (most likely starved) is young for 75 s.
+    fn suspicion_timeout(&self, id: &NodeIdentity, base: Duration, now: Instant) -> Duration {
+        let now_unix = self.started_unix_ms + self.since_start(now);
+        let young_until = id.generation.saturating_add(YOUNG_FOR.as_millis() as u64);
+        if young_until > now_unix {
+            base * YOUNG_SUSPICION
+        } else {
+            base
         }
     }
 
@@ -1623,13 +1651,15 @@ impl MeshCore {
                     after = self.health.scale(after);
                 }
                 // Our own probe failed: check the suspect like everyone
-                // who hears of it (foca times this suspicion itself).
+                // who hears of it (foca times this suspicion itself, as
+                // long as we do).
                 Timer::ChangeSuspectToDown {
                     member_id,
                     incarnation,
                     ..
                 } => {
                     let (id, inc) = (member_id.clone(), *incarnation);
+                    after = self.suspicion_timeout(&id, after, now);
                     if self.suspicions.suspect(&id, inc, now, after) {
                         self.event(Event::Suspected(id.clone()));
                         self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
@@ -2294,6 +2324,73 @@ mod tests {
                 .all(|i| s.longest_stall(i).is_zero())
         );
         assert!(s.converged_exactly());
+    }
+
+    /// 32 pods meshed long ago, then sbproxy-32 starts and is known to all,
+    /// and the monitoring ring has settled on it.
+    fn late_newcomer() -> Sim {
+        let n = 32;
+        let mut s = sim(n + 1, Start::Manual, Seeds::Service, SwimTuning::default());
+        for i in 0..n {
+            s.start(i);
+        }
+        converge(&mut s);
+        s.run_until(s.now() + Duration::from_secs(60));
+        s.start(n);
+        converge(&mut s);
+        s.run_until(s.now() + ring::SETTLE);
+        s
+    }
+
+    #[test]
+    fn a_newcomer_that_does_not_run_for_its_first_seconds_is_not_declared_down() {
+        // 3.5 s without CPU, ~5 s after its start: its ring predecessor
+        // suspects it within 1.6 s, and a 1.5 s suspicion would expire
+        // before it runs again (it did, before young members got longer).
+        let mut s = late_newcomer();
+        let downs = s.downs();
+        let generation = |s: &Sim| s.status(32).map(|st| st.nodes[0].incarnation);
+        let before = generation(&s);
+        s.stall(32, Duration::from_millis(3500));
+        s.run_until(s.now() + Duration::from_secs(20));
+        assert_eq!(s.downs(), downs, "no member was declared down");
+        assert_eq!(generation(&s), before, "the newcomer kept its identity");
+        assert!(s.converged_exactly());
+    }
+
+    #[test]
+    fn a_newcomer_that_dies_is_seen_down_a_longer_suspicion_later() {
+        let tuning = SwimTuning::default();
+        let young = tuning.suspect_to_down_after * super::YOUNG_SUSPICION;
+        let mut s = late_newcomer();
+        s.kill(32);
+        let killed = s.now();
+        let seen = s
+            .run_while_not(killed + LIMIT, Sim::watched_down_everywhere)
+            .expect("the kill is seen down by every survivor");
+        // Suspected within a ring period and two probe round trips, down a
+        // young member's suspicion later, and the down gossiped.
+        let bound = tuning.probe_period + tuning.probe_rtt * 2 + young + Duration::from_secs(1);
+        assert!(
+            seen - killed > young && seen - killed <= bound,
+            "seen down by all {:?} after the kill, want ({young:?}, {bound:?}]",
+            seen - killed
+        );
+
+        // Past its first seconds, a member gets the usual suspicion.
+        s.start(32);
+        converge(&mut s);
+        s.run_until(s.now() + super::YOUNG_FOR);
+        s.kill(32);
+        let killed = s.now();
+        let seen = s
+            .run_while_not(killed + LIMIT, Sim::watched_down_everywhere)
+            .expect("the second kill is seen down by every survivor");
+        assert!(
+            seen - killed < young,
+            "an older member seen down by all {:?} after the kill",
+            seen - killed
+        );
     }
 
     #[test]
