@@ -869,9 +869,27 @@ fn main() {
                 .find(|(n, _)| n.id() == id)
                 .map_or((0, 0), |(_, text)| stalls_ms(text))
         };
+        // How old the victim was at its first false down (young members
+        // get a longer suspicion: core.rs, YOUNG_FOR).
+        let age_at_down = |id: &str| -> Option<f64> {
+            let (_, own) = c.nodes.iter().zip(&logs).find(|(n, _)| n.id() == id)?;
+            let first_down = logs
+                .iter()
+                .flat_map(|t| t.lines())
+                .filter(|l| l.contains("member down") && logged_node_id(l) == Some(id))
+                .filter_map(log_time_ms)
+                .min()?;
+            Some(first_down.saturating_sub(spawn_ms(own)?) as f64 / 1000.0)
+        };
         let who: Vec<String> = downed
             .iter()
-            .map(|(id, by)| format!("{id} by {by} (its stalls: {})", stall_text(stall_of(id))))
+            .map(|(id, by)| {
+                format!(
+                    "{id} by {by} (its stalls: {}; first down {} s after its spawn)",
+                    stall_text(stall_of(id)),
+                    age_at_down(id).map_or("?".into(), |a| format!("{a:.1}"))
+                )
+            })
             .collect();
         eprintln!(
             "before any kill: {} `member down` lines (false), {renewals} identity renewals: {}",
@@ -879,6 +897,7 @@ fn main() {
             who.join(", ")
         );
     }
+    print_stalls_by_age(&logs);
     drop(logs);
 
     if let Some(p) = loss {
@@ -1304,19 +1323,11 @@ fn newcomer_delays_from_logs<'a>(
     c: &'a Cluster,
     logs: &'a [String],
 ) -> Vec<(f64, &'a str, &'a str)> {
-    let spawned = |text: &str| -> Option<u64> {
-        text.split("=== spawn #1 at ")
-            .nth(1)?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    };
     let spawn: std::collections::HashMap<&str, u64> = c
         .nodes
         .iter()
         .zip(logs)
-        .filter_map(|(n, text)| Some((n.id(), spawned(text)?)))
+        .filter_map(|(n, text)| Some((n.id(), spawn_ms(text)?)))
         .collect();
     let mut delays = Vec::new();
     for (node, text) in c.nodes.iter().zip(logs) {
@@ -1342,11 +1353,22 @@ fn newcomer_delays_from_logs<'a>(
     delays
 }
 
-/// The longest stall a sidecar logged (its timers ran that late: the
-/// process was not running) and the time its stalls covered together, in
-/// ms (a stall logged at `t` with `late_ms` covers the `late_ms` before
-/// `t`: the sidecar logs a stall before anything else it does after it).
-fn stalls_ms(log: &str) -> (u64, u64) {
+/// Unix ms of a node's first spawn, from the line the harness writes to its
+/// log.
+fn spawn_ms(log: &str) -> Option<u64> {
+    log.split("=== spawn #1 at ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The stalls a sidecar logged (its timers ran that late: the process was
+/// not running), as Unix ms spans sorted by start (a stall logged at `t`
+/// with `late_ms` covers the `late_ms` before `t`: the sidecar logs a stall
+/// before anything else it does after it).
+fn stall_spans(log: &str) -> Vec<(u64, u64)> {
     let mut spans: Vec<(u64, u64)> = log
         .lines()
         .filter(|l| l.contains("this process was not running"))
@@ -1363,6 +1385,57 @@ fn stalls_ms(log: &str) -> (u64, u64) {
         })
         .collect();
     spans.sort();
+    spans
+}
+
+/// When in their lives the sidecars stalled: the time stalled and the
+/// processes that stalled (a stall of 1 s or more), by the process's age
+/// at the stall's end in 5 s steps. A sidecar hands back its start-up pages
+/// at `memory::STARTUP_SETTLE` (10 s); young members get a longer
+/// suspicion (`YOUNG_FOR`, 10 s).
+fn print_stalls_by_age(logs: &[String]) {
+    const STEP_MS: u64 = 5_000;
+    const STEPS: usize = 7;
+    let mut ms = [0u64; STEPS];
+    let mut procs = [0usize; STEPS];
+    for text in logs {
+        let Some(spawn) = spawn_ms(text) else {
+            continue;
+        };
+        let mut hit = [false; STEPS];
+        for (from, to) in stall_spans(text) {
+            let step = ((to.saturating_sub(spawn) / STEP_MS) as usize).min(STEPS - 1);
+            ms[step] += to - from;
+            hit[step] = true;
+        }
+        for (p, h) in procs.iter_mut().zip(hit) {
+            *p += usize::from(h);
+        }
+    }
+    if ms.iter().all(|&m| m == 0) {
+        return;
+    }
+    let steps: Vec<String> = (0..STEPS)
+        .map(|k| {
+            let from = k as u64 * STEP_MS / 1000;
+            let label = if k + 1 == STEPS {
+                format!("{from}+ s")
+            } else {
+                format!("{from}-{} s", from + STEP_MS / 1000)
+            };
+            format!("{label}: {:.1} s in {}", ms[k] as f64 / 1000.0, procs[k])
+        })
+        .collect();
+    eprintln!(
+        "stalls by the process's age at their end (time stalled in processes): {}",
+        steps.join(", ")
+    );
+}
+
+/// The longest stall a sidecar logged and the time its stalls covered
+/// together, in ms.
+fn stalls_ms(log: &str) -> (u64, u64) {
+    let spans = stall_spans(log);
     let longest = spans.iter().map(|(a, b)| b - a).max().unwrap_or(0);
     let (mut covered, mut reach) = (0, 0);
     for (from, to) in spans {
