@@ -851,49 +851,44 @@ fn main() {
         .iter()
         .map(|n| std::fs::read_to_string(&n.log_path).unwrap_or_default())
         .collect();
-    let mut downed: BTreeMap<&str, usize> = BTreeMap::new();
+    // Per victim: how many logged it down, and when the first did.
+    let mut downed: BTreeMap<&str, (usize, Option<u64>)> = BTreeMap::new();
     let mut renewals = 0;
     for line in logs.iter().flat_map(|t| t.lines()) {
         if line.contains("member down")
             && let Some(id) = logged_node_id(line)
         {
-            *downed.entry(id).or_default() += 1;
+            let (by, first) = downed.entry(id).or_default();
+            *by += 1;
+            *first = (*first).into_iter().chain(log_time_ms(line)).min();
         }
         renewals += usize::from(line.contains(RENEWAL_LINE));
     }
     if !downed.is_empty() {
-        let stall_of = |id: &str| {
-            c.nodes
-                .iter()
-                .zip(&logs)
-                .find(|(n, _)| n.id() == id)
-                .map_or((0, 0), |(_, text)| stalls_ms(text))
-        };
-        // How old the victim was at its first false down (young members
-        // get a longer suspicion: core.rs, YOUNG_FOR).
-        let age_at_down = |id: &str| -> Option<f64> {
-            let (_, own) = c.nodes.iter().zip(&logs).find(|(n, _)| n.id() == id)?;
-            let first_down = logs
-                .iter()
-                .flat_map(|t| t.lines())
-                .filter(|l| l.contains("member down") && logged_node_id(l) == Some(id))
-                .filter_map(log_time_ms)
-                .min()?;
-            Some(first_down.saturating_sub(spawn_ms(own)?) as f64 / 1000.0)
-        };
+        let log_of: std::collections::HashMap<&str, &str> = c
+            .nodes
+            .iter()
+            .zip(&logs)
+            .map(|(n, text)| (n.id(), text.as_str()))
+            .collect();
         let who: Vec<String> = downed
             .iter()
-            .map(|(id, by)| {
+            .map(|(id, (by, first))| {
+                let own = log_of.get(id).copied().unwrap_or_default();
+                // How old the victim was at its first false down (young
+                // members get a longer suspicion: core.rs, YOUNG_FOR).
+                let age = first.zip(spawn_ms(own)).map_or("?".into(), |(t, spawn)| {
+                    format!("{:.1}", t.saturating_sub(spawn) as f64 / 1000.0)
+                });
                 format!(
-                    "{id} by {by} (its stalls: {}; first down {} s after its spawn)",
-                    stall_text(stall_of(id)),
-                    age_at_down(id).map_or("?".into(), |a| format!("{a:.1}"))
+                    "{id} by {by} (its stalls: {}; first down {age} s after its spawn)",
+                    stall_text(stalls_ms(own))
                 )
             })
             .collect();
         eprintln!(
             "before any kill: {} `member down` lines (false), {renewals} identity renewals: {}",
-            downed.values().sum::<usize>(),
+            downed.values().map(|(by, _)| by).sum::<usize>(),
             who.join(", ")
         );
     }

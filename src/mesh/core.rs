@@ -933,8 +933,11 @@ impl MeshCore {
     /// Gossip said `id` is suspect at `inc`: if foca now holds it so, time
     /// the suspicion here too and ask the suspect.
     fn heard_suspect(&mut self, id: NodeIdentity, inc: u16, now: Instant) {
+        if !self.holds_suspect(&id, inc) {
+            return;
+        }
         let timeout = self.suspicion_timeout(&id, self.tuning.suspect_to_down_after, now);
-        if self.holds_suspect(&id, inc) && self.suspicions.suspect(&id, inc, now, timeout) {
+        if self.suspicions.suspect(&id, inc, now, timeout) {
             self.event(Event::Suspected(id.clone()));
             self.send_check(id.gossip, wire::KIND_CHECK, id, inc);
         }
