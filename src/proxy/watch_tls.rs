@@ -19,13 +19,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::acme::certs;
 use crate::config::sha256_hex;
 use crate::http::ReadinessCheck;
 use crate::metrics::Metrics;
+use crate::reload::watcher::{DirWatch, next_change};
 
 /// A `kubernetes.io/tls` Secret's keys are the names the sidecar writes its
 /// own pairs under.
@@ -274,18 +275,11 @@ impl TlsWatcher {
         metrics: Arc<Metrics>,
     ) -> Self {
         // Watch first, then read: a change in between is not missed.
-        let events = crate::reload::watcher::watch_directory(&cfg.dir, "watch-tls");
+        let mut events = DirWatch::new(&cfg.dir, "watch-tls");
         let mut state = TlsDirState::new();
         let (tx, problem) = watch::channel(None);
         let mut again = look(&cfg.dir, &mut state, &apply, &metrics, &tx);
         let task = tokio::spawn(async move {
-            // Without inotify, a channel that never yields (its sender is
-            // kept here): only the rescan remains.
-            let (idle_tx, idle_rx) = mpsc::channel(1);
-            let (_watcher, mut events, _idle_tx) = match events {
-                Some((watcher, rx)) => (Some(watcher), rx, None),
-                None => (None, idle_rx, Some(idle_tx)),
-            };
             let mut rescan = tokio::time::interval(cfg.rescan.max(Duration::from_millis(10)));
             rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             rescan.tick().await;
@@ -295,13 +289,15 @@ impl TlsWatcher {
                 } else {
                     tokio::select! {
                         _ = rescan.tick() => {}
-                        Some(()) = events.recv() => {
+                        () = next_change(&mut events) => {
                             // Let the rest of the swap land.
                             tokio::time::sleep(cfg.debounce).await;
                         }
                     }
                 }
-                while events.try_recv().is_ok() {}
+                if let Some(w) = &mut events {
+                    w.drain();
+                }
                 let dir = cfg.dir.clone();
                 let Ok(verdict) =
                     tokio::task::spawn_blocking(move || check_pair(&read_pair(&dir))).await

@@ -1,7 +1,7 @@
 //! Watches the config file and turns what it finds into
 //! [`Input::ContentSeen`] for the state machine.
 //!
-//! inotify (through `notify`) watches the file's *directory*, not the file:
+//! inotify ([`DirWatch`]) watches the file's *directory*, not the file:
 //! the kubelet updates a ConfigMap mount by renaming a `..data` symlink over
 //! the old one, editors rename a temporary file over the original, and
 //! either replaces the inode a file watch would be attached to. Any event in
@@ -13,8 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode};
-use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 
 use super::machine::Input;
@@ -93,45 +91,122 @@ fn observe_blocking(path: &Path, ports: Option<SidecarPorts>) -> Observation {
     }
 }
 
-/// Starts an inotify watch of the directory `dir` (not recursive); every
-/// relevant event lands, coalesced, in the returned receiver. `None` when
-/// the watch cannot be set up (logged with `what`, the watcher's name):
-/// the caller's rescan alone then notices changes. Kubelet mounts swap a
-/// `..data` symlink inside the directory, so the directory is what is
-/// watched, for the config file and for `--watch-tls` alike.
-pub(crate) fn watch_directory(
-    dir: &Path,
-    what: &str,
-) -> Option<(RecommendedWatcher, mpsc::Receiver<()>)> {
-    let (tx, rx) = mpsc::channel(1);
-    let handler = move |event: notify::Result<Event>| {
-        let relevant = match &event {
-            // Opens and reads (our own, among others) change nothing.
-            Ok(event) => match event.kind {
-                EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-                EventKind::Access(_) => false,
-                _ => true,
-            },
-            // An error (e.g. a queue overflow) may hide a change: look.
-            Err(_) => true,
-        };
-        if relevant {
-            // A full channel already holds a wake-up: coalesce.
-            let _ = tx.try_send(());
+/// A watch of one directory (not recursive) for what can change a file's
+/// content: a write closed, a rename in or out, a creation, a deletion, an
+/// attribute change, the directory itself removed or moved. Kubelet mounts
+/// swap a `..data` symlink inside the directory, so the directory is what
+/// is watched, for the config file and for `--watch-tls` alike.
+///
+/// Opens and reads are not watched: the proxy reading its config, and our
+/// own reads after each event, would otherwise wake the watcher for
+/// nothing (and every watcher of a directory that several processes share
+/// for every read by any of them). The inotify descriptor is polled by the
+/// runtime itself, so a watch costs no thread. Elsewhere than Linux there
+/// is no watch and the callers' rescan alone notices changes.
+pub(crate) struct DirWatch {
+    #[cfg(target_os = "linux")]
+    fd: tokio::io::unix::AsyncFd<inotify::Inotify>,
+    /// A read failed for another reason than "nothing queued": the watch
+    /// is given up and the rescan alone remains.
+    broken: bool,
+}
+
+#[cfg(target_os = "linux")]
+const CONTENT_CHANGES: inotify::WatchMask = inotify::WatchMask::CLOSE_WRITE
+    .union(inotify::WatchMask::MODIFY)
+    .union(inotify::WatchMask::MOVED_FROM)
+    .union(inotify::WatchMask::MOVED_TO)
+    .union(inotify::WatchMask::CREATE)
+    .union(inotify::WatchMask::DELETE)
+    .union(inotify::WatchMask::ATTRIB)
+    .union(inotify::WatchMask::DELETE_SELF)
+    .union(inotify::WatchMask::MOVE_SELF);
+
+impl DirWatch {
+    /// Starts watching `dir`; `None` when the watch cannot be set up
+    /// (logged with `what`, the watcher's name).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn new(dir: &Path, what: &str) -> Option<Self> {
+        let started = inotify::Inotify::init().and_then(|inotify| {
+            inotify.watches().add(dir, CONTENT_CHANGES)?;
+            // SAFETY: `Inotify` owns its descriptor, closes it only when
+            // dropped and always returns that same one from `as_raw_fd`.
+            let fd = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    inotify,
+                    tokio::io::Interest::READABLE,
+                )
+            };
+            Ok(fd?)
+        });
+        match started {
+            Ok(fd) => Some(Self { fd, broken: false }),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "{what}: cannot watch the directory with inotify; relying on the rescan");
+                None
+            }
         }
-    };
-    let mut watcher = match notify::recommended_watcher(handler) {
-        Ok(watcher) => watcher,
-        Err(e) => {
-            tracing::warn!(error = %e, "{what}: cannot start inotify; relying on the rescan");
-            return None;
-        }
-    };
-    if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-        tracing::warn!(dir = %dir.display(), error = %e, "{what}: cannot watch the directory; relying on the rescan");
-        return None;
     }
-    Some((watcher, rx))
+
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn new(dir: &Path, what: &str) -> Option<Self> {
+        tracing::info!(dir = %dir.display(), "{what}: no inotify on this platform; relying on the rescan");
+        None
+    }
+
+    /// Waits for the next change and takes every event queued with it.
+    /// Cancel-safe: nothing is read across an await.
+    pub(crate) async fn changed(&mut self) {
+        #[cfg(target_os = "linux")]
+        while !self.broken {
+            let Ok(mut ready) = self.fd.readable_mut().await else {
+                break;
+            };
+            match ready.try_io(|fd| read_queued(fd.get_mut())) {
+                Ok(Ok(_)) => return,
+                // Nothing queued after all: readiness cleared, wait again.
+                Err(_) => continue,
+                Ok(Err(e)) => {
+                    // Seen as a change once (it may hide one), then given up.
+                    tracing::warn!(error = %e, "inotify read failed; relying on the rescan");
+                    self.broken = true;
+                    return;
+                }
+            }
+        }
+        std::future::pending::<()>().await
+    }
+
+    /// Discards the events queued now (the rest of a burst that a read is
+    /// about to cover).
+    pub(crate) fn drain(&mut self) {
+        #[cfg(target_os = "linux")]
+        let _ = read_queued(self.fd.get_mut());
+    }
+}
+
+/// Reads every event queued on `inotify` (each one is relevant: only
+/// [`CONTENT_CHANGES`] are watched; a queue overflow may hide one too);
+/// how many, or `WouldBlock` when there was none.
+#[cfg(target_os = "linux")]
+fn read_queued(inotify: &mut inotify::Inotify) -> std::io::Result<usize> {
+    let mut buf = [0u8; 1024];
+    let mut seen = 0;
+    loop {
+        match inotify.read_events(&mut buf) {
+            Ok(events) => seen += events.count(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && seen > 0 => return Ok(seen),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Waits for `watch`'s next change; never, without a watch.
+pub(crate) async fn next_change(watch: &mut Option<DirWatch>) {
+    match watch {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// The directory holding `path`.
@@ -156,27 +231,23 @@ pub async fn run(
     tx: mpsc::Sender<Input>,
     parsed: watch::Sender<Arc<SbConfig>>,
 ) {
-    // Without a watch, a channel that never yields (its sender is kept
-    // alive here): only the rescan remains.
-    let (_idle_tx, idle_rx) = mpsc::channel(1);
-    let (_watcher, mut events) = match watch
-        .then(|| watch_directory(&parent_dir(&path), "reload"))
-        .flatten()
-    {
-        Some((watcher, rx)) => (Some(watcher), rx),
-        None => (None, idle_rx),
-    };
+    // Without a watch, only the rescan remains.
+    let mut events = watch
+        .then(|| DirWatch::new(&parent_dir(&path), "reload"))
+        .flatten();
     let mut rescan = tokio::time::interval(rescan.max(Duration::from_millis(10)));
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_logged: Option<String> = None;
     loop {
         tokio::select! {
             _ = rescan.tick() => {}
-            Some(()) = events.recv() => {
+            () = next_change(&mut events) => {
                 // Let the rest of the burst (a kubelet swap is several
                 // events) land before reading.
                 tokio::time::sleep(debounce).await;
-                while events.try_recv().is_ok() {}
+                if let Some(w) = &mut events {
+                    w.drain();
+                }
             }
         }
         let input = match observe(&path, ports).await {
@@ -228,6 +299,44 @@ mod tests {
             ),
             Observation::Unreadable(reason) => panic!("unreadable: {reason}"),
         }
+    }
+
+    /// Whether `watch` reports a change within `wait`.
+    async fn changes_within(watch: &mut DirWatch, wait: Duration) -> bool {
+        tokio::time::timeout(wait, watch.changed()).await.is_ok()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_directory_watch_sees_writes_and_renames_but_not_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sb.yml");
+        std::fs::write(&path, "a: 1\n").unwrap();
+        let mut watch = DirWatch::new(dir.path(), "test").expect("inotify");
+        let wait = Duration::from_millis(300);
+
+        for _ in 0..50 {
+            std::fs::read(&path).unwrap();
+        }
+        assert!(
+            !changes_within(&mut watch, wait).await,
+            "reads woke the watch"
+        );
+
+        std::fs::write(&path, "a: 2\n").unwrap();
+        assert!(changes_within(&mut watch, wait).await, "an in-place write");
+        // The events of that one write were all taken with it.
+        assert!(!changes_within(&mut watch, wait).await);
+
+        let tmp = dir.path().join(".sb.yml.tmp");
+        std::fs::write(&tmp, "a: 3\n").unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        watch.drain();
+        assert!(!changes_within(&mut watch, wait).await, "drained");
+
+        let link = dir.path().join("..data");
+        std::os::unix::fs::symlink("somewhere", &link).unwrap();
+        assert!(changes_within(&mut watch, wait).await, "a symlink created");
     }
 
     #[tokio::test]
