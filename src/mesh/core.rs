@@ -308,6 +308,10 @@ pub(crate) struct MeshCore {
     /// foca's pending probe timer (its slot and when it is due), to end a
     /// failed probe's cycle early.
     probe_timer: Option<(u64, Instant)>,
+    /// foca's gossip timer, held while it has nothing to gossip: foca would
+    /// only re-arm it, ten wake-ups a second of an idle process for
+    /// nothing. Put back, due at once, when something is queued.
+    parked_gossip: Option<Timer<NodeIdentity>>,
     /// Lifeguard's local health: stretches our probe and gossip timings
     /// while this node looks overloaded.
     health: LocalHealth,
@@ -387,6 +391,7 @@ impl MeshCore {
             own_incarnation: 0,
             health: LocalHealth::default(),
             probe_timer: None,
+            parked_gossip: None,
             ring,
             out: VecDeque::new(),
         }
@@ -465,6 +470,10 @@ impl MeshCore {
             let Some(timer) = self.timer_slots.remove(&seq) else {
                 continue;
             };
+            if matches!(timer, Timer::PeriodicGossip(_)) && !self.gossip_pending() {
+                self.parked_gossip = Some(timer);
+                continue;
+            }
             // foca 2.0 sends a suspect "you are down" (TurnUndead) when this
             // timer fires even if the suspect refuted meanwhile, so a member
             // that was only slow renews its identity; it fires only while
@@ -1650,7 +1659,12 @@ impl MeshCore {
                     after = self.health.scale(after);
                     self.probe_timer = Some((self.timer_seq, now + after))
                 }
-                Timer::SendIndirectProbe { .. } | Timer::PeriodicGossip(_) => {
+                Timer::PeriodicGossip(_) => {
+                    // A new one (foca re-armed it, or reset it on a rejoin).
+                    self.parked_gossip = None;
+                    after = self.health.scale(after);
+                }
+                Timer::SendIndirectProbe { .. } => {
                     after = self.health.scale(after);
                 }
                 // Our own probe failed: check the suspect like everyone
@@ -1673,6 +1687,14 @@ impl MeshCore {
             self.timers.push(Reverse((now + after, self.timer_seq)));
             self.timer_slots.insert(self.timer_seq, timer);
         }
+        if self.parked_gossip.is_some()
+            && self.gossip_pending()
+            && let Some(timer) = self.parked_gossip.take()
+        {
+            self.timer_seq += 1;
+            self.timers.push(Reverse((now, self.timer_seq)));
+            self.timer_slots.insert(self.timer_seq, timer);
+        }
         while let Some((to, data)) = self.rt.to_send() {
             let mut plain = Vec::with_capacity(data.len() + 1);
             plain.push(wire::KIND_FOCA);
@@ -1682,6 +1704,11 @@ impl MeshCore {
                 plain,
             });
         }
+    }
+
+    /// foca has updates or broadcasts to gossip.
+    fn gossip_pending(&self) -> bool {
+        self.foca.updates_backlog() > 0 || self.foca.custom_broadcast_backlog() > 0
     }
 
     /// Milliseconds from the core's start to `now`.
@@ -2000,6 +2027,38 @@ mod tests {
             per_exchange < 200.0,
             "a steady mesh sends its digest, not its view: {per_exchange:.0} B per frame"
         );
+    }
+
+    #[test]
+    fn an_idle_node_wakes_for_its_probes_not_for_gossip() {
+        const N: usize = 8;
+        let mut s = sim(N, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        // Every update of the join has been gossiped its times by then.
+        s.run_until(s.now() + Duration::from_secs(30));
+        let before: Vec<u64> = (0..N).map(|i| s.timer_wakes(i)).collect();
+        let bytes_before: Vec<u64> = (0..N).map(|i| s.bytes_sent(i)).collect();
+        s.run_until(s.now() + Duration::from_secs(20));
+        for i in 0..N {
+            let per_s = (s.timer_wakes(i) - before[i]) as f64 / 20.0;
+            eprintln!(
+                "node {i}: {per_s:.2} timer wake-ups/s, {} B",
+                s.bytes_sent(i) - bytes_before[i]
+            );
+            // The ring's period and its probe's wait, foca's probe every
+            // 3 s and its wait, the tick: 2.35 a second here. A gossip
+            // timer left running made it 11.10.
+            assert!(per_s < 6.0, "node {i}: {per_s:.2} timer wake-ups/s");
+        }
+        // Gossip still flows when there is something to say.
+        s.kill(5);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..N)
+                .filter(|&i| i != 5)
+                .all(|i| s.sees(i, 5) == Some(MemberState::Down))
+        })
+        .expect("the kill is seen down by all");
     }
 
     #[test]

@@ -136,6 +136,8 @@ struct Node {
     sent_bytes: u64,
     /// Of which transport frames.
     sent_tcp: u64,
+    /// Wake-ups for its core's timers (a process's wake-ups when idle).
+    timer_wakes: u64,
     started_at: Option<Duration>,
 }
 
@@ -301,6 +303,7 @@ impl Sim {
                 saw_down: false,
                 sent_bytes: 0,
                 sent_tcp: 0,
+                timer_wakes: 0,
                 started_at: None,
             });
         }
@@ -400,6 +403,11 @@ impl Sim {
     /// Of [`Sim::bytes_sent`], transport frames.
     pub fn tcp_bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_tcp
+    }
+
+    /// How often pod `i` woke for its timers.
+    pub fn timer_wakes(&self, i: usize) -> u64 {
+        self.nodes[i].timer_wakes
     }
 
     /// Pod `i`'s `/admin/cluster/status`.
@@ -653,6 +661,7 @@ impl Sim {
                 if self.nodes[node].stalled_until.is_some() {
                     return;
                 }
+                self.nodes[node].timer_wakes += 1;
                 self.wake(node);
             }
             Ev::Deliver { to, msg } => {
