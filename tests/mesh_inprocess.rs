@@ -76,6 +76,8 @@ async fn three_nodes_join_share_metadata_and_leave() {
     for m in [&a, &b, &c] {
         wait_for(m, "3 members", |s| s.summary.total_nodes == 3).await;
     }
+    let moved = |m: &Mesh, since: u64| m.view_changes() != since;
+    let view_before_meta = a.view_changes();
 
     // Metadata published on c reaches a.
     c.set_meta(NodeMeta {
@@ -96,6 +98,8 @@ async fn three_nodes_join_share_metadata_and_leave() {
     })
     .await;
     assert_eq!(s.summary.config_hashes.get("sha256:abc"), Some(&1));
+    // A changed record moves the view's change count.
+    assert!(moved(&a, view_before_meta));
     // Its proxy restarts show in status (`nodes[].proxy`).
     let json = serde_json::to_value(&s).unwrap();
     let c_json = json["nodes"]
@@ -117,9 +121,10 @@ async fn three_nodes_join_share_metadata_and_leave() {
         .unwrap();
     assert!(a_json.get("proxy").is_none());
 
-    // A graceful leave shows as down on the others.
+    // A graceful leave shows as down on the others, and moves the count.
+    let view_before_leave = [a.view_changes(), c.view_changes()];
     b.leave().await;
-    for m in [&a, &c] {
+    for (m, since) in [&a, &c].into_iter().zip(view_before_leave) {
         let s = wait_for(m, "b down", |s| {
             s.nodes
                 .iter()
@@ -128,6 +133,7 @@ async fn three_nodes_join_share_metadata_and_leave() {
         .await;
         assert_eq!(s.summary.total_nodes, 2);
         assert_eq!(s.summary.down_nodes, 1);
+        assert!(moved(m, since));
     }
 }
 

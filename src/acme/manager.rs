@@ -490,6 +490,15 @@ impl FailedOrders {
     }
 }
 
+/// The mesh as the machine was last told it.
+struct MeshSeen {
+    /// [`Mesh::view_changes`] when the status was read.
+    changes: u64,
+    alive: Vec<String>,
+    has_peers: bool,
+    skew_isolated: bool,
+}
+
 /// The async shell around [`Machine`]: it gathers the machine's inputs
 /// (the mesh's view, the configuration, the answers of its tasks), feeds
 /// them in, and executes the actions (store reads, orders, ARI questions,
@@ -511,6 +520,9 @@ struct Runner {
     reseals: Arc<Semaphore>,
     /// What the machine was last told about ARI.
     ari_offered: bool,
+    /// What the machine was last told about the mesh: the status (every
+    /// member's record parsed) is read again only when the view moved.
+    mesh_seen: Option<MeshSeen>,
     events_tx: mpsc::UnboundedSender<Input>,
     events_rx: mpsc::UnboundedReceiver<Input>,
     reload_pending: bool,
@@ -569,6 +581,7 @@ impl Runner {
             issuer: Arc::new(Mutex::new(None)),
             reseals: Arc::new(Semaphore::new(1)),
             ari_offered: false,
+            mesh_seen: None,
             events_tx,
             events_rx,
             reload_pending: false,
@@ -729,15 +742,8 @@ impl Runner {
         if self.machine.is_empty() {
             return;
         }
-        let Some(status) = self.mesh.status().await else {
-            return;
-        };
-        let alive = status
-            .nodes
-            .iter()
-            .filter(|n| n.membership_state == MemberState::Alive)
-            .map(|n| n.node_id.clone())
-            .collect();
+        let changes = self.mesh.view_changes();
+        let has_peers = self.mesh.has_peers();
         let isolation = self.mesh.clock_skew_isolation();
         if let Some(isolation) = &isolation {
             debug!(
@@ -745,10 +751,38 @@ impl Runner {
                 "not ordering: this node is cut off from the mesh by clock skew"
             );
         }
+        let skew_isolated = isolation.is_some();
+        if let Some(seen) = self.mesh_seen.as_mut().filter(|s| s.changes == changes) {
+            if (seen.has_peers, seen.skew_isolated) != (has_peers, skew_isolated) {
+                (seen.has_peers, seen.skew_isolated) = (has_peers, skew_isolated);
+                let alive = seen.alive.clone();
+                self.feed(Input::Members {
+                    alive,
+                    has_peers,
+                    skew_isolated,
+                });
+            }
+            return;
+        }
+        let Some(status) = self.mesh.status().await else {
+            return;
+        };
+        let alive: Vec<String> = status
+            .nodes
+            .iter()
+            .filter(|n| n.membership_state == MemberState::Alive)
+            .map(|n| n.node_id.clone())
+            .collect();
         self.feed(Input::Members {
+            alive: alive.clone(),
+            has_peers,
+            skew_isolated,
+        });
+        self.mesh_seen = Some(MeshSeen {
+            changes,
             alive,
-            has_peers: self.mesh.has_peers(),
-            skew_isolated: isolation.is_some(),
+            has_peers,
+            skew_isolated,
         });
         let certs = status
             .nodes
