@@ -84,6 +84,12 @@ const YOUNG_SUSPICION: u32 = 3;
 /// because the gossip socket dropped datagrams
 /// ([`MeshCore::handle_receive_drops`]).
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
+/// Metadata fetches out at once. The first periodic exchange of each pod
+/// of a 512-pod start showed ~70 records newer than its own: one transport
+/// connection each, all at once, ~35,000 in 20 s on a machine already
+/// saturated (BENCHMARKS.md, "Metadata fetches after the first exchange"). The rest wait for the
+/// tick, and most arrive meanwhile by gossip and are never fetched.
+const MAX_FETCHES_OUT: usize = 4;
 
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
 /// fast failure detection on a LAN without false downs at 10 % loss.
@@ -1377,6 +1383,9 @@ impl MeshCore {
             .map(|m| (&*m.id().node_id, m.id()))
             .collect();
         for d in &need {
+            if self.fetching.len() >= MAX_FETCHES_OUT {
+                break;
+            }
             if let Some(owner) = owners.get(&*d.node_id)
                 && self.fetching.insert(d.node_id.to_string())
             {
@@ -2103,6 +2112,52 @@ mod tests {
             (0..2).all(|i| hash(s, i, "sbproxy-2") == (Some("sha256:large".into()), 40))
         })
         .expect("the large record reaches everyone");
+    }
+
+    #[test]
+    fn records_that_must_be_fetched_are_fetched_a_few_at_a_time() {
+        const N: usize = 12;
+        let mut s = sim(N, Start::Burst, Seeds::Service, SwimTuning::default());
+        converge(&mut s);
+        // Every member's record grows past the inline limit at once: each
+        // node hears eleven digests without their record.
+        let large = |i: usize| NodeMeta {
+            version: "sim".into(),
+            ready: true,
+            config_hash: Some(format!("sha256:large-{i}")),
+            certificates: (0..40)
+                .map(|c| CertificateInfo {
+                    host: format!("host-{c}.pod-{i}.example.test"),
+                    not_after_unix: 1,
+                    serial: format!("{c:032x}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        for i in 0..N {
+            s.set_meta(i, &large(i));
+        }
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| {
+            (0..N).all(|i| {
+                s.status(i).is_some_and(|st| {
+                    st.nodes.iter().all(|n| {
+                        n.config_hash.as_deref()
+                            == Some(format!("sha256:large-{}", &n.node_id[8..]).as_str())
+                    })
+                })
+            })
+        })
+        .expect("every record reaches every node");
+        for i in 0..N {
+            assert!(
+                s.most_fetches_out(i) <= super::MAX_FETCHES_OUT,
+                "node {i} had {} fetches out at once",
+                s.most_fetches_out(i)
+            );
+        }
+        assert!((0..N).any(|i| s.most_fetches_out(i) == super::MAX_FETCHES_OUT));
     }
 
     #[test]

@@ -138,6 +138,9 @@ struct Node {
     sent_tcp: u64,
     /// Wake-ups for its core's timers (a process's wake-ups when idle).
     timer_wakes: u64,
+    /// Metadata fetches out now, and the most that were out at once.
+    fetches_out: usize,
+    most_fetches_out: usize,
     started_at: Option<Duration>,
 }
 
@@ -304,6 +307,8 @@ impl Sim {
                 sent_bytes: 0,
                 sent_tcp: 0,
                 timer_wakes: 0,
+                fetches_out: 0,
+                most_fetches_out: 0,
                 started_at: None,
             });
         }
@@ -403,6 +408,11 @@ impl Sim {
     /// Of [`Sim::bytes_sent`], transport frames.
     pub fn tcp_bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_tcp
+    }
+
+    /// The most metadata fetches pod `i` had out at once.
+    pub fn most_fetches_out(&self, i: usize) -> usize {
+        self.nodes[i].most_fetches_out
     }
 
     /// How often pod `i` woke for its timers.
@@ -805,7 +815,9 @@ impl Sim {
                 });
             }
             Msg::MetaReply { rec, node_id } => {
-                core.handle_meta_fetched(rec.map(|r| *r), &node_id, now)
+                core.handle_meta_fetched(rec.map(|r| *r), &node_id, now);
+                let n = &mut self.nodes[i];
+                n.fetches_out = n.fetches_out.saturating_sub(1);
             }
             Msg::Seeds => {
                 let seeds = self.seeds();
@@ -905,6 +917,9 @@ impl Sim {
                     );
                 }
                 Output::FetchMeta { from, node_id } => {
+                    let n = &mut self.nodes[i];
+                    n.fetches_out += 1;
+                    n.most_fetches_out = n.most_fetches_out.max(n.fetches_out);
                     let msg = TcpMsg::MetaRequest(node_id);
                     self.sent_frame(i, &msg);
                     let TcpMsg::MetaRequest(node_id) = msg else {
