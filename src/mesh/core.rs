@@ -86,9 +86,10 @@ const YOUNG_SUSPICION: u32 = 3;
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 /// Metadata fetches out at once. The first periodic exchange of each pod
 /// of a 512-pod start showed ~70 records newer than its own: one transport
-/// connection each, all at once, ~35,000 in 20 s on a machine already
-/// saturated (BENCHMARKS.md, "Metadata fetches after the first exchange"). The rest wait for the
-/// tick, and most arrive meanwhile by gossip and are never fetched.
+/// connection each, all at once, ~34,000 in 21 s on a machine already
+/// saturated. The rest wait for the tick; two in five then arrive by
+/// gossip meanwhile and are never fetched (BENCHMARKS.md, "Metadata
+/// fetches after the first exchange").
 const MAX_FETCHES_OUT: usize = 4;
 
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
