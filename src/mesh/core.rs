@@ -2071,6 +2071,19 @@ mod tests {
         .expect("the kill is seen down by all");
     }
 
+    /// Forty certificates under `domain`: a record far over the inline
+    /// limit, so only its digest is gossiped.
+    fn past_inline_limit(domain: &str) -> Vec<CertificateInfo> {
+        (0..40)
+            .map(|c| CertificateInfo {
+                host: format!("host-{c}.{domain}"),
+                not_after_unix: 1,
+                serial: format!("{c:032x}"),
+                ..Default::default()
+            })
+            .collect()
+    }
+
     #[test]
     fn metadata_arrives_inline_when_small_and_by_fetch_when_large() {
         let mut s = sim(3, Start::Burst, Seeds::Service, SwimTuning::default());
@@ -2097,14 +2110,7 @@ mod tests {
         // record is fetched from its owner.
         let large = NodeMeta {
             config_hash: Some("sha256:large".into()),
-            certificates: (0..40)
-                .map(|i| CertificateInfo {
-                    host: format!("host-{i}.example.test"),
-                    not_after_unix: 1,
-                    serial: format!("{i:032x}"),
-                    ..Default::default()
-                })
-                .collect(),
+            certificates: past_inline_limit("example.test"),
             ..small
         };
         s.set_meta(2, &large);
@@ -2126,14 +2132,7 @@ mod tests {
             version: "sim".into(),
             ready: true,
             config_hash: Some(format!("sha256:large-{i}")),
-            certificates: (0..40)
-                .map(|c| CertificateInfo {
-                    host: format!("host-{c}.pod-{i}.example.test"),
-                    not_after_unix: 1,
-                    serial: format!("{c:032x}"),
-                    ..Default::default()
-                })
-                .collect(),
+            certificates: past_inline_limit(&format!("pod-{i}.example.test")),
             ..Default::default()
         };
         for i in 0..N {
