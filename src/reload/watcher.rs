@@ -108,6 +108,7 @@ pub(crate) struct DirWatch {
     fd: tokio::io::unix::AsyncFd<inotify::Inotify>,
     /// A read failed for another reason than "nothing queued": the watch
     /// is given up and the rescan alone remains.
+    #[cfg(target_os = "linux")]
     broken: bool,
 }
 
