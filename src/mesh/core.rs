@@ -1377,23 +1377,27 @@ impl MeshCore {
         if need.is_empty() {
             return;
         }
-        // One pass over the members, not one per digest.
-        let owners: HashMap<&str, &NodeIdentity> = self
-            .foca
-            .iter_members()
-            .map(|m| (&*m.id().node_id, m.id()))
-            .collect();
-        for d in &need {
-            if self.fetching.len() >= MAX_FETCHES_OUT {
-                break;
-            }
-            if let Some(owner) = owners.get(&*d.node_id)
-                && self.fetching.insert(d.node_id.to_string())
-            {
-                self.out.push_back(Output::FetchMeta {
-                    from: (*owner).clone(),
-                    node_id: d.node_id.to_string(),
-                });
+        // At the cap, no pass over the members at all: while fetches are
+        // out every direct digest comes through here.
+        if self.fetching.len() < MAX_FETCHES_OUT {
+            // One pass over the members, not one per digest.
+            let owners: HashMap<&str, &NodeIdentity> = self
+                .foca
+                .iter_members()
+                .map(|m| (&*m.id().node_id, m.id()))
+                .collect();
+            for d in &need {
+                if self.fetching.len() >= MAX_FETCHES_OUT {
+                    break;
+                }
+                if let Some(owner) = owners.get(&*d.node_id)
+                    && self.fetching.insert(d.node_id.to_string())
+                {
+                    self.out.push_back(Output::FetchMeta {
+                        from: (*owner).clone(),
+                        node_id: d.node_id.to_string(),
+                    });
+                }
             }
         }
         // Kept until their record arrived (a fetch can fail), but out of
