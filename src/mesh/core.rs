@@ -92,6 +92,11 @@ const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 /// fetches after the first exchange").
 const MAX_FETCHES_OUT: usize = 4;
 
+/// The most record bytes a full state without records carries inline in
+/// its stamps: at ~150 bytes per member besides, a push stays within
+/// [`crate::mesh::wire::MAX_REQUEST_FRAME`] (1 MiB) up to ~5,000 members.
+const MAX_INLINE_IN_STATE: usize = 256 << 10;
+
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
 /// fast failure detection on a LAN without false downs at 10 % loss.
 #[derive(Clone, Debug)]
@@ -356,7 +361,7 @@ impl MeshCore {
             version: 1,
             json: encode_meta(meta).into(),
         };
-        let next_push_pull = now + tuning.push_pull_interval;
+        let next_push_pull = now + jittered(tuning.push_pull_interval, &mut rng);
         let ring = Ring::new(now, tuning.probe_period);
         Self {
             foca,
@@ -1294,7 +1299,7 @@ impl MeshCore {
         }
         self.fetch_wanted(true);
         if now >= self.next_push_pull {
-            self.next_push_pull = now + self.tuning.push_pull_every(size);
+            self.next_push_pull = now + jittered(self.tuning.push_pull_every(size), &mut self.rng);
             if let Some(peer) = self.random_alive() {
                 self.push_pull(peer, false);
             }
@@ -1482,11 +1487,19 @@ impl MeshCore {
         } else {
             Vec::new()
         };
-        let stamps = self
-            .metas
-            .values()
-            .chain(std::iter::once(&self.local_meta))
-            .map(|r| MetaDigest::of(r, false))
+        // Without records, small ones ride in their stamps: a peer whose
+        // view differs then has what it missed without a fetch from each
+        // owner (a connection per record: 40 per pod, 20,000 in all, in a
+        // 512-pod mesh's first exchanges). Within a budget, so the push of
+        // a full state stays a request frame at any size.
+        let mut budget = if with_records { 0 } else { MAX_INLINE_IN_STATE };
+        let stamps = std::iter::once(&self.local_meta)
+            .chain(self.metas.values())
+            .map(|r| {
+                let d = MetaDigest::of(r, r.json.len() <= budget);
+                budget = budget.saturating_sub(d.inline.as_ref().map_or(0, |j| j.len()));
+                d
+            })
             .collect();
         FullState {
             from: Some(self.foca.identity().clone()),
@@ -1547,18 +1560,22 @@ impl MeshCore {
                 self.store_meta(rec);
             }
         }
-        // Newer metadata than ours: fetch it from its owner.
-        let stale: Vec<MetaDigest> = remote
-            .stamps
-            .into_iter()
-            .filter(|d| {
-                *d.node_id != *me
-                    && self
-                        .metas
-                        .get(&d.node_id)
-                        .is_none_or(|r| r.stamp() < (d.epoch, d.version))
-            })
-            .collect();
+        // Newer metadata than ours: kept when it came inline, else fetched
+        // from its owner.
+        let mut stale = Vec::new();
+        for d in remote.stamps {
+            let newer = *d.node_id != *me
+                && self
+                    .metas
+                    .get(&d.node_id)
+                    .is_none_or(|r| r.stamp() < (d.epoch, d.version));
+            if newer {
+                match d.record() {
+                    Some(rec) => self.store_meta(rec),
+                    None => stale.push(d),
+                }
+            }
+        }
         if !stale.is_empty()
             && let Ok(mut w) = self.wanted.lock()
         {
@@ -1810,6 +1827,13 @@ fn state_code(s: foca::State) -> u8 {
         foca::State::Suspect => 1,
         foca::State::Down => 2,
     }
+}
+
+/// `every` times a random factor in [0.5, 1.5): pods started together
+/// (a burst, a rollout) do not all exchange full state in the same second,
+/// and keep out of step after (memberlist staggers its push-pull alike).
+fn jittered(every: Duration, rng: &mut StdRng) -> Duration {
+    every.mul_f64(rng.random_range(0.5..1.5))
 }
 
 fn encode_meta(meta: &NodeMeta) -> Vec<u8> {
@@ -2125,6 +2149,19 @@ mod tests {
         .expect("the large record reaches everyone");
     }
 
+    /// Every pod's status shows each pod `sbproxy-i`'s config hash as
+    /// `sha256:{tag}-i`.
+    fn every_pod_shows_hashes(s: &Sim, tag: &str) -> bool {
+        (0..s.len()).all(|i| {
+            s.status(i).is_some_and(|st| {
+                st.nodes.iter().all(|n| {
+                    n.config_hash.as_deref()
+                        == Some(format!("sha256:{tag}-{}", &n.node_id[8..]).as_str())
+                })
+            })
+        })
+    }
+
     #[test]
     fn records_that_must_be_fetched_are_fetched_a_few_at_a_time() {
         const N: usize = 12;
@@ -2143,17 +2180,8 @@ mod tests {
             s.set_meta(i, &large(i));
         }
         let limit = s.now() + LIMIT;
-        s.run_while_not(limit, |s| {
-            (0..N).all(|i| {
-                s.status(i).is_some_and(|st| {
-                    st.nodes.iter().all(|n| {
-                        n.config_hash.as_deref()
-                            == Some(format!("sha256:large-{}", &n.node_id[8..]).as_str())
-                    })
-                })
-            })
-        })
-        .expect("every record reaches every node");
+        s.run_while_not(limit, |s| every_pod_shows_hashes(s, "large"))
+            .expect("every record reaches every node");
         for i in 0..N {
             assert!(
                 s.most_fetches_out(i) <= super::MAX_FETCHES_OUT,
@@ -2162,6 +2190,40 @@ mod tests {
             );
         }
         assert!((0..N).any(|i| s.most_fetches_out(i) == super::MAX_FETCHES_OUT));
+    }
+
+    #[test]
+    fn records_a_member_missed_come_inline_in_the_next_exchange() {
+        // Every datagram of the change is lost (no probes, so nobody is
+        // suspected): only the periodic exchange can carry the records.
+        const N: usize = 6;
+        let tuning = SwimTuning {
+            push_pull_interval: Duration::from_secs(2),
+            ..quiet()
+        };
+        let mut s = sim(N, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        let fetched: u64 = (0..N).map(|i| s.fetches(i)).sum();
+        s.set_loss(1.0);
+        let changed = |i: usize| NodeMeta {
+            version: "sim".into(),
+            ready: true,
+            config_hash: Some(format!("sha256:changed-{i}")),
+            ..Default::default()
+        };
+        for i in 0..N {
+            s.set_meta(i, &changed(i));
+        }
+        s.run_until(s.now() + Duration::from_millis(500));
+        s.set_loss(0.0);
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| every_pod_shows_hashes(s, "changed"))
+            .expect("every changed record reaches every node");
+        assert_eq!(
+            (0..N).map(|i| s.fetches(i)).sum::<u64>(),
+            fetched,
+            "small records were fetched one by one from their owners"
+        );
     }
 
     #[test]

@@ -141,6 +141,8 @@ struct Node {
     /// Metadata fetches out now, and the most that were out at once.
     fetches_out: usize,
     most_fetches_out: usize,
+    /// Metadata fetches started in all.
+    fetches: u64,
     started_at: Option<Duration>,
 }
 
@@ -309,6 +311,7 @@ impl Sim {
                 timer_wakes: 0,
                 fetches_out: 0,
                 most_fetches_out: 0,
+                fetches: 0,
                 started_at: None,
             });
         }
@@ -413,6 +416,11 @@ impl Sim {
     /// The most metadata fetches pod `i` had out at once.
     pub fn most_fetches_out(&self, i: usize) -> usize {
         self.nodes[i].most_fetches_out
+    }
+
+    /// How many metadata fetches pod `i` started in all.
+    pub fn fetches(&self, i: usize) -> u64 {
+        self.nodes[i].fetches
     }
 
     /// How often pod `i` woke for its timers.
@@ -919,6 +927,7 @@ impl Sim {
                 Output::FetchMeta { from, node_id } => {
                     let n = &mut self.nodes[i];
                     n.fetches_out += 1;
+                    n.fetches += 1;
                     n.most_fetches_out = n.most_fetches_out.max(n.fetches_out);
                     let msg = TcpMsg::MetaRequest(node_id);
                     self.sent_frame(i, &msg);

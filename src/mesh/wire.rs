@@ -147,7 +147,8 @@ pub(crate) async fn write_frame<W: AsyncWriteExt + Unpin>(
 ///
 /// A request is a metadata request or a full-state push without records
 /// (members and metadata stamps, about 150 bytes per member with long pod
-/// names), so 1 MiB holds several thousand members; replies may be up to
+/// names, plus at most 256 KiB of small records inline in their stamps), so
+/// 1 MiB holds several thousand members; replies may be up to
 /// [`MAX_REPLY_FRAME`].
 pub(crate) const MAX_REQUEST_FRAME: usize = 1 << 20;
 
