@@ -1560,27 +1560,26 @@ impl MeshCore {
                 self.store_meta(rec);
             }
         }
-        // Newer metadata than ours: kept when it came inline, else fetched
-        // from its owner.
-        let mut stale = Vec::new();
-        for d in remote.stamps {
-            let newer = *d.node_id != *me
-                && self
-                    .metas
-                    .get(&d.node_id)
-                    .is_none_or(|r| r.stamp() < (d.epoch, d.version));
-            if newer {
-                match d.record() {
-                    Some(rec) => self.store_meta(rec),
-                    None => stale.push(d),
-                }
-            }
+        // Newer metadata than ours: into the inbox of digests, which keeps
+        // what came inline and fetches the rest (a few at a time).
+        let stale: Vec<MetaDigest> = remote
+            .stamps
+            .into_iter()
+            .filter(|d| {
+                *d.node_id != *me
+                    && self
+                        .metas
+                        .get(&d.node_id)
+                        .is_none_or(|r| r.stamp() < (d.epoch, d.version))
+            })
+            .collect();
+        if stale.is_empty() {
+            return;
         }
-        if !stale.is_empty()
-            && let Ok(mut w) = self.wanted.lock()
-        {
+        if let Ok(mut w) = self.wanted.lock() {
             w.extend(stale);
         }
+        self.fetch_wanted(false);
     }
 
     fn store_meta(&mut self, rec: MetaRecord) {
