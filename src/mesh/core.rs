@@ -27,7 +27,7 @@ use crate::mesh::ring::{self, Ring, Step};
 use crate::mesh::seal::Reject;
 use crate::mesh::suspicion::{self, Heard, HearingCodec, LocalHealth, Suspicions};
 use crate::mesh::view::{ClusterStatus, MemberInfo, MemberState, NodeStatus};
-use crate::mesh::wire::{self, FullState, WireMember};
+use crate::mesh::wire::{self, FullState, VIEW_BUCKETS, WireMember, view_bucket};
 
 /// Largest foca payload inside one datagram (before sealing).
 const MAX_FOCA_PACKET: usize = 1400;
@@ -697,24 +697,31 @@ impl MeshCore {
     /// ours (with every record when the peer asked for them).
     pub(crate) fn handle_push_pull_request(
         &mut self,
-        remote: FullState,
+        mut remote: FullState,
         now: Instant,
     ) -> FullState {
         let records = remote.want_records;
-        let (peer, theirs) = (remote.from.clone(), remote.view);
+        let (peer, theirs, their_parts) = (remote.from.clone(), remote.view, remote.buckets.take());
         self.merge(remote);
         let ours = peer.as_ref().map(|p| self.view_digest(p));
-        let reply = if !records && theirs.is_some() && theirs == ours {
+        let reply = if !records && theirs.is_some() && theirs == ours.map(|o| o.0) {
             // Same view: our digest says so, and nothing else is needed.
             FullState {
                 from: Some(self.foca.identity().clone()),
-                view: ours,
+                view: ours.map(|o| o.0),
                 ..FullState::default()
             }
         } else {
+            // A differing view: the parts that differ (all of it to a
+            // version that sends no buckets, or when asked for records).
+            let parts = ours
+                .zip(their_parts)
+                .and_then(|((_, o), t)| differing(&o, &t))
+                .filter(|_| !records);
             FullState {
-                view: ours,
-                ..self.full_state(records)
+                view: ours.map(|o| o.0),
+                buckets: ours.map(|o| Box::new(o.1)),
+                ..self.full_state(records, parts)
             }
         };
         self.flush(now);
@@ -722,27 +729,33 @@ impl MeshCore {
     }
 
     /// The reply to a full-state exchange we started.
-    pub(crate) fn handle_push_pull_reply(&mut self, remote: FullState, now: Instant) {
+    pub(crate) fn handle_push_pull_reply(&mut self, mut remote: FullState, now: Instant) {
         let peer = remote.from.clone();
         let asked_by_digest = peer.as_ref().is_some_and(|p| {
             self.digest_asked
                 .take_if(|asked| *asked == p.addr())
                 .is_some()
         });
-        let (whole, theirs) = (!remote.members.is_empty(), remote.view);
+        let (whole, theirs, their_parts) = (
+            !remote.members.is_empty(),
+            remote.view,
+            remote.buckets.take(),
+        );
         self.merge(remote);
-        // Our digest differed and its whole view came back: if ours still
-        // differs once merged, it lacks something we know (or it is a
-        // version that reads no digest, and expects our view as before).
+        // Our digest differed and its view came back: if ours still differs
+        // once merged, it lacks something we know (or it is a version that
+        // reads no digest, and expects our view as before). It gets the
+        // parts that still differ.
         if asked_by_digest
             && whole
             && let Some(peer) = peer
         {
-            let ours = self.view_digest(&peer);
+            let (ours, parts) = self.view_digest(&peer);
             if theirs != Some(ours) {
                 let state = FullState {
                     view: Some(ours),
-                    ..self.full_state(false)
+                    buckets: Some(Box::new(parts)),
+                    ..self.full_state(false, their_parts.and_then(|t| differing(&parts, &t)))
                 };
                 self.out.push_back(Output::PushPull { to: peer, state });
             }
@@ -1415,12 +1428,14 @@ impl MeshCore {
     /// Starts a full-state exchange: with our whole view and records asked
     /// for on join, with our view's digest alone periodically.
     fn push_pull(&mut self, to: NodeIdentity, want_records: bool) {
-        let view = Some(self.view_digest(&to));
+        let (view, parts) = self.view_digest(&to);
+        let (view, buckets) = (Some(view), Some(Box::new(parts)));
         let state = if want_records {
             FullState {
                 want_records,
                 view,
-                ..self.full_state(false)
+                buckets,
+                ..self.full_state(false, None)
             }
         } else {
             // A question whose answer was lost is forgotten here.
@@ -1428,6 +1443,7 @@ impl MeshCore {
             FullState {
                 from: Some(self.foca.identity().clone()),
                 view,
+                buckets,
                 ..FullState::default()
             }
         };
@@ -1436,37 +1452,59 @@ impl MeshCore {
 
     /// Our [`wire::ViewDigest`] for an exchange with `peer`: every member
     /// but the two of us (each end knows its own incarnation better than the
-    /// other does, and foca's probes settle that), and every metadata stamp.
-    fn view_digest(&self, peer: &NodeIdentity) -> wire::ViewDigest {
+    /// other does, and foca's probes settle that), and every metadata stamp;
+    /// and the same entries' [`wire::ViewBuckets`].
+    fn view_digest(&self, peer: &NodeIdentity) -> (wire::ViewDigest, wire::ViewBuckets) {
+        use aws_lc_rs::digest::{Context, SHA256};
         let (me, them) = (self.foca.identity().addr(), peer.addr());
-        let mut entries: Vec<Vec<u8>> = self
+        let mut entries: Vec<(Vec<u8>, usize)> = self
             .foca
             .iter_membership_state()
             .filter(|m| m.id().addr() != me && m.id().addr() != them)
             .filter_map(|m| {
-                postcard::to_allocvec(&(0u8, m.id(), m.incarnation(), state_code(m.state()))).ok()
+                let e = (0u8, m.id(), m.incarnation(), state_code(m.state()));
+                Some((
+                    postcard::to_allocvec(&e).ok()?,
+                    view_bucket(&m.id().node_id),
+                ))
             })
             .collect();
         entries.extend(
             self.metas
                 .values()
                 .chain(std::iter::once(&self.local_meta))
-                .filter_map(|r| postcard::to_allocvec(&(1u8, &*r.node_id, r.stamp())).ok()),
+                .filter_map(|r| {
+                    let e = postcard::to_allocvec(&(1u8, &*r.node_id, r.stamp())).ok()?;
+                    Some((e, view_bucket(&r.node_id)))
+                }),
         );
         entries.sort_unstable();
-        let mut hash = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-        for e in &entries {
-            hash.update(&(e.len() as u32).to_be_bytes());
-            hash.update(e);
+        let mut hash = Context::new(&SHA256);
+        let mut parts: [Context; VIEW_BUCKETS] = std::array::from_fn(|_| Context::new(&SHA256));
+        for (e, b) in &entries {
+            let len = (e.len() as u32).to_be_bytes();
+            for h in [&mut hash, &mut parts[*b]] {
+                h.update(&len);
+                h.update(e);
+            }
         }
         let mut out = [0u8; 16];
         out.copy_from_slice(&hash.finish().as_ref()[..16]);
-        out
+        let parts = parts.map(|h| {
+            let mut p = [0u8; 8];
+            p.copy_from_slice(&h.finish().as_ref()[..8]);
+            p
+        });
+        (out, parts)
     }
 
-    fn full_state(&self, with_records: bool) -> FullState {
+    /// Our view for a peer: all of it, or the parts set in `parts` (a mask
+    /// of [`wire::view_bucket`]s) and ourselves.
+    fn full_state(&self, with_records: bool, parts: Option<u32>) -> FullState {
+        let wanted = |node_id: &str| parts.is_none_or(|p| p & (1 << view_bucket(node_id)) != 0);
         let mut members: Vec<WireMember> = self
             .peers()
+            .filter(|m| wanted(&m.id().node_id))
             .map(|m| WireMember {
                 id: m.id().clone(),
                 incarnation: m.incarnation(),
@@ -1495,6 +1533,7 @@ impl MeshCore {
         let mut budget = if with_records { 0 } else { MAX_INLINE_IN_STATE };
         let stamps = std::iter::once(&self.local_meta)
             .chain(self.metas.values())
+            .filter(|r| wanted(&r.node_id))
             .map(|r| {
                 let d = MetaDigest::of(r, r.json.len() <= budget);
                 budget = budget.saturating_sub(d.inline.as_ref().map_or(0, |j| j.len()));
@@ -1508,6 +1547,7 @@ impl MeshCore {
             records,
             want_records: false,
             view: None,
+            buckets: None,
         }
     }
 
@@ -1826,6 +1866,19 @@ fn state_code(s: foca::State) -> u8 {
         foca::State::Suspect => 1,
         foca::State::Down => 2,
     }
+}
+
+/// The mask of the buckets where `ours` and `theirs` differ; `None` when
+/// none does (the digests differ all the same: send everything).
+fn differing(ours: &wire::ViewBuckets, theirs: &wire::ViewBuckets) -> Option<u32> {
+    const _: () = assert!(VIEW_BUCKETS <= 32);
+    let mask = ours
+        .iter()
+        .zip(theirs)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .fold(0u32, |m, (i, _)| m | 1 << i);
+    (mask != 0).then_some(mask)
 }
 
 /// `every` times a random factor in [0.5, 1.5): pods started together
@@ -2161,6 +2214,28 @@ mod tests {
         })
     }
 
+    /// Pod `i`'s record with config hash `sha256:{tag}-i`.
+    fn hashed(tag: &str, i: usize) -> NodeMeta {
+        NodeMeta {
+            version: "sim".into(),
+            ready: true,
+            config_hash: Some(format!("sha256:{tag}-{i}")),
+            ..Default::default()
+        }
+    }
+
+    /// A converged mesh of `n` with a periodic exchange every 2 s and no
+    /// probes (nobody is suspected when every datagram is lost).
+    fn exchanging(n: usize) -> Sim {
+        let tuning = SwimTuning {
+            push_pull_interval: Duration::from_secs(2),
+            ..quiet()
+        };
+        let mut s = sim(n, Start::Burst, Seeds::Service, tuning);
+        converge(&mut s);
+        s
+    }
+
     #[test]
     fn records_that_must_be_fetched_are_fetched_a_few_at_a_time() {
         const N: usize = 12;
@@ -2196,22 +2271,11 @@ mod tests {
         // Every datagram of the change is lost (no probes, so nobody is
         // suspected): only the periodic exchange can carry the records.
         const N: usize = 6;
-        let tuning = SwimTuning {
-            push_pull_interval: Duration::from_secs(2),
-            ..quiet()
-        };
-        let mut s = sim(N, Start::Burst, Seeds::Service, tuning);
-        converge(&mut s);
+        let mut s = exchanging(N);
         let fetched: u64 = (0..N).map(|i| s.fetches(i)).sum();
         s.set_loss(1.0);
-        let changed = |i: usize| NodeMeta {
-            version: "sim".into(),
-            ready: true,
-            config_hash: Some(format!("sha256:changed-{i}")),
-            ..Default::default()
-        };
         for i in 0..N {
-            s.set_meta(i, &changed(i));
+            s.set_meta(i, &hashed("changed", i));
         }
         s.run_until(s.now() + Duration::from_millis(500));
         s.set_loss(0.0);
@@ -2222,6 +2286,47 @@ mod tests {
             (0..N).map(|i| s.fetches(i)).sum::<u64>(),
             fetched,
             "small records were fetched one by one from their owners"
+        );
+    }
+
+    #[test]
+    fn an_exchange_carries_the_part_of_the_view_that_differs() {
+        // One record changes and every datagram of the change is lost: the
+        // periodic exchanges mend it, each with the sixteenth of the view
+        // that holds it, not all 64 members and their records.
+        const N: usize = 64;
+        let mut s = exchanging(N);
+        for i in 0..N {
+            s.set_meta(i, &hashed("before", i));
+        }
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| every_pod_shows_hashes(s, "before"))
+            .expect("every record arrives");
+        s.run_until(s.now() + Duration::from_secs(10));
+        s.set_loss(1.0);
+        s.set_meta(0, &hashed("after", 0));
+        s.run_until(s.now() + Duration::from_millis(500));
+        s.set_loss(0.0);
+        for i in 0..N {
+            s.take_largest_frame(i);
+        }
+        let shows = |s: &Sim, i: usize| {
+            s.status(i).is_some_and(|st| {
+                st.nodes.iter().any(|n| {
+                    n.node_id == s.node_id(0) && n.config_hash.as_deref() == Some("sha256:after-0")
+                })
+            })
+        };
+        let limit = s.now() + LIMIT;
+        s.run_while_not(limit, |s| (0..N).all(|i| shows(s, i)))
+            .expect("the changed record reaches every node");
+        let largest = (0..N).map(|i| s.take_largest_frame(i)).max();
+        eprintln!("largest transport frame while the record spread: {largest:?} B");
+        // A whole view of 64 members with their records inline: 9,671 B;
+        // the part that holds one of them, 846 B.
+        assert!(
+            largest.is_some_and(|b| b < 3_000),
+            "an exchange sent more than the part that differs: {largest:?} B"
         );
     }
 

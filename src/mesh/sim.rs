@@ -136,6 +136,8 @@ struct Node {
     sent_bytes: u64,
     /// Of which transport frames.
     sent_tcp: u64,
+    /// The largest transport frame since [`Sim::take_largest_frame`].
+    largest_frame: u64,
     /// Wake-ups for its core's timers (a process's wake-ups when idle).
     timer_wakes: u64,
     /// Metadata fetches out now, and the most that were out at once.
@@ -308,6 +310,7 @@ impl Sim {
                 saw_down: false,
                 sent_bytes: 0,
                 sent_tcp: 0,
+                largest_frame: 0,
                 timer_wakes: 0,
                 fetches_out: 0,
                 most_fetches_out: 0,
@@ -411,6 +414,11 @@ impl Sim {
     /// Of [`Sim::bytes_sent`], transport frames.
     pub fn tcp_bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_tcp
+    }
+
+    /// The largest transport frame pod `i` sent since the last call.
+    pub fn take_largest_frame(&mut self, i: usize) -> u64 {
+        std::mem::take(&mut self.nodes[i].largest_frame)
     }
 
     /// The most metadata fetches pod `i` had out at once.
@@ -960,6 +968,7 @@ impl Sim {
         let n = frame_bytes(msg) as u64;
         self.nodes[i].sent_bytes += n;
         self.nodes[i].sent_tcp += n;
+        self.nodes[i].largest_frame = self.nodes[i].largest_frame.max(n);
     }
 
     fn on_event(&mut self, i: usize, e: Event) {
