@@ -103,7 +103,8 @@ pub(crate) fn ping_id(target: &NodeIdentity) -> NodeIdentity {
 /// A member's place on the ring: FNV-1a of its name, then MurmurHash3's
 /// 64-bit finalizer so that names differing in one character spread over
 /// the ring. Every member, in every process and version, must compute the
-/// same: never keyed, never changed.
+/// same: never keyed, never changed (the view's parts, `wire::view_bucket`,
+/// are cut by it too).
 pub(crate) fn position(node_id: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in node_id.bytes() {

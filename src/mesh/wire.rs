@@ -53,8 +53,9 @@ pub(crate) struct WireMember {
 /// The periodic exchange opens with the view's digest and its buckets
 /// alone (`view`, `buckets`, no members): a peer whose view has the same
 /// digest answers with its digest alone, so a steady mesh exchanges about
-/// 200 bytes instead of every member both ways. A peer whose view differs answers with the parts of it
-/// whose [`ViewBuckets`] differ (all of it to a version without buckets).
+/// 200 bytes instead of every member both ways. A peer whose view differs
+/// answers with the parts of it whose [`ViewBuckets`] differ (all of it to
+/// a version without buckets).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct FullState {
     pub from: Option<NodeIdentity>,
@@ -88,12 +89,10 @@ pub(crate) const VIEW_BUCKETS: usize = 16;
 pub(crate) type ViewBuckets = [[u8; 8]; VIEW_BUCKETS];
 
 /// The part of a view that holds the entries of `node_id`: the same on
-/// every member (FNV-1a of the id, unlike the per-process member key).
+/// every member and version (its place on the ring, unlike the
+/// per-process member key).
 pub(crate) fn view_bucket(node_id: &str) -> usize {
-    let hash = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (hash % VIEW_BUCKETS as u64) as usize
+    (crate::mesh::ring::position(node_id) % VIEW_BUCKETS as u64) as usize
 }
 
 /// The plain bytes of a transport message: postcard, then a full state's
@@ -122,7 +121,6 @@ pub(crate) fn decode(plain: &[u8]) -> Result<TcpMsg, postcard::Error> {
         let (view, rest) = rest.split_at_checked(size_of::<ViewDigest>()).unzip();
         state.view = view.and_then(|v| v.try_into().ok());
         state.buckets = rest
-            .filter(|_| state.view.is_some())
             .and_then(|r| r.get(..size_of::<ViewBuckets>()))
             .map(|r| {
                 let mut out = Box::new([[0u8; 8]; VIEW_BUCKETS]);
