@@ -616,7 +616,7 @@ async fn apply(
             verb: "apply",
             source: kube::Error::Api(status),
             ..
-        }) if status.is_not_found() => Some(format!(
+        }) if not_found(&status) => Some(format!(
             "spec.podMonitor is true, but this cluster does not serve \
              monitoring.coreos.com/v1 PodMonitor (applying PodMonitor {ns}/{name} \
              answered 404). Install prometheus-operator (its CRDs), or set \
@@ -836,12 +836,10 @@ where
 {
     let what = format!("{} {ns}/{name}", K::kind(&K::DynamicType::default()));
     let api = Api::<K>::namespaced(ctx.client.clone(), ns);
-    let Some(existing) = api
-        .get_metadata_opt(name)
-        .await
-        .map_err(Error::kube("get", what.clone()))?
-    else {
-        return Ok(false);
+    let existing = match api.get_metadata(name).await {
+        Ok(existing) => existing,
+        Err(kube::Error::Api(s)) if not_found(&s) => return Ok(false),
+        Err(e) => return Err(Error::kube("get", what)(e)),
     };
     let labels = existing.labels();
     let ours = labels
@@ -863,9 +861,16 @@ where
     };
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => Ok(false),
+        Err(kube::Error::Api(s)) if not_found(&s) || s.is_conflict() => Ok(false),
         Err(e) => Err(Error::kube("delete", what)(e)),
     }
+}
+
+/// A missing object, or a kind the cluster does not serve: the apiserver
+/// answers the latter with a plain-text `404 page not found`, which kube
+/// reads as a `Status` whose reason is not `NotFound`, so the code decides.
+fn not_found(status: &kube::core::Status) -> bool {
+    status.is_not_found() || status.code == 404
 }
 
 /// `existing`'s condition of `type_` updated; `lastTransitionTime` moves

@@ -196,7 +196,12 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(CM),
         applied(PDB),
         Expect::get(NETPOL, None),
-        Expect::get(PODMON, None),
+        // A cluster without prometheus-operator: the kind itself is not
+        // served, and a real apiserver says so in plain text.
+        Expect::get(PODMON, None).answer(Answer::Text(
+            http::StatusCode::NOT_FOUND,
+            "404 page not found",
+        )),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
         Expect::create(EVENTS),
@@ -1052,9 +1057,12 @@ async fn a_cluster_without_prometheus_operator_gets_everything_else_and_says_wha
         applied(CM),
         Expect::get(PDB, None),
         Expect::get(NETPOL, None),
-        // What an apiserver without the CRD answers for the kind.
-        Expect::patch(PODMON, json!({}))
-            .answer(Answer::Failure(http::StatusCode::NOT_FOUND, "NotFound")),
+        // What an apiserver without the CRD answers for the kind: plain
+        // text, no `Status` (kube reads its reason as unparsable).
+        Expect::patch(PODMON, json!({})).answer(Answer::Text(
+            http::StatusCode::NOT_FOUND,
+            "404 page not found",
+        )),
         Expect::patch_status(STATUS, p.clone()),
         Expect::create(EVENTS),
         Expect::create(EVENTS),

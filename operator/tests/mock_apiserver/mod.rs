@@ -57,6 +57,9 @@ pub enum Answer {
     Failure(StatusCode, &'static str),
     /// The body of `object` with `status` replaced by the request's.
     StatusOf(Value),
+    /// A plain-text body with this status: what a real apiserver answers
+    /// for a kind it does not serve (`404 page not found`, no `Status`).
+    Text(StatusCode, &'static str),
 }
 
 /// One expected request.
@@ -270,7 +273,13 @@ fn decode(s: &str) -> String {
 }
 
 fn respond(answer: &Answer, request_body: &Value) -> Response<Body> {
+    if let Answer::Text(code, text) = answer {
+        let mut response = Response::new(Body::from(text.as_bytes().to_vec()));
+        *response.status_mut() = *code;
+        return response;
+    }
     let (code, body) = match answer {
+        Answer::Text(..) => unreachable!("answered above"),
         Answer::Json(code, v) => (*code, v.clone()),
         Answer::Echo(code, extra) => {
             let mut v = request_body.clone();
