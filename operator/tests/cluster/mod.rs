@@ -1,0 +1,489 @@
+//! What the end-to-end tests on the real cluster share: `kubectl`, `curl`
+//! and `sbmesh-sidecar status` run as a user runs them, against the cluster
+//! `scripts/cluster up` starts (`scripts/test` exports its settings).
+//!
+//! A test gets [`Cluster::from_env`] (`None`: no cluster, the test prints SKIP,
+//! or fails under `SBMESH_TEST_REQUIRE_SERVERS=1`) and a [`Namespace`] of
+//! its own, deleted when it drops. `scripts/test` runs these binaries in a
+//! phase of their own, with `SBMESH_TEST_CLUSTER_REQUIRED=1`. Waits poll with generous deadlines; what
+//! was last seen is in the failure.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The namespace and name of the operator `cluster_install` leaves
+/// installed (`install --rbac-scope cluster`, its default namespace) for
+/// the other tests.
+pub const OPERATOR_NAMESPACE: &str = "sbmesh-system";
+pub const OPERATOR_DEPLOYMENT: &str = "sbmesh-operator";
+/// The leader election Lease (docs/reference.md).
+pub const LEADER_LEASE: &str = "sbproxy-operator-leader";
+
+/// The running cluster's settings, from `scripts/cluster env`.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// Admin kubeconfig.
+    pub kubeconfig: String,
+    /// The node's address: Pebble, pebble-challtestsrv and Redis listen there.
+    pub node_ip: String,
+    /// The CA that signed Pebble's listener (and the cluster's certificates).
+    pub ca: String,
+    /// Pebble's ACME directory, as pods reach it.
+    pub acme_directory: String,
+    /// Pebble's management API (its roots).
+    pub acme_management: String,
+    /// pebble-challtestsrv's management API (`/add-a`).
+    pub challtestsrv: String,
+    /// Pebble's log ("Issued certificate serial" lines).
+    pub pebble_log: String,
+    /// Redis, as pods reach it.
+    pub redis_url: String,
+}
+
+impl Cluster {
+    /// The cluster, or `None` (after printing SKIP) when none runs; with
+    /// `SBMESH_TEST_CLUSTER_REQUIRED=1`, a missing cluster fails the test.
+    pub fn from_env() -> Option<Cluster> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let Some(kubeconfig) = var("SBMESH_TEST_KUBECONFIG") else {
+            assert!(
+                std::env::var("SBMESH_TEST_CLUSTER_REQUIRED").as_deref() != Ok("1"),
+                "SBMESH_TEST_KUBECONFIG is not set but SBMESH_TEST_CLUSTER_REQUIRED=1: \
+                 scripts/test starts the cluster (scripts/cluster up)"
+            );
+            eprintln!(
+                "SKIP: no cluster (run scripts/test, or scripts/cluster up and export SBMESH_TEST_KUBECONFIG)"
+            );
+            return None;
+        };
+        let need = |name: &str| var(name).unwrap_or_else(|| panic!("{name} is not set"));
+        Some(Cluster {
+            kubeconfig,
+            node_ip: need("SBMESH_CLUSTER_NODE_IP"),
+            ca: need("SBMESH_CLUSTER_CA"),
+            acme_directory: need("SBMESH_CLUSTER_ACME_DIRECTORY"),
+            acme_management: need("SBMESH_CLUSTER_ACME_MANAGEMENT_URL"),
+            challtestsrv: need("SBMESH_CLUSTER_CHALLTESTSRV_URL"),
+            pebble_log: need("SBMESH_CLUSTER_PEBBLE_LOG"),
+            redis_url: need("SBMESH_CLUSTER_REDIS_URL"),
+        })
+    }
+
+    /// `kubectl ARGS`: stdout, or stderr as the error.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
+        self.kubectl_with(args, None)
+    }
+
+    /// `kubectl ARGS` with `input` on stdin.
+    pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
+        run(
+            Command::new("kubectl")
+                .env("KUBECONFIG", &self.kubeconfig)
+                .args(args),
+            input,
+        )
+    }
+
+    /// `kubectl ARGS`, which must succeed.
+    pub fn must(&self, args: &[&str]) -> String {
+        self.kubectl(args)
+            .unwrap_or_else(|e| panic!("kubectl {}: {e}", args.join(" ")))
+    }
+
+    /// `kubectl apply -f -` of `yaml`, which must succeed.
+    pub fn apply(&self, yaml: &str) -> String {
+        self.kubectl_with(&["apply", "-f", "-"], Some(yaml))
+            .unwrap_or_else(|e| panic!("kubectl apply: {e}\n--- input:\n{yaml}"))
+    }
+
+    /// `kubectl get ARGS -o json`, parsed; `None` when kubectl fails (e.g. not found).
+    pub fn get(&self, args: &[&str]) -> Option<Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend(["-o", "json"]);
+        let out = self.kubectl(&all).ok()?;
+        serde_json::from_str(&out).ok()
+    }
+
+    /// Waits until the operator `cluster_install` installs (cluster scope,
+    /// [`OPERATOR_NAMESPACE`]) has every replica available.
+    pub fn operator(&self) {
+        wait_for(
+            "the cluster-wide operator available",
+            Duration::from_secs(600),
+            || {
+                let d = self.get(&["-n", OPERATOR_NAMESPACE, "deployment", OPERATOR_DEPLOYMENT])?;
+                let want = d["spec"]["replicas"].as_i64()?;
+                let available = d["status"]["availableReplicas"].as_i64().unwrap_or(0);
+                let all_namespaces = d["spec"]["template"]["spec"]["containers"][0]["args"]
+                    .as_array()?
+                    .iter()
+                    .any(|a| a == "--all-namespaces");
+                (all_namespaces && available == want).then_some(())
+            },
+        );
+    }
+}
+
+/// A namespace of the test's own, deleted (without waiting) when dropped.
+pub struct Namespace {
+    pub name: String,
+    cluster: Cluster,
+}
+
+impl Namespace {
+    /// Creates `name` with these labels, deleting a leftover of an earlier run first.
+    pub fn new(cluster: &Cluster, name: &str, labels: &[(&str, &str)]) -> Namespace {
+        let _ = cluster.kubectl(&["delete", "namespace", name, "--wait=true", "--timeout=120s"]);
+        let labels: String = labels
+            .iter()
+            .map(|(k, v)| format!("\n    {k}: \"{v}\""))
+            .collect();
+        cluster.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    sbmesh.test/e2e: \"true\"{labels}\n"
+        ));
+        Namespace {
+            name: name.to_string(),
+            cluster: cluster.clone(),
+        }
+    }
+
+    /// A seed manifest (`operator/tests/seed_manifests/NAME.yaml`), as
+    /// written but for its namespace: this one instead of `default`.
+    pub fn seed(&self, name: &str) -> String {
+        let path = manifests_dir().join(format!("{name}.yaml"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        text.replace("namespace: default", &format!("namespace: {}", self.name))
+    }
+
+    /// `kubectl -n NS ARGS`.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        self.cluster.kubectl(&all)
+    }
+
+    /// `kubectl -n NS get ARGS -o json`.
+    pub fn get(&self, args: &[&str]) -> Option<Value> {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        self.cluster.get(&all)
+    }
+
+    /// The pods of SBProxy `instance`, by name.
+    pub fn proxy_pods(&self, instance: &str) -> Vec<Value> {
+        let selector = format!("app.kubernetes.io/instance={instance}");
+        let mut pods: Vec<Value> = self
+            .get(&["pods", "-l", &selector])
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default();
+        pods.sort_by_key(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string());
+        pods
+    }
+
+    /// Waits until SBProxy `instance` has `n` pods, every one Ready, and
+    /// returns them.
+    pub fn ready_pods(&self, instance: &str, n: usize) -> Vec<Value> {
+        wait_for(
+            &format!("{n} Ready pods of SBProxy {}/{instance}", self.name),
+            Duration::from_secs(240),
+            || {
+                let pods = self.proxy_pods(instance);
+                (pods.len() == n && pods.iter().all(pod_ready)).then_some(pods)
+            },
+        )
+    }
+
+    /// Waits until SBProxy `name`'s condition `type_` has `status` (and
+    /// `reason`, when given); returns the SBProxy.
+    pub fn condition(&self, name: &str, type_: &str, status: &str, reason: Option<&str>) -> Value {
+        wait_for(
+            &format!("SBProxy {}/{name} {type_}={status} {reason:?}", self.name),
+            Duration::from_secs(180),
+            || {
+                let p = self.get(&["sbproxy", name])?;
+                let c = p["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == type_)?
+                    .clone();
+                (c["status"] == status && reason.is_none_or(|r| c["reason"] == r)).then_some(p)
+            },
+        )
+    }
+
+    /// The ClusterIP of Service `name`.
+    pub fn cluster_ip(&self, name: &str) -> String {
+        let svc = self
+            .get(&["service", name])
+            .unwrap_or_else(|| panic!("no Service {}/{name}", self.name));
+        svc["spec"]["clusterIP"]
+            .as_str()
+            .unwrap_or_else(|| panic!("Service {name} has no clusterIP: {svc}"))
+            .to_string()
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = self
+            .cluster
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// An SBProxy `demo` in `ns` whose sidecars order one certificate for
+/// `names` (`san`) from the cluster's Pebble, on its Redis, and restart the
+/// proxy with it (sbproxy reads its certificate once): 3 replicas, the
+/// proxy's TLS port 8443, each name a mock origin answering `<name>\n`.
+/// The ConfigMap `acme-ca` carries the CA Pebble's listener is signed by.
+pub fn acme_manifest(c: &Cluster, ns: &str, names: &[&str]) -> String {
+    let ca = std::fs::read_to_string(&c.ca).expect("the cluster CA");
+    let ca: String = ca.lines().map(|l| format!("    {l}\n")).collect();
+    let origins: String = names
+        .iter()
+        .map(|n| {
+            format!(
+                "      \"{n}\":\n        action: {{ type: mock, status: 200, body: \"{n}\\n\" }}\n"
+            )
+        })
+        .collect();
+    format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{name: acme-ca, namespace: {ns}}}
+data:
+  ca.crt: |
+{ca}---
+apiVersion: sbproxy.dev/v1alpha1
+kind: SBProxyConfig
+metadata: {{name: demo-config, namespace: {ns}}}
+spec:
+  config: |
+    proxy:
+      admin: {{ enabled: true, port: 9090, username: admin, password: secret }}
+      https_bind_port: 8443
+      tls_cert_file: /var/lib/sbproxy/certs/tls.crt
+      tls_key_file: /var/lib/sbproxy/certs/tls.key
+      extensions:
+        sbmesh:
+          acme:
+            enabled: true
+            email: ops@e2e.test
+            directory_url: {dir}
+            ca_root: /etc/sbmesh-acme/ca.crt
+            storage_backend: redis
+            storage_path: {redis}
+            certificates: san
+            apply: restart
+    origins:
+{origins}---
+apiVersion: sbproxy.dev/v1alpha1
+kind: SBProxy
+metadata: {{name: demo, namespace: {ns}}}
+spec:
+  image: soapbucket/sbproxy:1.13.0
+  configRef: demo-config
+  replicas: 3
+  port: 8080
+  adminPort: 9090
+  clustering: {{ enabled: true }}
+  podTemplate:
+    volumes:
+    - name: acme-ca
+      configMap: {{ name: acme-ca }}
+    sidecarVolumeMounts:
+    - {{ name: acme-ca, mountPath: /etc/sbmesh-acme, readOnly: true }}
+"#,
+        dir = c.acme_directory,
+        redis = c.redis_url,
+    )
+}
+
+/// Makes Pebble resolve `name` to `ip` (pebble-challtestsrv's `/add-a`), as
+/// a public DNS record points a name at the LoadBalancer before a Service.
+pub fn add_a(c: &Cluster, name: &str, ip: &str) {
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        &format!("{}/add-a", c.challtestsrv),
+        "-d",
+        &format!(r#"{{"host":"{name}.","addresses":["{ip}"]}}"#),
+    ])
+    .expect("pebble-challtestsrv");
+    assert_eq!(code, 200, "add-a {name}: {body}");
+}
+
+/// How many certificates Pebble has issued (its log's lines).
+pub fn issued(c: &Cluster) -> usize {
+    std::fs::read_to_string(&c.pebble_log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("Issued certificate serial"))
+        .count()
+}
+
+/// Pebble's root (what its certificates chain to), in a file for curl.
+pub fn pebble_root(c: &Cluster) -> String {
+    let (code, pem) = curl(&["--cacert", &c.ca, &format!("{}/roots/0", c.acme_management)])
+        .expect("Pebble's management API");
+    assert_eq!(code, 200, "{pem}");
+    let path = std::env::temp_dir().join(format!("pebble-root-{}.pem", std::process::id()));
+    std::fs::write(&path, pem).expect("write the root");
+    path.display().to_string()
+}
+
+/// Whether `https://NAME:PORT/` at `ip` completes a TLS handshake verified
+/// against `root` and answers 200.
+pub fn serves_tls(root: &str, name: &str, ip: &str, port: u16) -> bool {
+    let resolve = format!("{name}:{port}:{ip}");
+    curl(&[
+        "--cacert",
+        root,
+        "--resolve",
+        &resolve,
+        &format!("https://{name}:{port}/"),
+    ])
+    .is_ok_and(|(code, _)| code == 200)
+}
+
+/// A pod's `Ready` condition is `True`.
+pub fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// Every container's `restartCount` of a pod, init containers (the sidecar) included.
+pub fn restarts(pod: &Value) -> Vec<(String, i64)> {
+    ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|k| pod["status"][k].as_array().cloned().unwrap_or_default())
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("").to_string(),
+                s["restartCount"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+/// The pod's IP.
+pub fn pod_ip(pod: &Value) -> String {
+    pod["status"]["podIP"].as_str().unwrap_or("").to_string()
+}
+
+/// `curl -sS ARGS`, answering `(status, body)`; `Err` when curl fails
+/// (no connection, TLS failure).
+pub fn curl(args: &[&str]) -> Result<(u16, String), String> {
+    let out = run(
+        Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-o", "-", "-w", "\n%{http_code}"])
+            .args(args),
+        None,
+    )?;
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", out.as_str()));
+    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// Waits until `url` answers 200 with exactly `body` to a request for Host
+/// `host`, as the proxy answers a mock origin.
+pub fn wait_for_answer(url: &str, host: &str, body: &str, limit: Duration) {
+    let header = format!("Host: {host}");
+    wait_for(&format!("{body:?} from {url} (Host {host})"), limit, || {
+        let (code, got) = curl(&["-H", &header, url]).ok()?;
+        (code == 200 && got == body).then_some(())
+    });
+}
+
+/// A sidecar's `/admin/cluster/status` (admin port 9091 of the pod).
+pub fn sidecar_status(ip: &str, user: Option<(&str, &str)>) -> Option<Value> {
+    let url = format!("http://{ip}:9091/admin/cluster/status");
+    let auth = user.map(|(u, p)| format!("{u}:{p}"));
+    let mut args = vec![url.as_str()];
+    if let Some(a) = &auth {
+        args.extend(["-u", a.as_str()]);
+    }
+    let (code, body) = curl(&args).ok()?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+/// A sidecar's `/metrics` sample `name{labels}` (the text before the value), as a number.
+pub fn metric(ip: &str, sample: &str) -> Option<f64> {
+    let (code, body) = curl(&[&format!("http://{ip}:9091/metrics")]).ok()?;
+    if code != 200 {
+        return None;
+    }
+    body.lines().find_map(|l| {
+        l.strip_prefix(sample)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Polls `f` every 500 ms until it answers `Some`, for at most `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            eprintln!("{what}: after {:.1} s", start.elapsed().as_secs_f64());
+            return v;
+        }
+        assert!(start.elapsed() < limit, "no {what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The operator binary this build made.
+pub fn operator_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sbmesh-operator")
+}
+
+/// `sbmesh-operator ARGS`: stdout.
+pub fn operator(args: &[&str]) -> String {
+    run(Command::new(operator_bin()).args(args), None)
+        .unwrap_or_else(|e| panic!("sbmesh-operator {}: {e}", args.join(" ")))
+}
+
+fn manifests_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/seed_manifests")
+}
+
+fn run(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
+    let mut child = cmd
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| format!("writing to {cmd:?}: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for {cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ))
+    }
+}
