@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::{ConnectInfo, State};
@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::json;
 
-use crate::config::{self, AdminSettings, ConfigError, Settings};
+use crate::config::{self, AdminSettings, ConfigError, Origins, Settings};
 use crate::log::rfc3339;
 
 /// The configuration the proxy runs with, as last applied.
@@ -81,6 +81,12 @@ impl Shared {
             reload_lock: tokio::sync::Mutex::new(()),
             rate: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The origins of the config running now: they change with the
+    /// revision, under the same lock, so a request sees one config.
+    pub fn origins(&self) -> Arc<Origins> {
+        self.current.lock().unwrap().settings.origins.clone()
     }
 
     /// Re-reads the config file and rebuilds. `Ok(None)`: the watcher found
@@ -204,7 +210,7 @@ fn method_not_allowed(allow: &'static str) -> Response {
 
 /// Every admin request.
 pub async fn handle(
-    State(shared): State<std::sync::Arc<Shared>>,
+    State(shared): State<Arc<Shared>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     method: Method,
     uri: Uri,
@@ -317,6 +323,6 @@ async fn post_reload(shared: &Shared) -> Response {
 }
 
 /// The admin router.
-pub fn router(shared: std::sync::Arc<Shared>) -> axum::Router {
+pub fn router(shared: Arc<Shared>) -> axum::Router {
     axum::Router::new().fallback(handle).with_state(shared)
 }

@@ -3,9 +3,13 @@
 //! ([`sbmesh::config::sbproxy::unknown_keys`]) and the types of the values
 //! the stand-in acts on.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 
 use sbmesh::config::{
     DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_BIND, DEFAULT_PROXY_ADMIN_PASSWORD,
@@ -100,6 +104,26 @@ pub struct ClusterPorts {
     pub transport_port: u16,
 }
 
+/// What an origin does with a request (`origins.<host>.action`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// `type: mock`: the proxy answers by itself.
+    Mock {
+        status: StatusCode,
+        body: String,
+        headers: Vec<(HeaderName, HeaderValue)>,
+    },
+    /// Any other `type` (`proxy`, ...), or none: the stand-in has no
+    /// upstreams, so it answers `502`.
+    Unsupported {
+        /// The `type` as written; `None` without an action or a type.
+        kind: Option<String>,
+    },
+}
+
+/// `origins`: the hostname as written, lowercased -> its action.
+pub type Origins = HashMap<String, Action>;
+
 /// What the stand-in acts on, from one file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -113,6 +137,8 @@ pub struct Settings {
     pub tls_key_file: Option<PathBuf>,
     pub cluster: Option<ClusterPorts>,
     pub acme_enabled: bool,
+    /// `origins`, shared by every request served with this config.
+    pub origins: Arc<Origins>,
     /// Things that do not stop the file (unknown top-level keys,
     /// unresolved `${VAR}`).
     pub warnings: Vec<String>,
@@ -214,6 +240,7 @@ pub fn parse(raw: &[u8], env: &EnvLookup<'_>) -> Result<Settings, ConfigError> {
         None => false,
         Some(a) => boolean(a.get("enabled"), "proxy.acme.enabled")?.unwrap_or(false),
     };
+    let origins = read_origins(block(&root, "origins", "origins")?, &mut warnings)?;
     Ok(Settings {
         admin,
         admin_block: admin_value.cloned().unwrap_or(Value::Null),
@@ -223,8 +250,148 @@ pub fn parse(raw: &[u8], env: &EnvLookup<'_>) -> Result<Settings, ConfigError> {
         tls_key_file,
         cluster,
         acme_enabled,
+        origins: Arc::new(origins),
         warnings,
     })
+}
+
+/// `origins`: every key a hostname, matched case-insensitively. Only
+/// `action.type`, and for `mock` its `status`, `body` and `headers`, are
+/// read; any other key of an origin is accepted and ignored.
+fn read_origins(value: Option<&Value>, warnings: &mut Vec<String>) -> Result<Origins, ConfigError> {
+    let mut origins = Origins::new();
+    let Some(Value::Mapping(map)) = value else {
+        return Ok(origins);
+    };
+    for (key, origin) in map {
+        let host = key_text(key);
+        let at = child_path("origins", &host);
+        let action = read_action(origin, &at)?;
+        let lower = host.to_ascii_lowercase();
+        if origins.contains_key(&lower) {
+            warnings.push(format!(
+                "{at}: the same hostname as an origin above (hostnames are case-insensitive); \
+                 the first one answers"
+            ));
+            continue;
+        }
+        origins.insert(lower, action);
+    }
+    Ok(origins)
+}
+
+fn read_action(origin: &Value, at: &str) -> Result<Action, ConfigError> {
+    let none = Action::Unsupported { kind: None };
+    let origin = match origin {
+        Value::Null => return Ok(none),
+        Value::Mapping(_) => origin,
+        other => {
+            return Err(parse_err(
+                at,
+                &format!("expected a mapping, got {}", show(other)),
+            ));
+        }
+    };
+    let at = format!("{at}.action");
+    let action = match origin.get("action") {
+        None | Some(Value::Null) => return Ok(none),
+        Some(a @ Value::Mapping(_)) => a,
+        Some(other) => {
+            return Err(parse_err(
+                &at,
+                &format!("expected a mapping, got {}", show(other)),
+            ));
+        }
+    };
+    let field = |name: &str| action.get(name).filter(|v| !v.is_null());
+    let Some(kind) = string(field("type"), &format!("{at}.type"))? else {
+        return Ok(none);
+    };
+    if kind != "mock" {
+        return Ok(Action::Unsupported { kind: Some(kind) });
+    }
+    let status = match field("status") {
+        None => StatusCode::OK,
+        Some(v) => v
+            .as_u64()
+            .filter(|s| (200..=599).contains(s))
+            .and_then(|s| StatusCode::from_u16(s as u16).ok())
+            .ok_or_else(|| {
+                parse_err(
+                    &format!("{at}.status"),
+                    &format!(
+                        "expected an HTTP status (an integer 200..599), got {}",
+                        show(v)
+                    ),
+                )
+            })?,
+    };
+    let body = string(field("body"), &format!("{at}.body"))?.unwrap_or_default();
+    let mut headers = Vec::new();
+    match field("headers") {
+        None => {}
+        Some(Value::Mapping(map)) => {
+            for (name, value) in map {
+                let name = key_text(name);
+                let path = child_path(&format!("{at}.headers"), &name);
+                let header = HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| parse_err(&path, "not a valid HTTP header name"))?;
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    other => {
+                        return Err(parse_err(
+                            &path,
+                            &format!("expected a string, got {}", show(other)),
+                        ));
+                    }
+                };
+                let value = HeaderValue::from_str(&text)
+                    .map_err(|_| parse_err(&path, "not a valid HTTP header value"))?;
+                headers.push((header, value));
+            }
+        }
+        Some(other) => {
+            return Err(parse_err(
+                &format!("{at}.headers"),
+                &format!(
+                    "expected a mapping of header names to values, got {}",
+                    show(other)
+                ),
+            ));
+        }
+    }
+    Ok(Action::Mock {
+        status,
+        body,
+        headers,
+    })
+}
+
+/// A mapping key as text (YAML allows numbers and booleans as keys).
+fn key_text(key: &Value) -> String {
+    match key {
+        Value::String(s) => s.clone(),
+        other => serde_norway::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+    }
+}
+
+/// `parent.key`, or `parent."key"` when the key has dots or other
+/// punctuation (as the sidecar names paths).
+fn child_path(parent: &str, key: &str) -> String {
+    let plain = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if plain {
+        format!("{parent}.{key}")
+    } else {
+        format!("{parent}.{key:?}")
+    }
 }
 
 fn read_admin(value: Option<&Value>, env: &EnvLookup<'_>) -> Result<AdminSettings, ConfigError> {
@@ -427,6 +594,107 @@ mod tests {
         assert_eq!(s.admin.password, "s3cret");
         let e = parse(b"proxy:\n  admin:\n    password: env:NOPE\n", &env).unwrap_err();
         assert!(matches!(e, ConfigError::Resolve(_)), "{e}");
+    }
+
+    #[test]
+    fn origins_and_their_actions() {
+        let s = parse_str(
+            "origins:\n  Demo.Example.com:\n    action: {type: mock, status: 201, body: hi, headers: {X-Config: one, X-N: 3}}\n  plain.example.com:\n    action: {type: mock}\n  api.example.com:\n    action: {type: proxy, url: \"http://web:8080\"}\n  \"*.example.com\": {}\n  bare.example.com:\n",
+        )
+        .unwrap();
+        assert_eq!(s.origins.len(), 5);
+        let Action::Mock {
+            status,
+            body,
+            headers,
+        } = &s.origins["demo.example.com"]
+        else {
+            panic!("{:?}", s.origins);
+        };
+        assert_eq!((status.as_u16(), body.as_str()), (201, "hi"));
+        assert_eq!(headers.len(), 2);
+        assert_eq!(headers[0].0, "x-config");
+        assert_eq!(headers[1].1, "3");
+        assert_eq!(
+            s.origins["plain.example.com"],
+            Action::Mock {
+                status: StatusCode::OK,
+                body: String::new(),
+                headers: Vec::new()
+            }
+        );
+        assert_eq!(
+            s.origins["api.example.com"],
+            Action::Unsupported {
+                kind: Some("proxy".into())
+            }
+        );
+        assert_eq!(
+            s.origins["*.example.com"],
+            Action::Unsupported { kind: None }
+        );
+        assert_eq!(
+            s.origins["bare.example.com"],
+            Action::Unsupported { kind: None }
+        );
+        assert!(parse_str("origins: {}\n").unwrap().origins.is_empty());
+        assert!(parse_str("origins:\n").unwrap().origins.is_empty());
+    }
+
+    #[test]
+    fn bad_origin_values_are_refused_naming_the_path() {
+        for (text, path) in [
+            (
+                "origins:\n  a.example.com:\n    action: {type: mock, status: \"200\"}\n",
+                "origins.\"a.example.com\".action.status:",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: {type: mock, status: 2.5}\n",
+                "origins.\"a.example.com\".action.status:",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: {type: mock, status: 1000}\n",
+                "origins.\"a.example.com\".action.status:",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: {type: mock, status: 101}\n",
+                "origins.\"a.example.com\".action.status:",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: {type: mock, body: [1]}\n",
+                "origins.\"a.example.com\".action.body:",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: {type: mock, headers: {\"bad name\": x}}\n",
+                "origins.\"a.example.com\".action.headers.\"bad name\":",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: {type: [mock]}\n",
+                "origins.\"a.example.com\".action.type:",
+            ),
+            (
+                "origins:\n  a.example.com:\n    action: mock\n",
+                "origins.\"a.example.com\".action:",
+            ),
+            (
+                "origins:\n  a.example.com: 3\n",
+                "origins.\"a.example.com\":",
+            ),
+            ("origins: [a.example.com]\n", "origins:"),
+        ] {
+            let e = parse_str(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("failed to parse config: {path}")),
+                "{text}: {e}"
+            );
+        }
+        // The same hostname twice: the first answers, with a warning.
+        let s = parse_str(
+            "origins:\n  a.example.com: {action: {type: mock, body: one}}\n  A.example.com: {action: {type: mock, body: two}}\n",
+        )
+        .unwrap();
+        assert!(matches!(&s.origins["a.example.com"], Action::Mock { body, .. } if body == "one"));
+        assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
     }
 
     #[test]

@@ -11,10 +11,23 @@
 //! - `proxy.admin`: `/healthz`, `/livez`, `/health`, `/readyz` and
 //!   `POST /admin/reload` (HTTP Basic, `allow_ips`, `rate_limit_per_minute`);
 //!   changes to `proxy.admin` need a restart (`degraded: ["proxy.admin"]`);
-//! - the data port (`proxy.http_bind_port`, `GET /health`), the TLS port
+//! - the data port (`proxy.http_bind_port`), the TLS port
 //!   (`proxy.https_bind_port`, the certificate read once at start-up, for
 //!   every SNI name, never re-read), the proxy's own mesh ports when
 //!   `proxy.cluster` is present, a log line when `proxy.acme.enabled`;
+//! - `origins` on the data and TLS ports: a request whose Host (port
+//!   stripped, case-insensitive) is an origin's hostname gets, whatever its
+//!   method and path, a `mock` action's `status` (200), `body` ("") and
+//!   `headers`; any other action (`proxy`, ...) or none gets `502` with a
+//!   short text body (the stand-in has no upstreams and dials nothing).
+//!   Another Host: `GET /health` is 200 (both ports), `GET /` 200 on the TLS
+//!   port, anything else 404. The origins are those of the config running
+//!   now: a reload or the watcher changes them together with the revision,
+//!   a refused file does not. A `status` that is not an integer 200..599,
+//!   a `body` that is not a string, a header that is not a valid name and
+//!   value refuse the file (the path named); other keys of an origin are
+//!   ignored. No wildcard matching (`*.example.com` is only that literal
+//!   Host);
 //! - its own watcher of the config file's directory (250 ms quiet, skipped
 //!   when the sha256 is unchanged);
 //! - SIGTERM / SIGINT drain within `SBPROXY_SHUTDOWN_GRACE_MS` (default
@@ -204,8 +217,9 @@ async fn run() -> Result<(), String> {
     let listener = bind_tcp(addr, "proxy.http_bind_port").await?;
     info!("HTTP listening on {addr}");
     let stop = serve::stopped(stop_rx.clone());
+    let app = serve::data_router(shared.clone());
     servers.spawn(async move {
-        axum::serve(listener, serve::data_router())
+        axum::serve(listener, app)
             .with_graceful_shutdown(stop)
             .await
     });
@@ -225,8 +239,9 @@ async fn run() -> Result<(), String> {
                     .display()
             );
             let stop = serve::stopped(stop_rx.clone());
+            let app = serve::tls_router(shared.clone());
             servers.spawn(async move {
-                axum::serve(listener, serve::tls_router())
+                axum::serve(listener, app)
                     .with_graceful_shutdown(stop)
                     .await
             });

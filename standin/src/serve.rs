@@ -7,6 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::get;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
@@ -16,6 +21,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+use crate::admin::Shared;
+use crate::config::Action;
 use crate::log::{info, warning};
 
 /// Resolves when `shutdown` turns true.
@@ -23,18 +30,80 @@ pub async fn stopped(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// The plain HTTP data port: `GET /health` is 200 (no origin matches the
-/// Host in the stand-in), anything else 404.
-pub fn data_router() -> Router {
-    Router::new().route("/health", get(|| async { "ok" }))
+/// The plain HTTP data port. A request whose Host is one of the running
+/// config's `origins` gets that origin's answer ([`origin_layer`]);
+/// otherwise `GET /health` is 200 (no origin matches the Host) and anything
+/// else 404.
+pub fn data_router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .layer(middleware::from_fn_with_state(shared, origin_layer))
 }
 
-/// The TLS port: `GET /` and `GET /health` are 200, so a client can
-/// complete a request over the certificate it was served.
-pub fn tls_router() -> Router {
+/// The TLS port: the origins as on the data port; for any other Host,
+/// `GET /` and `GET /health` are 200, so a client can complete a request
+/// over the certificate it was served.
+pub fn tls_router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/health", get(|| async { "ok" }))
+        .layer(middleware::from_fn_with_state(shared, origin_layer))
+}
+
+/// Answers a request for a configured origin, from the config running now
+/// (read per request, so a reload or the watcher changes the answer from
+/// the moment the revision changes); hands any other request to `next`.
+async fn origin_layer(State(shared): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let origins = shared.origins();
+    let action = request_host(&request).and_then(|host| origins.get(&host));
+    match action {
+        None => next.run(request).await,
+        Some(Action::Mock {
+            status,
+            body,
+            headers,
+        }) => {
+            let mut response = Response::new(Body::from(body.clone()));
+            *response.status_mut() = *status;
+            for (name, value) in headers {
+                response.headers_mut().append(name.clone(), value.clone());
+            }
+            response
+        }
+        Some(Action::Unsupported { kind }) => {
+            let what = match kind {
+                Some(kind) => format!("action type {kind:?}"),
+                None => "no action".to_owned(),
+            };
+            let mut response = Response::new(Body::from(format!(
+                "sbproxy stand-in: this origin has {what}; the stand-in has no upstreams \
+                 and answers only mock actions\n"
+            )));
+            *response.status_mut() = StatusCode::BAD_GATEWAY;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            response
+        }
+    }
+}
+
+/// The request's hostname: the Host header (else the URI's authority),
+/// without the port, lowercased.
+fn request_host(request: &Request) -> Option<String> {
+    let raw = match request.headers().get(header::HOST) {
+        Some(h) => h.to_str().ok()?,
+        None => request.uri().authority()?.as_str(),
+    };
+    let raw = raw.trim();
+    let host = if let Some(rest) = raw.strip_prefix('[') {
+        // An IPv6 literal: `[::1]:8080`.
+        &raw[..rest.find(']')? + 2]
+    } else {
+        raw.rsplit_once(':').map_or(raw, |(host, _port)| host)
+    };
+    Some(host.to_ascii_lowercase())
 }
 
 /// The certificate chain (leaf first) and key, read once.

@@ -1,6 +1,7 @@
 //! The TLS port serves the certificate read at start-up, for every SNI
 //! name, even after the files are replaced and a reload is POSTed or a
-//! SIGHUP sent.
+//! SIGHUP sent; it answers the running config's origins as the data port
+//! does.
 
 mod common;
 
@@ -46,6 +47,19 @@ fn write_leaf(ca: &Ca, names: &[&str], dir: &Path) -> CertificateDer<'static> {
 /// Connects with SNI `name`, trusting `ca`; the leaf served, and the
 /// status of `GET /`.
 async fn fetch(port: u16, name: &str, ca: &Ca) -> (CertificateDer<'static>, u16) {
+    let (leaf, status, _) = fetch_from(port, name, ca, name, "/").await;
+    (leaf, status)
+}
+
+/// Connects with SNI `name`, trusting `ca`, and asks `GET path` with
+/// `Host: host`; the leaf served, the status and the body.
+async fn fetch_from(
+    port: u16,
+    name: &str,
+    ca: &Ca,
+    host: &str,
+    path: &str,
+) -> (CertificateDer<'static>, u16, String) {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.der.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -60,15 +74,15 @@ async fn fetch(port: u16, name: &str, ca: &Ca) -> (CertificateDer<'static>, u16)
     let mut tls = connector.connect(server_name, tcp).await.unwrap();
     let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
     tls.write_all(
-        format!("GET / HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await
     .unwrap();
     let mut raw = Vec::new();
     // A server may close without close_notify; what was read is enough.
     let _ = tls.read_to_end(&mut raw).await;
-    let (status, _, _) = parse_response(&raw);
-    (leaf, status)
+    let (status, _, body) = parse_response(&raw);
+    (leaf, status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,6 +135,61 @@ async fn serves_the_start_up_certificate_for_every_name_until_restart() {
         assert_eq!(leaf, first, "{name}: the certificate was re-read");
         assert_eq!(status, 200);
     }
+    drop(p);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_port_answers_the_running_origins() {
+    let ca = ca();
+    let cfg = ConfigDir::new("");
+    let dir = cfg.dir.path().to_path_buf();
+    write_leaf(&ca, &["localhost", "demo.example.com"], &dir);
+    let (admin, http, https) = (free_port(), free_port(), free_port());
+    let text = |body: &str| {
+        format!(
+            "{}origins:\n  \"demo.example.com\":\n    action: {{ type: mock, status: 200, body: \"{body}\" }}\n  \"api.example.com\":\n    action: {{ type: proxy, url: \"http://127.0.0.1:1\" }}\n",
+            config(
+                admin,
+                http,
+                "",
+                &format!(
+                    "  https_bind_port: {https}\n  tls_cert_file: {}\n  tls_key_file: {}\n",
+                    dir.join("tls.crt").display(),
+                    dir.join("tls.key").display()
+                ),
+            )
+        )
+    };
+    cfg.write(&text("tls one"));
+    let path = cfg.path();
+    let p = tokio::task::spawn_blocking(move || Proxy::start(&path, admin, &[]))
+        .await
+        .unwrap();
+
+    for host in ["demo.example.com", "Demo.Example.com:8443"] {
+        let (_, status, body) = fetch_from(https, "demo.example.com", &ca, host, "/any").await;
+        assert_eq!((status, body.as_str()), (200, "tls one"), "{host}");
+    }
+    let (_, status, _) = fetch_from(https, "localhost", &ca, "api.example.com", "/").await;
+    assert_eq!(status, 502);
+    // No origin for the Host: `/` and `/health` 200, anything else 404.
+    for (path, want) in [("/", 200), ("/health", 200), ("/nothing", 404)] {
+        let (_, status, _) = fetch_from(https, "localhost", &ca, "localhost", path).await;
+        assert_eq!(status, want, "{path}");
+    }
+
+    // A reload changes the TLS port's answer too.
+    cfg.write(&text("tls two"));
+    let p = tokio::task::spawn_blocking(move || {
+        let (status, body) = p.reload(("admin", "changeme"));
+        assert_eq!(status, 200, "{body}");
+        p
+    })
+    .await
+    .unwrap();
+    let (_, status, body) =
+        fetch_from(https, "demo.example.com", &ca, "demo.example.com", "/").await;
+    assert_eq!((status, body.as_str()), (200, "tls two"));
     drop(p);
 }
 

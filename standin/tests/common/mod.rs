@@ -239,6 +239,21 @@ pub fn request_full(
     parse_response(&raw)
 }
 
+/// One HTTP/1.1 request to 127.0.0.1:`port` with `Host: host`; status,
+/// raw head and body.
+pub fn request_to_host(port: u16, method: &str, path: &str, host: &str) -> (u16, String, String) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(DEADLINE)).unwrap();
+    write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
 pub fn parse_response(raw: &[u8]) -> (u16, String, String) {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, body) = text
