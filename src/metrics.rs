@@ -104,7 +104,16 @@ pub struct ListenerLabels {
 pub struct HttpMetrics {
     /// `sbmesh_http_connections_closed_total{listener,reason}`.
     pub connections_closed: Family<ListenerLabels, Counter>,
+    /// `sbmesh_challenge_passthrough_total{result}`: requests the challenge
+    /// listener handed to the proxy, by [`PASSTHROUGH_RESULTS`].
+    pub challenge_passthrough: Family<ResultLabels, Counter>,
 }
+
+/// Results of `sbmesh_challenge_passthrough_total`, in this order: `ok`
+/// (the proxy answered, whatever its status), `error` (it did not: the
+/// client got `502`), `too_large` (the request body was over the limit:
+/// `413`, see [`crate::http::passthrough`]).
+pub const PASSTHROUGH_RESULTS: [&str; 3] = ["ok", "error", "too_large"];
 
 impl MeshMetrics {
     /// Counts one rejected packet.
@@ -486,6 +495,7 @@ impl Metrics {
         );
         let http = HttpMetrics {
             connections_closed: Family::default(),
+            challenge_passthrough: Family::default(),
         };
         for listener in ["admin", "challenge"] {
             for reason in ["limit", "header_timeout"] {
@@ -498,6 +508,16 @@ impl Metrics {
             "sbmesh_http_connections_closed",
             "Admin and challenge connections closed by the listener's limits, by listener and reason",
             http.connections_closed.clone(),
+        );
+        for result in PASSTHROUGH_RESULTS {
+            let _ = http
+                .challenge_passthrough
+                .get_or_create(&ResultLabels { result });
+        }
+        registry.register(
+            "sbmesh_challenge_passthrough",
+            "Requests the challenge listener passed to the proxy (--challenge-passthrough), by result",
+            http.challenge_passthrough.clone(),
         );
         let store = StoreMetrics {
             operations: Family::default(),
@@ -813,6 +833,9 @@ mod tests {
                 "mesh_transport_connections_refused_total{reason=\"source_limit\"} 0",
                 "sbmesh_http_connections_closed_total{listener=\"admin\",reason=\"header_timeout\"} 0",
                 "sbmesh_http_connections_closed_total{listener=\"challenge\",reason=\"limit\"} 0",
+                "sbmesh_challenge_passthrough_total{result=\"ok\"} 0",
+                "sbmesh_challenge_passthrough_total{result=\"error\"} 0",
+                "sbmesh_challenge_passthrough_total{result=\"too_large\"} 0",
             ],
         );
     }

@@ -40,6 +40,7 @@ use crate::acme::manager::{
 use crate::acme::placeholder::is_placeholder;
 use crate::config::flags::{DEFAULT_CERT_DIR, DEFAULT_STATE_DIR};
 use crate::config::{CertApply, SbConfig, StorageBackend};
+use crate::http::passthrough::{Passthrough, Upstream, with_passthrough};
 use crate::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
 use crate::mesh::{
     AcmeInfo, ClusterStatus, Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning,
@@ -153,6 +154,10 @@ pub struct NodeConfig {
     /// Where the node serves [`Node::challenge_router`] (HTTP-01) itself;
     /// `None`: serve the router yourself on the port the CA reaches.
     pub challenge_listen: Option<SocketAddr>,
+    /// The proxy's plain HTTP listener, where [`Node::challenge_router`]
+    /// passes every request outside `/.well-known/acme-challenge/`
+    /// ([`crate::http::passthrough`]); `None`: those get `404`.
+    pub challenge_passthrough: Option<Upstream>,
     /// The proxy to POST reloads to. `None` (an embedding process): the
     /// config file is still followed ([`Node::config`]) but nobody is
     /// POSTed.
@@ -215,6 +220,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("admin_user", &self.admin_user)
             .field("admin_password", &redacted(self.admin_password.is_some()))
             .field("challenge_listen", &self.challenge_listen)
+            .field("challenge_passthrough", &self.challenge_passthrough)
             .field("proxy_reload", &self.proxy_reload)
             .field("reload_debounce", &self.reload_debounce)
             .field("reload_rescan", &self.reload_rescan)
@@ -263,6 +269,7 @@ impl NodeConfig {
             admin_user: None,
             admin_password: None,
             challenge_listen: None,
+            challenge_passthrough: None,
             proxy_reload: None,
             reload_debounce: crate::reload::DEFAULT_DEBOUNCE,
             reload_rescan: crate::reload::DEFAULT_RESCAN,
@@ -500,8 +507,18 @@ impl Node {
 
         // The HTTP-01 responder needs the store; until the store is open
         // it answers 404 for every path, as it does for unknown tokens.
+        // Other paths go to the proxy from the start, when passed through.
         let responder: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
-        let challenge = deferred_router(responder.clone());
+        let challenge = match &cfg.challenge_passthrough {
+            Some(upstream) => {
+                info!(upstream = %upstream, "the challenge listener passes other requests to the proxy");
+                with_passthrough(
+                    deferred_router(responder.clone()),
+                    Arc::new(Passthrough::new(upstream.clone(), &metrics)),
+                )
+            }
+            None => deferred_router(responder.clone()),
+        };
         let mut listeners = Vec::new();
         if let Some(listener) = admin_listener {
             listeners.push(tokio::spawn(serve(
@@ -662,9 +679,12 @@ impl Node {
     }
 
     /// The HTTP-01 responder (`/.well-known/acme-challenge/<token>`),
-    /// answering 404 until the store is open. Serve it where the CA's
-    /// validations arrive (port 80 of every name), or let the node do it
-    /// with [`NodeConfig::challenge_listen`].
+    /// answering 404 until the store is open; with
+    /// [`NodeConfig::challenge_passthrough`], every other request goes to
+    /// the proxy (serve it with connect info, as the admin router, for
+    /// `X-Forwarded-For`). Serve it where the CA's validations arrive
+    /// (port 80 of every name), or let the node do it with
+    /// [`NodeConfig::challenge_listen`].
     pub fn challenge_router(&self) -> Router {
         self.challenge.clone()
     }

@@ -170,6 +170,10 @@ fn inject_pod(pod: &mut PodSpec, workload: &str, opts: &InjectOptions) -> Result
         challenge_port: CHALLENGE_PORT,
         // Unknown here: the sidecar takes proxy.admin.port from sb.yml.
         proxy_admin_port: None,
+        // Off: which port the proxy serves plain HTTP on is not known here
+        // (and a guess would turn port 80's 404s into 502s). The header
+        // says how to turn it on.
+        proxy_http_port: None,
         mesh,
         authorization: None,
         resources: None,

@@ -6,7 +6,9 @@
 //! Two properties keep a running fleet calm:
 //! - the pod template depends on neither `spec.replicas` nor the config
 //!   text, so scaling and config edits restart no pod (the sidecar reloads
-//!   the proxy when the mounted ConfigMap changes);
+//!   the proxy when the mounted ConfigMap changes), except for the few
+//!   config facts the pod itself must follow, whose change needs a proxy
+//!   restart anyway ([`pod_template`]);
 //! - randomness (a fresh cluster key) comes in through [`RenderOptions`],
 //!   so the same inputs always give the same objects.
 
@@ -25,7 +27,7 @@ use k8s_openapi::api::core::v1::{
     EnvVar, EnvVarSource, HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext,
     PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
     SecretKeySelector, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount,
+    Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -73,8 +75,18 @@ pub const NONROOT_UID: i64 = 65532;
 /// Name of the sidecar's admin port: its probes, and the PodMonitor's
 /// scrape of `/metrics`.
 pub const SIDECAR_ADMIN_PORT: &str = "sidecar-admin";
-/// Port of `<name>-svc` that reaches the sidecar's HTTP-01 responder.
+/// Port of `<name>-svc` that reaches the sidecar's HTTP-01 responder (and,
+/// through its passthrough, the proxy's HTTP listener).
 pub const ACME_SERVICE_PORT: i32 = 80;
+/// Port of `<name>-svc` that reaches the proxy's `proxy.https_bind_port`.
+pub const HTTPS_SERVICE_PORT: i32 = 443;
+/// Ports below this need privilege to bind: a capability, or the pod's
+/// `net.ipv4.ip_unprivileged_port_start` lowered to them.
+const FIRST_UNPRIVILEGED_PORT: i32 = 1024;
+/// The sysctl (namespaced per pod, and in the set Pod Security's baseline
+/// and restricted profiles allow) that lets a non-root process bind a
+/// port at or above its value.
+pub const UNPRIVILEGED_PORT_SYSCTL: &str = "net.ipv4.ip_unprivileged_port_start";
 /// `app.kubernetes.io/managed-by` of every object the operator makes.
 pub const MANAGER: &str = "sbmesh-operator";
 
@@ -96,7 +108,8 @@ pub struct Rendered {
     pub stateful_set: StatefulSet,
     /// `<name>-mesh`: headless, gossip and transport ports.
     pub headless_service: Service,
-    /// `<name>-svc`: `http` and `acme`.
+    /// `<name>-svc`: `http`, `acme`, and `https` when the config sets
+    /// `proxy.https_bind_port`.
     pub service: Service,
     /// `<name>-config`, key `sb.yml`.
     pub config_map: ConfigMap,
@@ -354,16 +367,26 @@ pub fn render(
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
             selector: Some(selector.clone()),
-            ports: Some(vec![
-                service_port("http", "TCP", spec.port, "http"),
-                service_port("acme", "TCP", ACME_SERVICE_PORT, "acme"),
-            ]),
+            ports: Some(
+                [
+                    service_port("http", "TCP", spec.port, "http"),
+                    service_port("acme", "TCP", ACME_SERVICE_PORT, "acme"),
+                ]
+                .into_iter()
+                // A proxy that terminates TLS itself is reachable on 443.
+                .chain(
+                    facts
+                        .https_port
+                        .map(|_| service_port("https", "TCP", HTTPS_SERVICE_PORT, "https")),
+                )
+                .collect(),
+            ),
             ..ServiceSpec::default()
         }),
         ..Service::default()
     };
 
-    let template = pod_template(proxy, &name, opts, facts.restarts_proxy)?;
+    let template = pod_template(proxy, &name, opts, &facts)?;
     let stateful_set = StatefulSet {
         metadata: meta(format!("{name}-proxy")),
         spec: Some(StatefulSetSpec {
@@ -455,15 +478,25 @@ fn service_port(name: &str, protocol: &str, port: i32, target: &str) -> ServiceP
 
 /// The pod template: the operator's pod, then `spec.podTemplate` on top
 /// ([`add_pod_knobs`]). Reads neither `spec.replicas` nor the config text,
-/// except whether the sidecar restarts the proxy (`restarts_proxy`): it
-/// signals the proxy's process, which only a shared process namespace lets
-/// it see (docs/reference.md#certificate-files). Changing `sbmesh.acme.apply` to or from
-/// `restart` therefore rolls the pods; no other config edit does.
+/// except three facts of the config (`facts`), each of which needs a proxy
+/// restart anyway:
+/// - whether the sidecar restarts the proxy: it signals the proxy's
+///   process, which only a shared process namespace lets it see
+///   (docs/reference.md#certificate-files);
+/// - `proxy.https_bind_port`: the proxy container's `https` port;
+/// - whether a port the pod binds is below 1024 (`proxy.http_bind_port`
+///   and `https_bind_port` among them): see [`low_port_privileges`].
+///
+/// No other config edit rolls the pods.
+///
+/// Every container is admitted by Pod Security's `restricted` profile: the
+/// pod runs as non-root 65532 with the runtime's seccomp profile, and each
+/// container drops every capability and cannot gain privileges.
 fn pod_template(
     proxy: &SBProxy,
     name: &str,
     opts: &RenderOptions,
-    restarts_proxy: bool,
+    facts: &ConfigFacts,
 ) -> Result<PodTemplateSpec, Refusal> {
     let spec = &proxy.spec;
     let mesh = spec.clustering.enabled.then(|| {
@@ -491,6 +524,7 @@ fn pod_template(
         admin_port: spec.sidecar.admin_port,
         challenge_port: spec.sidecar.challenge_port,
         proxy_admin_port: Some(spec.admin_port),
+        proxy_http_port: Some(spec.port),
         mesh,
         authorization: spec
             .admin_auth_secret_ref
@@ -500,13 +534,19 @@ fn pod_template(
         config_volume: CONFIG_VOLUME.to_string(),
         data_volume: DATA_VOLUME.to_string(),
     });
+    let (proxy_capability, unprivileged_port_start) = low_port_privileges(proxy, facts);
     let proxy_container = Container {
         name: PROXY_CONTAINER.to_string(),
         image: Some(spec.image.clone()),
-        ports: Some(vec![
-            container_port("http", spec.port, "TCP"),
-            container_port("admin", spec.admin_port, "TCP"),
-        ]),
+        ports: Some(
+            [
+                container_port("http", spec.port, "TCP"),
+                container_port("admin", spec.admin_port, "TCP"),
+            ]
+            .into_iter()
+            .chain(facts.https_port.map(|p| container_port("https", p, "TCP")))
+            .collect(),
+        ),
         // The proxy interpolates ${SBPROXY_POD_NAME} and ${SBPROXY_POD_IP}
         // in sb.yml as the sidecar does.
         env: Some(vec![
@@ -519,8 +559,14 @@ fn pod_template(
             mount(CONFIG_VOLUME, CONFIG_DIR, true),
             mount(DATA_VOLUME, DATA_DIR, false),
         ]),
+        // The root file system is left writable: what the proxy writes
+        // outside /var/lib/sbproxy is its own business.
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                add: proxy_capability.map(|c| vec![c.to_string()]),
+            }),
             ..SecurityContext::default()
         }),
         ..Container::default()
@@ -533,7 +579,7 @@ fn pod_template(
         spec: Some(PodSpec {
             init_containers: Some(vec![sidecar]),
             containers: vec![proxy_container],
-            share_process_namespace: restarts_proxy.then_some(true),
+            share_process_namespace: facts.restarts_proxy.then_some(true),
             // Both containers run as the sidecar's user: the certificate
             // keys it writes for the proxy are 0600 (docs/reference.md#certificate-files), so the
             // proxy must be the same user to read them. fsGroup makes the
@@ -546,6 +592,12 @@ fn pod_template(
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".to_string(),
                     ..SeccompProfile::default()
+                }),
+                sysctls: unprivileged_port_start.map(|port| {
+                    vec![Sysctl {
+                        name: UNPRIVILEGED_PORT_SYSCTL.to_string(),
+                        value: port.to_string(),
+                    }]
                 }),
                 ..PodSecurityContext::default()
             }),
@@ -572,6 +624,45 @@ fn pod_template(
         add_pod_knobs(&mut template, knobs)?;
     }
     Ok(template)
+}
+
+/// What a pod whose ports go below 1024 needs to bind them as uid 65532:
+/// - the proxy container adds back `NET_BIND_SERVICE` (the one capability the
+///   `restricted` profile lets a container add) when one of the proxy's
+///   ports (`spec.port`, `spec.adminPort`, `proxy.http_bind_port`,
+///   `proxy.https_bind_port`) is below 1024. That alone serves a proxy
+///   binary that carries the file capability: the container runtime gives a
+///   non-root process no ambient capabilities;
+/// - so the pod also gets `net.ipv4.ip_unprivileged_port_start` set to its
+///   lowest port below 1024 (the proxy's or the sidecar's), which lets any
+///   non-root process of the pod bind from there up.
+///
+/// `(None, None)` when every port is 1024 or above, as by default.
+fn low_port_privileges(
+    proxy: &SBProxy,
+    facts: &ConfigFacts,
+) -> (Option<&'static str>, Option<i32>) {
+    let spec = &proxy.spec;
+    let proxy_ports = [spec.port, spec.admin_port]
+        .into_iter()
+        .chain(facts.http_port)
+        .chain(facts.https_port);
+    let sidecar_ports = [spec.sidecar.admin_port, spec.sidecar.challenge_port]
+        .into_iter()
+        .chain(
+            spec.clustering
+                .enabled
+                .then_some([spec.clustering.gossip_port, spec.clustering.transport_port])
+                .into_iter()
+                .flatten(),
+        );
+    let low = |port: &i32| *port < FIRST_UNPRIVILEGED_PORT;
+    let capability = proxy_ports
+        .clone()
+        .any(|p| low(&p))
+        .then_some("NET_BIND_SERVICE");
+    let lowest = proxy_ports.chain(sidecar_ports).filter(low).min();
+    (capability, lowest)
 }
 
 /// Adds `spec.podTemplate` to the operator's pod `template`, or refuses it
@@ -834,6 +925,11 @@ fn set_from(var: &str) -> &'static str {
             "comes from spec.adminPort: set that instead",
         ),
         (
+            &flags::CHALLENGE_PASSTHROUGH,
+            "comes from spec.port, the proxy's HTTP listener, to which the challenge port (the \
+             Service's port 80) passes every request that is not an ACME challenge",
+        ),
+        (
             &flags::MESH_SERVICE,
             "is the headless Service <metadata.name>-mesh the operator makes",
         ),
@@ -1022,6 +1118,11 @@ pub struct SidecarSettings {
     /// The proxy's admin port, for the reload URL; `None`: the sidecar's own
     /// default (`proxy.admin.port` from sb.yml, else 9090).
     pub proxy_admin_port: Option<i32>,
+    /// The proxy's plain HTTP port in the same pod, where the challenge
+    /// listener passes every request outside `/.well-known/acme-challenge/`
+    /// (`SBMESH_CHALLENGE_PASSTHROUGH`); `None`: no passthrough, those get
+    /// `404`.
+    pub proxy_http_port: Option<i32>,
     /// The gossip mesh; `None`: the sidecar runs alone.
     pub mesh: Option<MeshSettings>,
     /// Secret name and key of the reload `Authorization` header.
@@ -1059,6 +1160,12 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
         env.push(value_env(
             flags::PROXY_RELOAD_URL.env,
             &format!("http://127.0.0.1:{port}/admin/reload"),
+        ));
+    }
+    if let Some(port) = s.proxy_http_port {
+        env.push(value_env(
+            flags::CHALLENGE_PASSTHROUGH.env,
+            &challenge_passthrough_url(port),
         ));
     }
     let mut ports = vec![
@@ -1114,6 +1221,12 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
         security_context: Some(restricted_security_context()),
         ..Container::default()
     }
+}
+
+/// Where the sidecar passes port 80's ordinary requests: the proxy's HTTP
+/// listener in the same pod.
+pub fn challenge_passthrough_url(proxy_http_port: i32) -> String {
+    format!("http://127.0.0.1:{proxy_http_port}")
 }
 
 /// Non-root 65532, read-only root file system, no capabilities, no
@@ -1249,6 +1362,10 @@ fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
             flags::PROXY_RELOAD_URL.env,
             format!("http://127.0.0.1:{}/admin/reload", spec.admin_port),
         ),
+        (
+            flags::CHALLENGE_PASSTHROUGH.env,
+            challenge_passthrough_url(spec.port),
+        ),
     ]);
     if spec.clustering.enabled {
         env.insert(flags::MESH_SERVICE.env, mesh_name(&name));
@@ -1289,8 +1406,12 @@ struct ConfigFacts {
     /// The sidecar restarts the proxy: `SBMESH_PROXY_CERT_APPLY` in
     /// `sidecarEnv`, else `sbmesh.acme.apply`, is `restart`.
     restarts_proxy: bool,
-    /// `proxy.https_bind_port`: a port of the proxy the NetworkPolicy admits.
+    /// `proxy.https_bind_port`: a port of the proxy the NetworkPolicy
+    /// admits, `<name>-svc` exposes as 443 and the proxy container declares.
     https_port: Option<i32>,
+    /// `proxy.http_bind_port`, when the config sets it (`spec.port` is the
+    /// one the objects use; this only counts for [`low_port_privileges`]).
+    http_port: Option<i32>,
 }
 
 /// ConfigInvalid and AcmeStoreNotShared, in that order (the documented message
@@ -1432,16 +1553,18 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
             acme_store_not_shared_message(proxy.spec.replicas, &block, &backend),
         ));
     }
-    let https_port = tree
-        .as_ref()
-        .and_then(|t| yaml_at(t, &["proxy", "https_bind_port"]))
-        .and_then(scalar_text)
-        .and_then(|p| p.trim().parse::<u16>().ok())
-        .filter(|p| *p != 0)
-        .map(i32::from);
+    let port_at = |key: &str| {
+        tree.as_ref()
+            .and_then(|t| yaml_at(t, &["proxy", key]))
+            .and_then(scalar_text)
+            .and_then(|p| p.trim().parse::<u16>().ok())
+            .filter(|p| *p != 0)
+            .map(i32::from)
+    };
     Ok(ConfigFacts {
         restarts_proxy,
-        https_port,
+        https_port: port_at("https_bind_port"),
+        http_port: port_at("http_bind_port"),
     })
 }
 

@@ -121,10 +121,22 @@ fn the_injected_sidecar_is_the_rendered_one() {
     pod_spec["containers"][0]["volumeMounts"][0]["name"] = "sbproxy-config".into();
     let out = inject::inject(&sts, &opts(Some("demo-mesh"))).unwrap();
     let mut injected = pod(&out)["initContainers"][0].clone();
-    // Only render knows the proxy's admin port (spec.adminPort).
+    // Only render knows the proxy's admin port (spec.adminPort) and its
+    // HTTP port (spec.port, where port 80 passes ordinary requests):
+    // inject leaves the passthrough off.
     let mut expected = rendered_sidecar;
     let env = expected["env"].as_array_mut().unwrap();
-    env.retain(|e| e["name"] != "SBMESH_PROXY_RELOAD_URL");
+    env.retain(|e| {
+        e["name"] != "SBMESH_PROXY_RELOAD_URL" && e["name"] != "SBMESH_CHALLENGE_PASSTHROUGH"
+    });
+    assert!(
+        injected["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["name"] != "SBMESH_CHALLENGE_PASSTHROUGH"),
+        "inject sets no passthrough: {injected}"
+    );
     injected["env"]
         .as_array_mut()
         .unwrap()

@@ -873,3 +873,197 @@ fn admin_port_of(side: &Container) -> i32 {
         .and_then(|v| v.rsplit(':').next()?.parse().ok())
         .unwrap()
 }
+
+// ---------------------------------------------------------------------------
+// The Service a user exposes (docs/reference.md#objects-the-operator-applies)
+
+/// `<name>-svc`'s ports as (name, port, targetPort).
+fn service_ports(r: &Rendered) -> Vec<(String, i32, Value)> {
+    r.service
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            (
+                p.name.clone().unwrap(),
+                p.port,
+                serde_json::to_value(&p.target_port).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A container's ports as (name, containerPort).
+fn container_ports(c: &Container) -> Vec<(String, i32)> {
+    c.ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), p.container_port))
+        .collect()
+}
+
+#[test]
+fn port_80_passes_ordinary_requests_to_the_proxys_http_port() {
+    for name in fx::SCENARIOS {
+        let (proxy, _) = fx::scenario(name);
+        let r = fx::render_scenario(name);
+        assert_eq!(
+            env_value(&sidecar(&r), "SBMESH_CHALLENGE_PASSTHROUGH"),
+            Some(format!("http://127.0.0.1:{}", proxy.spec.port)),
+            "{name}"
+        );
+        // The port the Service's `http` reaches is the one passed to.
+        assert_eq!(
+            container_ports(&proxy_container(&r))[0],
+            ("http".to_string(), proxy.spec.port),
+            "{name}"
+        );
+    }
+    let proxy = fx::proxy("image: sbproxy\nconfigRef: demo\nport: 8000\n");
+    let config = fx::config("proxy:\n  admin: { enabled: true, port: 9090 }\n");
+    let r = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert_eq!(
+        env_value(&sidecar(&r), "SBMESH_CHALLENGE_PASSTHROUGH").as_deref(),
+        Some("http://127.0.0.1:8000")
+    );
+    // The value the sidecar is given is one it accepts.
+    let url = env_value(&sidecar(&r), "SBMESH_CHALLENGE_PASSTHROUGH").unwrap();
+    assert!(sbmesh::http::passthrough::Upstream::parse(&url).is_ok());
+}
+
+#[test]
+fn the_service_exposes_443_when_the_config_binds_https() {
+    // proxy.https_bind_port: 8443.
+    let r = fx::render_scenario("pod-template");
+    assert_eq!(
+        service_ports(&r),
+        [
+            ("http".to_string(), 8080, "http".into()),
+            ("acme".to_string(), 80, "acme".into()),
+            ("https".to_string(), 443, "https".into()),
+        ]
+    );
+    assert_eq!(
+        container_ports(&proxy_container(&r)),
+        [
+            ("http".to_string(), 8080),
+            ("admin".to_string(), 9090),
+            ("https".to_string(), 8443),
+        ]
+    );
+
+    // No https_bind_port: no https port anywhere.
+    for name in ["three-replicas-clustered", "byo-secret", "acme-redis"] {
+        let r = fx::render_scenario(name);
+        assert!(
+            service_ports(&r).iter().all(|(n, ..)| n != "https"),
+            "{name}"
+        );
+        assert!(
+            container_ports(&proxy_container(&r))
+                .iter()
+                .all(|(n, _)| n != "https"),
+            "{name}"
+        );
+    }
+
+    // A config that starts binding HTTPS rolls the pods (the proxy must
+    // restart to bind it anyway) and opens 443; nothing else changes.
+    let (proxy, mut config) = fx::scenario("three-replicas-clustered");
+    let before = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    config.spec.config =
+        config
+            .spec
+            .config
+            .replacen("proxy:\n", "proxy:\n  https_bind_port: 9443\n", 1);
+    let after = render::render(&proxy, Some(&config), None, &fx::opts()).unwrap();
+    assert_eq!(
+        service_ports(&after).last().unwrap(),
+        &("https".to_string(), 443, "https".into())
+    );
+    assert_eq!(
+        container_ports(&proxy_container(&after)).last().unwrap(),
+        &("https".to_string(), 9443)
+    );
+    let (a, b) = differ_only_at(
+        &serde_json::to_value(&before.stateful_set).unwrap(),
+        &serde_json::to_value(&after.stateful_set).unwrap(),
+        "/spec/template/spec/containers/0/ports",
+    );
+    assert_ne!(a, b);
+    assert_eq!(before.headless_service, after.headless_service);
+}
+
+/// (capabilities the proxy adds, capabilities it drops, the pod's sysctls).
+type Privileges = (
+    Option<Vec<String>>,
+    Option<Vec<String>>,
+    Vec<(String, String)>,
+);
+
+fn low_port_privileges(spec: &str, config: &str) -> Privileges {
+    let proxy = fx::proxy(&format!("image: sbproxy\nconfigRef: demo\n{spec}"));
+    let r = render::render(&proxy, Some(&fx::config(config)), None, &fx::opts())
+        .unwrap_or_else(|e| panic!("{spec} {config}: {e}"));
+    let caps = proxy_container(&r)
+        .security_context
+        .unwrap()
+        .capabilities
+        .unwrap();
+    let side_caps = sidecar(&r).security_context.unwrap().capabilities.unwrap();
+    assert_eq!(side_caps.add, None, "the sidecar adds nothing");
+    assert_eq!(side_caps.drop, Some(vec!["ALL".to_string()]));
+    let sysctls = pod_spec(&r)
+        .security_context
+        .unwrap()
+        .sysctls
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.name, s.value))
+        .collect();
+    (caps.add, caps.drop, sysctls)
+}
+
+#[test]
+fn ports_below_1024_get_what_binding_them_as_non_root_needs() {
+    const CONFIG: &str = "proxy:\n  admin: { enabled: true, port: 9090 }\n";
+    let all = Some(vec!["ALL".to_string()]);
+    let bind = Some(vec!["NET_BIND_SERVICE".to_string()]);
+    let sysctl = |port: &str| {
+        vec![(
+            "net.ipv4.ip_unprivileged_port_start".to_string(),
+            port.to_string(),
+        )]
+    };
+    // Every port at 1024 or above (the defaults): nothing added.
+    assert_eq!(low_port_privileges("", CONFIG), (None, all.clone(), vec![]));
+    // The proxy's HTTP port.
+    assert_eq!(
+        low_port_privileges("port: 80\n", CONFIG),
+        (bind.clone(), all.clone(), sysctl("80"))
+    );
+    // The config's HTTPS port, the lowest counting.
+    assert_eq!(
+        low_port_privileges(
+            "port: 8080\n",
+            "proxy:\n  admin: { enabled: true, port: 9090 }\n  https_bind_port: 443\n"
+        ),
+        (bind.clone(), all.clone(), sysctl("443"))
+    );
+    assert_eq!(
+        low_port_privileges(
+            "port: 80\n",
+            "proxy:\n  admin: { enabled: true, port: 9090 }\n  http_bind_port: 80\n  https_bind_port: 443\n"
+        ),
+        (bind.clone(), all.clone(), sysctl("80"))
+    );
+    // Only the sidecar's challenge port: the sysctl, no capability for the
+    // proxy (the sidecar, dropping all, binds through the sysctl).
+    assert_eq!(
+        low_port_privileges("sidecar: { challengePort: 80 }\n", CONFIG),
+        (None, all, sysctl("80"))
+    );
+}

@@ -93,6 +93,8 @@ pub struct RunArgs {
     pub admin_password: Option<String>,
     #[arg(described_by = &flags::CHALLENGE_LISTEN)]
     pub challenge_listen: Option<String>,
+    #[arg(described_by = &flags::CHALLENGE_PASSTHROUGH)]
+    pub challenge_passthrough: Option<String>,
     #[arg(described_by = &flags::PROXY_RELOAD_URL)]
     pub proxy_reload_url: Option<String>,
     #[arg(described_by = &flags::PROXY_AUTHORIZATION)]

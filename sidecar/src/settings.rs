@@ -26,6 +26,7 @@ use sbmesh::config::{
     self, CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_TRANSPORT_PORT, EnvLookup, Problem, SbConfig,
     SidecarPorts,
 };
+use sbmesh::http::passthrough::Upstream;
 use sbmesh::identity;
 use sbmesh::node::{NodeConfig, ProxyReload, ProxyRestart};
 use sbmesh::reload::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
@@ -231,6 +232,12 @@ pub fn resolve(
             parse_listen,
         )
         .unwrap_or(DEFAULT_CHALLENGE_LISTEN);
+    // Empty is off, as unset.
+    let challenge_passthrough = r.parsed(
+        &flags::CHALLENGE_PASSTHROUGH,
+        args.challenge_passthrough.as_deref(),
+        |text| Upstream::parse(text).map_err(|e| e.to_string()),
+    );
 
     let proxy_credentials = proxy_admin_credentials(&config, env).unwrap_or_else(|problems| {
         r.problems.extend(problems);
@@ -476,6 +483,7 @@ pub fn resolve(
         admin_user,
         admin_password,
         challenge_listen: Some(challenge_listen),
+        challenge_passthrough,
         proxy_reload: Some(ProxyReload {
             url: proxy_reload_url,
             authorization: proxy_authorization,
@@ -1102,6 +1110,7 @@ origins: { api.example.com: {} }
             s.node.challenge_listen,
             Some("0.0.0.0:8089".parse().unwrap())
         );
+        assert_eq!(s.node.challenge_passthrough, None);
         assert_eq!(reload(&s).url, "http://127.0.0.1:9090/admin/reload");
         assert_eq!(reload(&s).authorization, None);
         assert_eq!(s.node.cert_dir, Path::new("/var/lib/sbproxy/certs"));
@@ -1720,6 +1729,55 @@ origins: { api.example.com: {} }
             .ok();
         assert_eq!(reload(&s).url, "https://proxy.local:9443/admin/reload");
         assert_eq!(reload(&s).authorization.as_deref(), Some("Bearer t0k"));
+    }
+
+    /// `--challenge-passthrough`: off unless set (empty is off), flag over
+    /// environment, and anything but `http://host:port` refused at start,
+    /// naming the flag, its variable and what is accepted.
+    #[test]
+    fn challenge_passthrough_is_an_http_host_port_url() {
+        let passthrough = |s: Settings| s.node.challenge_passthrough.map(|u| u.to_string());
+        assert_eq!(passthrough(Case::new("origins: {}\n").ok()), None);
+        let off = Case::new("origins: {}\n")
+            .env("SBMESH_CHALLENGE_PASSTHROUGH", "")
+            .ok();
+        assert_eq!(passthrough(off), None);
+        let from_env = Case::new("origins: {}\n")
+            .env("SBMESH_CHALLENGE_PASSTHROUGH", "http://127.0.0.1:8080")
+            .ok();
+        assert_eq!(
+            passthrough(from_env).as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        let flag_wins = Case::new("origins: {}\n")
+            .env("SBMESH_CHALLENGE_PASSTHROUGH", "http://127.0.0.1:8080")
+            .args(|a| a.challenge_passthrough = Some("http://localhost:8000/".into()))
+            .ok();
+        assert_eq!(
+            passthrough(flag_wins).as_deref(),
+            Some("http://localhost:8000")
+        );
+
+        for bad in [
+            "https://127.0.0.1:8443",
+            "127.0.0.1:8080",
+            "http://127.0.0.1:8080/app",
+        ] {
+            let problems = Case::new("origins: {}\n")
+                .args(|a| a.challenge_passthrough = Some(bad.into()))
+                .problems();
+            assert_eq!(problems.len(), 1, "{bad}: {problems:?}");
+            let p = &problems[0];
+            assert!(
+                p.starts_with(&format!(
+                    "--challenge-passthrough: {bad:?} is not an http://host:port URL: "
+                )) && p.contains("e.g. http://127.0.0.1:8080")
+                    && p.ends_with(
+                        "(from --challenge-passthrough or SBMESH_CHALLENGE_PASSTHROUGH)"
+                    ),
+                "{p}"
+            );
+        }
     }
 
     #[test]

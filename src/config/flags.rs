@@ -130,6 +130,9 @@ pub enum Kind {
     Listen,
     /// An `http://` or `https://` URL.
     Url,
+    /// An `http://host:port` URL and nothing more: where requests are
+    /// passed, each with its own path.
+    HttpOrigin,
     /// A number of milliseconds.
     Millis,
     /// A positive number of seconds.
@@ -154,6 +157,7 @@ impl Kind {
             Kind::Port => Some("65536"),
             Kind::Listen => Some("9091"),
             Kind::Url => Some("ftp://example.com/"),
+            Kind::HttpOrigin => Some("https://127.0.0.1:8443"),
             Kind::Millis => Some("soon"),
             Kind::Secs | Kind::Count => Some("0"),
             Kind::Choice => Some("no-such-choice"),
@@ -402,6 +406,17 @@ pub const CHALLENGE_LISTEN: Flag = Flag {
     default: FlagDefault::Value(&DEFAULT_CHALLENGE_LISTEN),
     help: "Address of the ACME HTTP-01 responder",
 };
+/// `--challenge-passthrough`.
+pub const CHALLENGE_PASSTHROUGH: Flag = Flag {
+    long: "challenge-passthrough",
+    env: "SBMESH_CHALLENGE_PASSTHROUGH",
+    value_name: "URL",
+    kind: Kind::HttpOrigin,
+    default: FlagDefault::None,
+    help: "The proxy's plain HTTP listener, http://host:port, to which the challenge listener \
+           passes every request outside /.well-known/acme-challenge/; unset or empty: those get \
+           404",
+};
 /// `--proxy-reload-url`.
 pub const PROXY_RELOAD_URL: Flag = Flag {
     long: "proxy-reload-url",
@@ -594,6 +609,7 @@ pub const RUN: &[Flag] = &[
     ADMIN_USER,
     ADMIN_PASSWORD,
     CHALLENGE_LISTEN,
+    CHALLENGE_PASSTHROUGH,
     PROXY_RELOAD_URL,
     PROXY_AUTHORIZATION,
     CERT_DIR,

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::ConnectInfo;
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -164,8 +166,17 @@ async fn connection(
         let router = router.clone();
         async move {
             let response = router.oneshot(req).await;
-            drop(busy);
-            response
+            // Busy until the body is sent (or the connection drops it): a
+            // long response (one passed through from the proxy) is not an
+            // idle connection the limit may close.
+            response.map(|r| {
+                r.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _busy = &busy;
+                        frame
+                    }))
+                })
+            })
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -203,8 +214,9 @@ async fn connection(
     }
 }
 
-/// Counts a request in flight on its connection while it lives, so the
-/// limit closes only connections that wait for a request.
+/// Counts a request in flight on its connection while it lives (until its
+/// response body is sent), so the limit closes only connections that wait
+/// for a request.
 struct InFlight(Arc<AtomicUsize>);
 
 impl InFlight {

@@ -1,8 +1,11 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics` and `/admin/*`
-//! (docs/reference.md#admin-endpoints).
+//! (docs/reference.md#admin-endpoints); serving it and the challenge
+//! listener ([`listener`]); the challenge listener's passthrough to the
+//! proxy ([`passthrough`]).
 
 mod auth;
 pub mod listener;
+pub mod passthrough;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
