@@ -40,8 +40,9 @@ fn unix_ms() -> f64 {
 /// `..data` symlink's change time), in unix ms: the node's own files.
 fn swapped_at_ms(uid: &str) -> Option<f64> {
     let state = std::env::var("SBMESH_CLUSTER_STATE").unwrap_or("/var/lib/sbmesh-cluster".into());
-    let link =
-        format!("{state}/kubelet/root/pods/{uid}/volumes/kubernetes.io~configmap/config/..data");
+    let link = format!(
+        "{state}/kubelet/root/pods/{uid}/volumes/kubernetes.io~configmap/sbproxy-config/..data"
+    );
     let meta = std::fs::symlink_metadata(link).ok()?;
     use std::os::unix::fs::MetadataExt;
     Some(meta.ctime() as f64 * 1000.0 + meta.ctime_nsec() as f64 / 1e6)
@@ -62,7 +63,7 @@ fn main() {
     let ns = Namespace::new(&c, "bench-timeline", &[]);
 
     let t0 = Instant::now();
-    let manifest = acme_manifest(&c, &ns.name, &NAMES);
+    let manifest = acme_manifest(&c, &ns.name, &NAMES, 2);
     c.apply(&manifest);
     let ip = wait_for("demo-svc", Duration::from_secs(60), || {
         ns.get(&["service", "demo-svc"])?["spec"]["clusterIP"]
@@ -154,12 +155,21 @@ fn main() {
         for (k, p) in pods.iter().enumerate() {
             let uid = p["metadata"]["uid"].as_str().unwrap_or_default();
             let swapped = swapped_at_ms(uid).unwrap_or(f64::NAN);
-            let posted = sidecar_status(&pod_ip(p), Some(("admin", "secret")))
-                .and_then(|s| {
-                    let local = s["nodes"].as_array()?.iter().find(|n| n["local"] == true)?;
-                    local["last_reload"]["at_unix_ms"].as_f64()
-                })
-                .unwrap_or(f64::NAN);
+            let status = sidecar_status(&pod_ip(p), Some(("admin", "secret")));
+            let local = status.as_ref().and_then(|s| {
+                s["nodes"]
+                    .as_array()?
+                    .iter()
+                    .find(|n| n["local"] == true)
+                    .cloned()
+            });
+            let posted = local
+                .as_ref()
+                .and_then(|n| n["last_reload"]["at_unix_ms"].as_f64())
+                .unwrap_or_else(|| {
+                    eprintln!("no reload delivered in the status: {local:?}");
+                    f64::NAN
+                });
             let served = served_at[k].unwrap_or(f64::NAN);
             rows.push((swapped - applied, posted - swapped, served - applied));
         }

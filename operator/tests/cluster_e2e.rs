@@ -337,7 +337,7 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
     let ns = Namespace::new(&c, "e2e-acme", &[]);
     let names = ["a.e2e.test", "b.e2e.test", "c.e2e.test"];
     let issued_before = issued(&c);
-    c.apply(&acme_manifest(&c, &ns.name, &names));
+    c.apply(&acme_manifest(&c, &ns.name, &names, 1));
     // Pebble resolves each name to the Service, as a public DNS record
     // would point at a LoadBalancer in front of it.
     let ip = wait_for("the Service demo-svc", Duration::from_secs(60), || {
@@ -383,6 +383,22 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
         }
     }
     assert_eq!(pods.len(), 3);
+    // Port 80 of the Service carries the challenge (Pebble's validations
+    // above) and ordinary HTTP, passed to the proxy; a challenge path never is.
+    wait_for_answer(
+        &format!("http://{ip}/"),
+        names[0],
+        &format!("{}\n", names[0]),
+        Duration::from_secs(30),
+    );
+    let host = format!("Host: {}", names[0]);
+    let (code, body) = curl(&[
+        "-H",
+        &host,
+        &format!("http://{ip}/.well-known/acme-challenge/not-a-token"),
+    ])
+    .expect("curl");
+    assert_eq!(code, 404, "an unknown token through port 80: {body}");
     // One certificate for the three names: exactly one issuance at the CA.
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(issued(&c) - issued_before, 1, "certificates Pebble issued");

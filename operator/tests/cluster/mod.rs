@@ -41,7 +41,7 @@ pub struct Cluster {
     pub challtestsrv: String,
     /// Pebble's log ("Issued certificate serial" lines).
     pub pebble_log: String,
-    /// Redis, as pods reach it.
+    /// Redis, as pods reach it, without a database number.
     pub redis_url: String,
 }
 
@@ -243,7 +243,17 @@ impl Drop for Namespace {
 /// proxy with it (sbproxy reads its certificate once): 3 replicas, the
 /// proxy's TLS port 8443, each name a mock origin answering `<name>\n`.
 /// The ConfigMap `acme-ca` carries the CA Pebble's listener is signed by.
-pub fn acme_manifest(c: &Cluster, ns: &str, names: &[&str]) -> String {
+///
+/// Its store is Redis database `db`, emptied first: records another run
+/// sealed under another cluster key cannot be opened, and the sidecar
+/// rightly refuses to overwrite them.
+pub fn acme_manifest(c: &Cluster, ns: &str, names: &[&str], db: u8) -> String {
+    let redis = format!("{}/{db}", c.redis_url);
+    run(
+        Command::new("redis-cli").args(["-u", &redis, "FLUSHDB"]),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("redis-cli -u {redis} FLUSHDB: {e}"));
     let ca = std::fs::read_to_string(&c.ca).expect("the cluster CA");
     let ca: String = ca.lines().map(|l| format!("    {l}\n")).collect();
     let origins: String = names
@@ -302,13 +312,23 @@ spec:
     - {{ name: acme-ca, mountPath: /etc/sbmesh-acme, readOnly: true }}
 "#,
         dir = c.acme_directory,
-        redis = c.redis_url,
     )
 }
 
 /// Makes Pebble resolve `name` to `ip` (pebble-challtestsrv's `/add-a`), as
 /// a public DNS record points a name at the LoadBalancer before a Service.
+/// Records of an earlier run are cleared first: a name that still resolved
+/// to the ClusterIP of a deleted Service would time Pebble's validation out.
 pub fn add_a(c: &Cluster, name: &str, ip: &str) {
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        &format!("{}/clear-a", c.challtestsrv),
+        "-d",
+        &format!(r#"{{"host":"{name}."}}"#),
+    ])
+    .expect("pebble-challtestsrv");
+    assert_eq!(code, 200, "clear-a {name}: {body}");
     let (code, body) = curl(&[
         "-X",
         "POST",
