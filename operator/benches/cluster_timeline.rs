@@ -13,7 +13,7 @@
 //! scripts/cluster up && SBMESH_CLUSTER_PROFILE=debug scripts/cluster images
 //! eval "$(scripts/cluster env)" && export SBMESH_TEST_KUBECONFIG=$KUBECONFIG
 //! target/debug/sbmesh-operator install --rbac-scope cluster | kubectl apply -f -
-//! cargo bench -p sbmesh-operator --bench cluster_timeline
+//! cargo bench --profile dev -p sbmesh-operator --bench cluster_timeline
 //! ```
 //!
 //! `SBMESH_BENCH_EDITS` (default 3) config edits are timed.
