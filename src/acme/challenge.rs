@@ -72,8 +72,35 @@ const STORE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// concurrency; the excess waits its turn, within the timeout above.
 const MAX_STORE_LOOKUPS: usize = 32;
 
-/// Minimum interval between two warnings about store failures.
+/// Minimum interval between two warnings of one [`WarnGate`].
 const WARN_EVERY_MS: u64 = 10_000;
+
+/// Lets a warning through at most every 10 s and counts the ones held back:
+/// a listener's failures can come once per request, and the log must not.
+#[derive(Debug, Default)]
+pub(crate) struct WarnGate {
+    last_ms: AtomicU64,
+    held_back: AtomicU64,
+}
+
+impl WarnGate {
+    /// `Some(warnings held back since the last one)` when one may be logged now.
+    pub(crate) fn open(&self) -> Option<u64> {
+        let now = now_unix_ms();
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= WARN_EVERY_MS
+            && self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            Some(self.held_back.swap(0, Ordering::Relaxed))
+        } else {
+            self.held_back.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
 
 /// The record at [`keys::challenge`]`(token)`: JSON, not sealed (the key
 /// authorization is served to anyone who asks for the token anyway).
@@ -131,8 +158,7 @@ pub struct ChallengeBook {
     hits: Counter,
     missed: Counter,
     rejected: Counter,
-    last_warn_ms: AtomicU64,
-    suppressed_warnings: AtomicU64,
+    warnings: WarnGate,
 }
 
 impl std::fmt::Debug for ChallengeBook {
@@ -232,8 +258,7 @@ impl ChallengeBook {
             entries: RwLock::new(HashMap::new()),
             misses: Mutex::new(HashMap::new()),
             store_lookups: tokio::sync::Semaphore::new(MAX_STORE_LOOKUPS),
-            last_warn_ms: AtomicU64::new(0),
-            suppressed_warnings: AtomicU64::new(0),
+            warnings: WarnGate::default(),
         })
     }
 
@@ -447,22 +472,12 @@ impl ChallengeBook {
 
     /// A warning at most every 10 s, with the count of those held back.
     fn warn_limited(&self, message: &str) {
-        let now = now_unix_ms();
-        let last = self.last_warn_ms.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= WARN_EVERY_MS
-            && self
-                .last_warn_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let suppressed = self.suppressed_warnings.swap(0, Ordering::Relaxed);
+        if let Some(suppressed) = self.warnings.open() {
             tracing::warn!(
                 backend = self.store.backend(),
                 suppressed,
                 "challenge responder: {message}; answering 404 (the CA retries)"
             );
-        } else {
-            self.suppressed_warnings.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

@@ -55,6 +55,7 @@ pub use interpolate::{
 pub use key::{
     KeyGenError, KeySource, generate_key, key_to_hex, parse_key_ring, resolve_key_source,
 };
+pub use parse::child_path;
 
 /// Looks up an environment variable by name; `None` when it is not set.
 ///

@@ -768,8 +768,8 @@ impl<'a, 'c, 'u> Fields<'a, 'c, 'u> {
 }
 
 /// `parent.key`, quoting `key` when it is not a plain identifier
-/// (`origins."api.example.com"`).
-pub(super) fn child_path(parent: &str, key: &str) -> String {
+/// (`origins."api.example.com"`): how a problem names a YAML path.
+pub fn child_path(parent: &str, key: &str) -> String {
     let plain = !key.is_empty()
         && key
             .chars()

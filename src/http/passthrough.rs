@@ -31,7 +31,6 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -48,8 +47,8 @@ use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, warn};
 
 use crate::acme::challenge::CHALLENGE_PATH_PREFIX;
+use crate::acme::challenge::WarnGate;
 use crate::metrics::{Metrics, PASSTHROUGH_RESULTS, ResultLabels};
-use crate::store::now_unix_ms;
 
 /// Largest request body passed to the proxy: a plain-HTTP form or upload on
 /// port 80, not a bulk transfer (which belongs on HTTPS). A larger declared
@@ -69,10 +68,6 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Idle connections to the proxy kept for reuse, and for how long.
 const MAX_IDLE_CONNECTIONS: usize = 32;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Minimum interval between two warnings about a proxy that does not answer
-/// (each failure is counted, and logged at debug level).
-const WARN_EVERY_MS: u64 = 10_000;
 
 /// The proxy's plain HTTP listener: an `http://host:port` URL with nothing
 /// after the port (a trailing `/` aside). The port defaults to 80.
@@ -164,7 +159,8 @@ pub struct Passthrough {
     ok: Counter,
     error: Counter,
     too_large: Counter,
-    last_warn_ms: AtomicU64,
+    /// Each failure is counted and logged at debug level; warned of at most every 10 s.
+    warnings: WarnGate,
 }
 
 impl fmt::Debug for Passthrough {
@@ -204,7 +200,7 @@ impl Passthrough {
             ok,
             error,
             too_large,
-            last_warn_ms: AtomicU64::new(0),
+            warnings: WarnGate::default(),
         }
     }
 
@@ -317,17 +313,11 @@ impl Passthrough {
     fn failed(&self, why: &str) {
         self.error.inc();
         debug!(upstream = %self.upstream, error = why, "passthrough: no answer from the proxy; 502");
-        let now = now_unix_ms();
-        let last = self.last_warn_ms.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= WARN_EVERY_MS
-            && self
-                .last_warn_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if let Some(suppressed) = self.warnings.open() {
             warn!(
                 upstream = %self.upstream,
                 error = why,
+                suppressed,
                 "challenge listener: the proxy did not answer a passed-through request; answering \
                  502 (counted in sbmesh_challenge_passthrough_total{{result=\"error\"}})"
             );

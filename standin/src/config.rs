@@ -14,7 +14,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use sbmesh::config::{
     DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_BIND, DEFAULT_PROXY_ADMIN_PASSWORD,
     DEFAULT_PROXY_ADMIN_PORT, DEFAULT_PROXY_ADMIN_USER, DEFAULT_TRANSPORT_PORT, EnvLookup,
-    interpolate_report, sbproxy,
+    child_path, interpolate_report, sbproxy,
 };
 use serde_norway::{Mapping, Value};
 
@@ -377,20 +377,6 @@ fn key_text(key: &Value) -> String {
             .unwrap_or_default()
             .trim()
             .to_owned(),
-    }
-}
-
-/// `parent.key`, or `parent."key"` when the key has dots or other
-/// punctuation (as the sidecar names paths).
-fn child_path(parent: &str, key: &str) -> String {
-    let plain = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-    if plain {
-        format!("{parent}.{key}")
-    } else {
-        format!("{parent}.{key:?}")
     }
 }
 
