@@ -81,6 +81,7 @@
 
 pub mod acme;
 pub mod config;
+pub mod flags;
 pub mod http;
 pub mod identity;
 pub mod mesh;

@@ -38,8 +38,9 @@ use crate::acme::manager::{
     AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus, CertificatesChanged, wanted_units,
 };
 use crate::acme::placeholder::is_placeholder;
-use crate::config::flags::{DEFAULT_CERT_DIR, DEFAULT_STATE_DIR};
+use crate::config::DEFAULT_PROXY_ADMIN_PORT;
 use crate::config::{CertApply, SbConfig, StorageBackend};
+use crate::flags::{DEFAULT_CERT_DIR, DEFAULT_PROXY_PROCESS_NAME, DEFAULT_STATE_DIR};
 use crate::http::passthrough::{Passthrough, Upstream, with_passthrough};
 use crate::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
 use crate::mesh::{
@@ -95,7 +96,8 @@ pub struct ProxyRestart {
 
 impl Default for ProxyRestart {
     fn default() -> Self {
-        let d = RestartConfig::new("", "sbproxy", "http://127.0.0.1:9090/health");
+        let health_url = format!("http://127.0.0.1:{DEFAULT_PROXY_ADMIN_PORT}/health");
+        let d = RestartConfig::new("", DEFAULT_PROXY_PROCESS_NAME, &health_url);
         Self {
             process_name: d.process_name,
             health_url: d.health_url,
@@ -271,8 +273,8 @@ impl NodeConfig {
             challenge_listen: None,
             challenge_passthrough: None,
             proxy_reload: None,
-            reload_debounce: crate::reload::DEFAULT_DEBOUNCE,
-            reload_rescan: crate::reload::DEFAULT_RESCAN,
+            reload_debounce: crate::flags::DEFAULT_DEBOUNCE,
+            reload_rescan: crate::flags::DEFAULT_RESCAN,
             cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             cert_apply: CertApply::None,

@@ -334,7 +334,7 @@ async fn changes_during_a_slow_post_collapse_into_one_post_of_the_newest() {
 /// the debounce has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
-    assert_eq!(sbmesh::reload::DEFAULT_DEBOUNCE, Duration::from_millis(200));
+    assert_eq!(sbmesh::flags::DEFAULT_DEBOUNCE, Duration::from_millis(200));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sb.yml");
     std::fs::write(&path, valid(0)).unwrap();
@@ -345,7 +345,7 @@ async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
         rescan: Duration::from_secs(3600),
         ..ReloaderConfig::new(&path, proxy.url())
     };
-    assert_eq!(config.debounce, sbmesh::reload::DEFAULT_DEBOUNCE);
+    assert_eq!(config.debounce, sbmesh::flags::DEFAULT_DEBOUNCE);
     let handle = spawn(config, &metrics);
     wait_delivered(&proxy, &handle, &valid(0)).await;
 
@@ -365,7 +365,7 @@ async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
     assert_eq!(posts.len(), 3);
     let after = posts[2].at.duration_since(written);
     assert!(
-        after >= sbmesh::reload::DEFAULT_DEBOUNCE,
+        after >= sbmesh::flags::DEFAULT_DEBOUNCE,
         "POSTed {after:?} after the write"
     );
 }

@@ -38,7 +38,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use sbmesh::config::{Problem, flags};
+use sbmesh::config::Problem;
+use sbmesh::flags;
 use serde_json::Value;
 use serde_norway::Value as Yaml;
 

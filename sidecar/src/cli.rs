@@ -6,12 +6,12 @@
 //! `validate`; defaults are applied there too, because several of them come
 //! from `sb.yml` (flag > environment > `sb.yml` > default). Each flag's
 //! name, variable, value name and help come from its entry in
-//! [`sbmesh::config::flags`], the one place a flag is defined.
+//! [`sbmesh::flags`], the one place a flag is defined.
 
 use std::path::PathBuf;
 
 use clap::{Arg, Args, Parser, Subcommand};
-use sbmesh::config::flags::{self, Flag, Kind};
+use sbmesh::flags::{self, Flag, Kind};
 
 /// The default `--config`.
 pub const DEFAULT_CONFIG: &str = flags::DEFAULT_CONFIG_PATH;

@@ -10,7 +10,8 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use sbmesh::config::{self, EnvLookup, Problem, flags};
+use sbmesh::config::{self, EnvLookup, Problem};
+use sbmesh::flags;
 use serde_json::Value;
 
 use crate::cli::{DEFAULT_ADMIN_URL, DEFAULT_CONFIG, RunArgs, StatusArgs, ValidateArgs};
@@ -94,7 +95,11 @@ pub fn status_target(
     let url = match (&args.admin, env(listen_env)) {
         (Some(url), _) => url.clone(),
         (None, Some(listen)) => {
-            let addr = settings::parse_listen(listen.trim()).map_err(|_| {
+            let addr = <std::net::SocketAddr as sbmesh::flags::FlagValue>::parse_flag(
+                sbmesh::flags::Kind::Listen,
+                listen.trim(),
+            )
+            .map_err(|_| {
                 anyhow!(
                     "{listen_env} is {listen:?}, not an ip:port such as {}; \
                      fix it, or give --admin http://HOST:PORT",

@@ -13,23 +13,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
-use sbmesh::acme::manager::{
-    DEFAULT_MAX_CONCURRENT_ORDERS, DEFAULT_MAX_ORDERS_PER_INTERVAL, DEFAULT_ORDER_INTERVAL,
-    DEFAULT_ORDER_LOCK_TTL,
+use sbmesh::acme::deliver::{CHAIN_FILE, KEY_FILE};
+use sbmesh::config::{self, CertApply, EnvLookup, Problem, SbConfig, SidecarPorts};
+use sbmesh::flags::{
+    self, DEFAULT_ADMIN_LISTEN, DEFAULT_CHALLENGE_LISTEN, DEFAULT_CLUSTER_DOMAIN,
+    DEFAULT_CONFIG_PATH, DEFAULT_NAMESPACE, DEFAULT_SHUTDOWN_GRACE, Flag, FlagValue,
 };
-use sbmesh::config::flags::{
-    self, DEFAULT_ADMIN_LISTEN, DEFAULT_BIND, DEFAULT_CERT_DIR, DEFAULT_CHALLENGE_LISTEN,
-    DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONFIG_PATH, DEFAULT_NAMESPACE, DEFAULT_PROXY_PROCESS_NAME,
-    DEFAULT_PROXY_RESTART_INTERVAL, DEFAULT_SHUTDOWN_GRACE, DEFAULT_STATE_DIR, Flag,
-};
-use sbmesh::config::{
-    self, CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_TRANSPORT_PORT, EnvLookup, Problem, SbConfig,
-    SidecarPorts,
-};
-use sbmesh::http::passthrough::Upstream;
 use sbmesh::identity;
-use sbmesh::node::{NodeConfig, ProxyReload, ProxyRestart};
-use sbmesh::reload::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
+use sbmesh::node::{NodeConfig, ProxyReload};
 
 use crate::cli::RunArgs;
 
@@ -97,6 +88,20 @@ impl Resolver<'_> {
         ));
     }
 
+    /// The flag's value read as its setting's type ([`FlagValue`]); a bad
+    /// value is reported and gives `None`.
+    fn get<T: FlagValue>(&mut self, flag: &Flag, value: Option<&str>) -> Option<T> {
+        self.parsed(flag, value, |text| T::parse_flag(flag.kind, text))
+    }
+
+    /// Sets `into` to the flag's value when one is given; a bad value is
+    /// reported and `into` keeps its default.
+    fn set<T: FlagValue>(&mut self, flag: &Flag, value: Option<&str>, into: &mut T) {
+        if let Some(v) = self.get(flag, value) {
+            *into = v;
+        }
+    }
+
     /// Parses the flag's value with `parse`; a failure is reported and gives `None`.
     fn parsed<T>(
         &mut self,
@@ -122,7 +127,9 @@ impl Resolver<'_> {
 /// Returns every problem found, not just the first: flag and environment
 /// values are named by their flag (`--gossip-port: ...`), file values by
 /// their YAML path. Files read: the config file and, when set,
-/// `--cluster-key-file` (or a `file:` key source).
+/// `--cluster-key-file` (or a `file:` key source). Each default is the
+/// flag table's ([`sbmesh::flags`]), through [`NodeConfig::new`], unless
+/// `sb.yml` gives one; `r.set` overrides it with the flag's value.
 pub fn resolve(
     args: &RunArgs,
     env: &EnvLookup<'_>,
@@ -132,11 +139,101 @@ pub fn resolve(
         env,
         problems: Vec::new(),
     };
+    let (mut node, pod) = resolve_identity(&mut r, args, hostname);
+    resolve_mesh(&mut r, args, &pod, &mut node);
+    let credentials = proxy_admin_credentials(&node.config, r.env).unwrap_or_else(|problems| {
+        r.problems.extend(problems);
+        None
+    });
+    resolve_listeners(&mut r, args, credentials.as_ref(), &mut node);
+    resolve_proxy(&mut r, args, credentials.as_ref(), &mut node);
 
+    let cert_dir = r.path(&flags::CERT_DIR, args.cert_dir.as_deref());
+    node.cert_dir = cert_dir.unwrap_or(node.cert_dir);
+    let state_dir = r.path(&flags::STATE_DIR, args.state_dir.as_deref());
+    node.state_dir = state_dir.unwrap_or(node.state_dir);
+    let reload_debounce = args.reload_debounce_ms.as_deref();
+    r.set(
+        &flags::RELOAD_DEBOUNCE_MS,
+        reload_debounce,
+        &mut node.reload_debounce,
+    );
+    let reload_rescan = args.reload_rescan_secs.as_deref();
+    r.set(
+        &flags::RELOAD_RESCAN_SECS,
+        reload_rescan,
+        &mut node.reload_rescan,
+    );
+    let lock_ttl = args.acme_order_lock_ttl_secs.as_deref();
+    r.set(
+        &flags::ACME_ORDER_LOCK_TTL_SECS,
+        lock_ttl,
+        &mut node.acme_order_lock_ttl,
+    );
+    let max_orders = args.acme_max_orders.as_deref();
+    r.set(
+        &flags::ACME_MAX_ORDERS,
+        max_orders,
+        &mut node.acme_max_orders,
+    );
+    let interval = args.acme_orders_interval_secs.as_deref();
+    r.set(
+        &flags::ACME_ORDERS_INTERVAL_SECS,
+        interval,
+        &mut node.acme_orders_interval,
+    );
+    let concurrent = args.acme_concurrent_orders.as_deref();
+    r.set(
+        &flags::ACME_CONCURRENT_ORDERS,
+        concurrent,
+        &mut node.acme_concurrent_orders,
+    );
+
+    let mut log_format = if std::io::stderr().is_terminal() {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    };
+    r.set(
+        &flags::LOG_FORMAT,
+        args.log_format.as_deref(),
+        &mut log_format,
+    );
+    let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
+    let grace = args.shutdown_grace_ms.as_deref();
+    r.set(&flags::SHUTDOWN_GRACE_MS, grace, &mut shutdown_grace);
+
+    check_san_files(&mut r, &node);
+    r.problems.extend(config::conflicts(
+        &node.config,
+        SidecarPorts {
+            gossip: node.gossip_port,
+            transport: node.transport_port,
+        },
+    ));
+    if r.problems.iter().any(Problem::is_error) {
+        return Err(r.problems);
+    }
+    Ok(Settings {
+        node,
+        log_format,
+        shutdown_grace,
+        warnings: r.problems,
+    })
+}
+
+/// What the pod's environment says of where the node runs.
+struct Pod {
+    ip: Option<IpAddr>,
+    namespace: String,
+}
+
+/// Reads the config file and names the node: its id and cluster id.
+fn resolve_identity(r: &mut Resolver<'_>, args: &RunArgs, hostname: &str) -> (NodeConfig, Pod) {
     let config_path = r
         .path(&flags::CONFIG, args.config.as_deref())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
-    let (config, config_sha256) = match config::load(&config_path, env) {
+    let (config, config_sha256) = match config::load(&config_path, r.env) {
         Ok(loaded) => {
             r.problems.extend(loaded.config.warnings());
             (loaded.config, loaded.sha256_hex_of_raw_file)
@@ -147,43 +244,53 @@ pub fn resolve(
         }
     };
     let cluster = config.sbmesh();
-
     let pod_name = r
         .text(&flags::POD_NAME, args.pod_name.as_deref())
         .map(|v| v.trim().to_string());
-    let pod_ip = r.parsed(&flags::POD_IP, args.pod_ip.as_deref(), parse_ip);
-    let namespace = r
-        .parsed(
-            &flags::NAMESPACE,
-            args.namespace.as_deref(),
-            parse_namespace,
-        )
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
-    let cluster_domain = r
-        .text(&flags::CLUSTER_DOMAIN, args.cluster_domain.as_deref())
-        .map(|v| v.trim().to_string())
-        .unwrap_or_else(|| DEFAULT_CLUSTER_DOMAIN.to_string());
+    let mut pod = Pod {
+        ip: r.get(&flags::POD_IP, args.pod_ip.as_deref()),
+        namespace: DEFAULT_NAMESPACE.to_string(),
+    };
+    if let Some(ns) = r.parsed(
+        &flags::NAMESPACE,
+        args.namespace.as_deref(),
+        parse_namespace,
+    ) {
+        pod.namespace = ns;
+    }
+    let node_id = resolve_node_id(r, args, cluster, pod_name.as_deref(), hostname);
+    let cluster_id = resolve_cluster_id(r, args, cluster, pod_name.as_deref());
+    let node = NodeConfig {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        config_path: Some(config_path),
+        config_sha256: Some(config_sha256),
+        ..NodeConfig::new(node_id, cluster_id, config)
+    };
+    (node, pod)
+}
 
-    let node_id = resolve_node_id(&mut r, args, cluster, pod_name.as_deref(), hostname);
-    let cluster_id = resolve_cluster_id(&mut r, args, cluster, pod_name.as_deref());
+/// The mesh: ports, seeds, the address peers reach, the cluster key.
+fn resolve_mesh(r: &mut Resolver<'_>, args: &RunArgs, pod: &Pod, node: &mut NodeConfig) {
+    let cluster = node.config.sbmesh();
+    let mut cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
+    let domain = args.cluster_domain.as_deref();
+    r.set(&flags::CLUSTER_DOMAIN, domain, &mut cluster_domain);
 
-    let gossip_port = r
-        .parsed(&flags::GOSSIP_PORT, args.gossip_port.as_deref(), parse_port)
-        .or(cluster.gossip_port)
-        .unwrap_or(DEFAULT_GOSSIP_PORT);
-    let transport_port = r
-        .parsed(
-            &flags::TRANSPORT_PORT,
-            args.transport_port.as_deref(),
-            parse_port,
-        )
-        .or(cluster.transport_port)
-        .unwrap_or(DEFAULT_TRANSPORT_PORT);
+    node.gossip_port = cluster.gossip_port.unwrap_or(node.gossip_port);
+    r.set(
+        &flags::GOSSIP_PORT,
+        args.gossip_port.as_deref(),
+        &mut node.gossip_port,
+    );
+    node.transport_port = cluster.transport_port.unwrap_or(node.transport_port);
+    let transport = args.transport_port.as_deref();
+    r.set(&flags::TRANSPORT_PORT, transport, &mut node.transport_port);
+    let gossip_port = node.gossip_port;
 
-    let mesh_service = r
+    node.mesh_service = r
         .text(&flags::MESH_SERVICE, args.mesh_service.as_deref())
-        .map(|svc| identity::mesh_service_fqdn(&svc, &namespace, &cluster_domain));
-    if let Some(name) = mesh_service.as_deref()
+        .map(|svc| identity::mesh_service_fqdn(&svc, &pod.namespace, &cluster_domain));
+    if let Some(name) = node.mesh_service.as_deref()
         && identity::normalize_seed(name, gossip_port).is_err()
     {
         r.bad(
@@ -191,19 +298,16 @@ pub fn resolve(
             format!("{name:?} is not a DNS name; expected a Service name such as demo-mesh"),
         );
     }
+    node.seeds = resolve_seeds(r, args, cluster, gossip_port);
+    r.set(&flags::BIND, args.bind.as_deref(), &mut node.bind);
+    node.advertise = resolve_advertise(r, args, cluster, pod.ip, node.bind, gossip_port);
 
-    let seeds = resolve_seeds(&mut r, args, cluster, gossip_port);
-
-    let bind = r
-        .parsed(&flags::BIND, args.bind.as_deref(), parse_ip)
-        .unwrap_or(DEFAULT_BIND);
-    let advertise = resolve_advertise(&mut r, args, cluster, pod_ip, bind, gossip_port);
-
-    let cluster_key_file = r.path(&flags::CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
+    node.cluster_key_file = r.path(&flags::CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
     let problems_before_key = r.problems.len();
-    let cluster_key = resolve_cluster_key(&mut r, args, cluster, cluster_key_file.as_deref());
+    node.cluster_key = resolve_cluster_key(r, args, cluster, node.cluster_key_file.as_deref());
     let key_was_refused = r.problems.len() > problems_before_key;
-    if cluster_key.is_none() && !key_was_refused && (!seeds.is_empty() || mesh_service.is_some()) {
+    let has_peers = !node.seeds.is_empty() || node.mesh_service.is_some();
+    if node.cluster_key.is_none() && !key_was_refused && has_peers {
         r.problems.push(Problem::error(
             flags::CLUSTER_KEY.flag(),
             format!(
@@ -217,39 +321,43 @@ pub fn resolve(
             ),
         ));
     }
+}
 
-    let admin_listen = r
-        .parsed(
-            &flags::ADMIN_LISTEN,
-            args.admin_listen.as_deref(),
-            parse_listen,
-        )
-        .unwrap_or(DEFAULT_ADMIN_LISTEN);
-    let challenge_listen = r
-        .parsed(
-            &flags::CHALLENGE_LISTEN,
-            args.challenge_listen.as_deref(),
-            parse_listen,
-        )
-        .unwrap_or(DEFAULT_CHALLENGE_LISTEN);
+/// The sidecar's own listeners and their HTTP Basic credentials.
+fn resolve_listeners(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    proxy_credentials: Option<&(String, String)>,
+    node: &mut NodeConfig,
+) {
+    node.admin_listen = Some(DEFAULT_ADMIN_LISTEN);
+    r.set(
+        &flags::ADMIN_LISTEN,
+        args.admin_listen.as_deref(),
+        &mut node.admin_listen,
+    );
+    node.challenge_listen = Some(DEFAULT_CHALLENGE_LISTEN);
+    let challenge = args.challenge_listen.as_deref();
+    r.set(
+        &flags::CHALLENGE_LISTEN,
+        challenge,
+        &mut node.challenge_listen,
+    );
     // Empty is off, as unset.
-    let challenge_passthrough = r.parsed(
+    let passthrough = args.challenge_passthrough.as_deref();
+    r.set(
         &flags::CHALLENGE_PASSTHROUGH,
-        args.challenge_passthrough.as_deref(),
-        |text| Upstream::parse(text).map_err(|e| e.to_string()),
+        passthrough,
+        &mut node.challenge_passthrough,
     );
 
-    let proxy_credentials = proxy_admin_credentials(&config, env).unwrap_or_else(|problems| {
-        r.problems.extend(problems);
-        None
-    });
-    let admin_user = r
+    node.admin_user = r
         .text(&flags::ADMIN_USER, args.admin_user.as_deref())
-        .or_else(|| proxy_credentials.as_ref().map(|(u, _)| u.clone()));
-    let admin_password = r
+        .or_else(|| proxy_credentials.map(|(u, _)| u.clone()));
+    node.admin_password = r
         .text(&flags::ADMIN_PASSWORD, args.admin_password.as_deref())
-        .or_else(|| proxy_credentials.as_ref().map(|(_, p)| p.clone()));
-    match (&admin_user, &admin_password) {
+        .or_else(|| proxy_credentials.map(|(_, p)| p.clone()));
+    match (&node.admin_user, &node.admin_password) {
         (Some(_), None) => r.problems.push(Problem::error(
             flags::ADMIN_PASSWORD.flag(),
             format!(
@@ -274,127 +382,56 @@ pub fn resolve(
         ),
         _ => {}
     }
+}
 
-    let proxy_reload_url = r
-        .parsed(
-            &flags::PROXY_RELOAD_URL,
-            args.proxy_reload_url.as_deref(),
-            parse_http_url,
-        )
-        .unwrap_or_else(|| format!("{}/admin/reload", config.proxy.admin.base_url()));
-    let proxy_authorization = r
+/// The proxy beside the sidecar: where reloads are POSTed, how certificates
+/// reach it, what it is called and where its health answers.
+fn resolve_proxy(
+    r: &mut Resolver<'_>,
+    args: &RunArgs,
+    credentials: Option<&(String, String)>,
+    node: &mut NodeConfig,
+) {
+    let admin_url = node.config.proxy.admin.base_url();
+    let mut url = format!("{admin_url}/admin/reload");
+    r.set(
+        &flags::PROXY_RELOAD_URL,
+        args.proxy_reload_url.as_deref(),
+        &mut url,
+    );
+    let authorization = r
         .parsed(
             &flags::PROXY_AUTHORIZATION,
             args.proxy_authorization.as_deref(),
             parse_header_value,
         )
         .or_else(|| {
-            let (user, password) = proxy_credentials.as_ref()?;
+            let (user, password) = credentials?;
             Some(basic_authorization(user, password))
         });
+    node.proxy_reload = Some(ProxyReload { url, authorization });
 
-    let cert_dir = r
-        .path(&flags::CERT_DIR, args.cert_dir.as_deref())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CERT_DIR));
-    let state_dir = r
-        .path(&flags::STATE_DIR, args.state_dir.as_deref())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-    let log_format = r
-        .parsed(
-            &flags::LOG_FORMAT,
-            args.log_format.as_deref(),
-            parse_log_format,
-        )
-        .unwrap_or_else(|| {
-            if std::io::stderr().is_terminal() {
-                LogFormat::Text
-            } else {
-                LogFormat::Json
-            }
-        });
-    let shutdown_grace = r
-        .parsed(
-            &flags::SHUTDOWN_GRACE_MS,
-            args.shutdown_grace_ms.as_deref(),
-            parse_millis,
-        )
-        .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
-    let reload_debounce = r
-        .parsed(
-            &flags::RELOAD_DEBOUNCE_MS,
-            args.reload_debounce_ms.as_deref(),
-            parse_millis,
-        )
-        .unwrap_or(DEFAULT_DEBOUNCE);
-    let reload_rescan = r
-        .parsed(
-            &flags::RELOAD_RESCAN_SECS,
-            args.reload_rescan_secs.as_deref(),
-            parse_secs,
-        )
-        .unwrap_or(DEFAULT_RESCAN);
-    let acme_order_lock_ttl = r
-        .parsed(
-            &flags::ACME_ORDER_LOCK_TTL_SECS,
-            args.acme_order_lock_ttl_secs.as_deref(),
-            parse_secs,
-        )
-        .unwrap_or(DEFAULT_ORDER_LOCK_TTL);
-    let acme_max_orders = r
-        .parsed(
-            &flags::ACME_MAX_ORDERS,
-            args.acme_max_orders.as_deref(),
-            |t| {
-                parse_count(t)
-                    .and_then(|n| u32::try_from(n).map_err(|_| format!("{t:?} is too large")))
-            },
-        )
-        .unwrap_or(DEFAULT_MAX_ORDERS_PER_INTERVAL);
-    let acme_orders_interval = r
-        .parsed(
-            &flags::ACME_ORDERS_INTERVAL_SECS,
-            args.acme_orders_interval_secs.as_deref(),
-            parse_secs,
-        )
-        .unwrap_or(DEFAULT_ORDER_INTERVAL);
-    let acme_concurrent_orders = r
-        .parsed(
-            &flags::ACME_CONCURRENT_ORDERS,
-            args.acme_concurrent_orders.as_deref(),
-            parse_count,
-        )
-        .unwrap_or(DEFAULT_MAX_CONCURRENT_ORDERS);
-
-    let proxy_cert_apply = r
-        .parsed(
-            &flags::PROXY_CERT_APPLY,
-            args.proxy_cert_apply.as_deref(),
-            parse_cert_apply,
-        )
-        .or_else(|| config.acme().and_then(|a| a.apply))
-        .unwrap_or_default();
-    let proxy_process_name = r
-        .parsed(
-            &flags::PROXY_PROCESS_NAME,
-            args.proxy_process_name.as_deref(),
-            parse_process_name,
-        )
-        .unwrap_or_else(|| DEFAULT_PROXY_PROCESS_NAME.to_owned());
-    let proxy_health_url = r
-        .parsed(
-            &flags::PROXY_HEALTH_URL,
-            args.proxy_health_url.as_deref(),
-            parse_http_url,
-        )
-        .unwrap_or_else(|| format!("{}/health", config.proxy.admin.base_url()));
-    let proxy_restart_interval = r
-        .parsed(
-            &flags::PROXY_RESTART_INTERVAL_SECS,
-            args.proxy_restart_interval_secs.as_deref(),
-            parse_secs,
-        )
-        .unwrap_or(DEFAULT_PROXY_RESTART_INTERVAL);
-    let watch_tls = if args.watch_tls.is_empty() {
+    node.cert_apply = node.config.acme().and_then(|a| a.apply).unwrap_or_default();
+    let apply = args.proxy_cert_apply.as_deref();
+    r.set(&flags::PROXY_CERT_APPLY, apply, &mut node.cert_apply);
+    let restart = &mut node.proxy_restart;
+    if let Some(name) = r.parsed(
+        &flags::PROXY_PROCESS_NAME,
+        args.proxy_process_name.as_deref(),
+        parse_process_name,
+    ) {
+        restart.process_name = name;
+    }
+    restart.health_url = format!("{admin_url}/health");
+    let health = args.proxy_health_url.as_deref();
+    r.set(&flags::PROXY_HEALTH_URL, health, &mut restart.health_url);
+    let interval = args.proxy_restart_interval_secs.as_deref();
+    r.set(
+        &flags::PROXY_RESTART_INTERVAL_SECS,
+        interval,
+        &mut restart.min_interval,
+    );
+    node.watch_tls = if args.watch_tls.is_empty() {
         // The environment holds a comma-separated list.
         r.text(&flags::WATCH_TLS, None)
             .map(|list| {
@@ -408,10 +445,10 @@ pub fn resolve(
     } else {
         args.watch_tls.clone()
     };
-    if proxy_cert_apply == CertApply::Restart
+    if node.cert_apply == CertApply::Restart
         && args.proxy_health_url.is_none()
-        && (env)(flags::PROXY_HEALTH_URL.env).is_none()
-        && !config.proxy.admin.enabled
+        && (r.env)(flags::PROXY_HEALTH_URL.env).is_none()
+        && !node.config.proxy.admin.enabled
     {
         r.problems.push(Problem::warning(
             flags::PROXY_HEALTH_URL.flag(),
@@ -424,93 +461,35 @@ pub fn resolve(
             ),
         ));
     }
-    if config.certificate_mode() == config::CertificateMode::San {
-        // sbproxy serves the pair it names; the sidecar writes its own.
-        let proxy = &config.proxy;
-        for (key, named, ours) in [
-            (
-                "tls_cert_file",
-                &proxy.tls_cert_file,
-                sbmesh::acme::deliver::CHAIN_FILE,
-            ),
-            (
-                "tls_key_file",
-                &proxy.tls_key_file,
-                sbmesh::acme::deliver::KEY_FILE,
-            ),
-        ] {
-            let ours = cert_dir.join(ours);
-            if let Some(file) = named.as_ref().filter(|f| **f != ours) {
-                r.problems.push(Problem::warning(
-                    format!("proxy.{key}"),
-                    format!(
-                        "is {}, but with certificates: san the sidecar writes {}; the proxy \
-                         will not serve its certificate (point proxy.tls_cert_file and \
-                         tls_key_file into the sidecar's {}, or set {})",
-                        file.display(),
-                        ours.display(),
-                        flags::CERT_DIR.flag(),
-                        flags::CERT_DIR.names(),
-                    ),
-                ));
-            }
+}
+
+/// With `certificates: san` the proxy serves the pair it names and the
+/// sidecar writes its own: a warning when they are not the same files.
+fn check_san_files(r: &mut Resolver<'_>, node: &NodeConfig) {
+    if node.config.certificate_mode() != config::CertificateMode::San {
+        return;
+    }
+    let proxy = &node.config.proxy;
+    for (key, named, ours) in [
+        ("tls_cert_file", &proxy.tls_cert_file, CHAIN_FILE),
+        ("tls_key_file", &proxy.tls_key_file, KEY_FILE),
+    ] {
+        let ours = node.cert_dir.join(ours);
+        if let Some(file) = named.as_ref().filter(|f| **f != ours) {
+            r.problems.push(Problem::warning(
+                format!("proxy.{key}"),
+                format!(
+                    "is {}, but with certificates: san the sidecar writes {}; the proxy \
+                     will not serve its certificate (point proxy.tls_cert_file and \
+                     tls_key_file into the sidecar's {}, or set {})",
+                    file.display(),
+                    ours.display(),
+                    flags::CERT_DIR.flag(),
+                    flags::CERT_DIR.names(),
+                ),
+            ));
         }
     }
-    r.problems.extend(config::conflicts(
-        &config,
-        SidecarPorts {
-            gossip: gossip_port,
-            transport: transport_port,
-        },
-    ));
-
-    if r.problems.iter().any(Problem::is_error) {
-        return Err(r.problems);
-    }
-    let node = NodeConfig {
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        config_path: Some(config_path),
-        config_sha256: Some(config_sha256),
-        bind,
-        gossip_port,
-        transport_port,
-        advertise,
-        seeds,
-        mesh_service,
-        cluster_key,
-        cluster_key_file,
-        admin_listen: Some(admin_listen),
-        admin_user,
-        admin_password,
-        challenge_listen: Some(challenge_listen),
-        challenge_passthrough,
-        proxy_reload: Some(ProxyReload {
-            url: proxy_reload_url,
-            authorization: proxy_authorization,
-        }),
-        reload_debounce,
-        reload_rescan,
-        cert_dir,
-        state_dir,
-        cert_apply: proxy_cert_apply,
-        proxy_restart: ProxyRestart {
-            process_name: proxy_process_name,
-            health_url: proxy_health_url,
-            min_interval: proxy_restart_interval,
-        },
-        watch_tls,
-        acme_concurrent_orders,
-        acme_max_orders,
-        acme_orders_interval,
-        acme_order_lock_ttl,
-        ..NodeConfig::new(node_id, cluster_id, config)
-    };
-    Ok(Settings {
-        node,
-        log_format,
-        shutdown_grace,
-        warnings: r.problems,
-    })
 }
 
 fn resolve_node_id(
@@ -764,20 +743,6 @@ pub fn system_hostname(env: &EnvLookup<'_>) -> String {
         .unwrap_or_else(|| "localhost".to_string())
 }
 
-fn parse_ip(text: &str) -> Result<IpAddr, String> {
-    text.parse()
-        .map_err(|_| format!("{text:?} is not an IP address; expected e.g. 10.0.0.5 or fd00::5"))
-}
-
-fn parse_port(text: &str) -> Result<u16, String> {
-    match text.parse::<u16>() {
-        Ok(port) if port != 0 => Ok(port),
-        _ => Err(format!(
-            "{text:?} is not a port; expected a number from 1 to 65535"
-        )),
-    }
-}
-
 /// `proxy.admin`'s credentials as the proxy checks them (its defaults while
 /// its admin API is enabled), with the `env:` and `file:` references the
 /// proxy resolves itself resolved: what `run` falls back to without
@@ -799,12 +764,6 @@ pub fn proxy_admin_credentials(
     }
 }
 
-pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
-    text.parse().map_err(|_| {
-        format!("{text:?} is not a listen address; expected ip:port such as 0.0.0.0:9091 ([::]:9091 for IPv6)")
-    })
-}
-
 fn parse_namespace(text: &str) -> Result<String, String> {
     let valid = text.len() <= 63
         && text
@@ -821,18 +780,6 @@ fn parse_namespace(text: &str) -> Result<String, String> {
     }
 }
 
-fn parse_http_url(text: &str) -> Result<String, String> {
-    let uri: hyper::Uri = text.parse().map_err(|_| {
-        format!("{text:?} is not a URL; expected e.g. http://127.0.0.1:9090/admin/reload")
-    })?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http" | "https"), Some(_)) => Ok(text.to_string()),
-        _ => Err(format!(
-            "{text:?} is not an http(s) URL; expected e.g. http://127.0.0.1:9090/admin/reload"
-        )),
-    }
-}
-
 fn parse_header_value(text: &str) -> Result<String, String> {
     if hyper::header::HeaderValue::from_str(text).is_ok() {
         Ok(text.to_string())
@@ -843,11 +790,6 @@ fn parse_header_value(text: &str) -> Result<String, String> {
                 .to_string(),
         )
     }
-}
-
-fn parse_cert_apply(text: &str) -> Result<CertApply, String> {
-    CertApply::from_name(text)
-        .ok_or_else(|| format!("{text:?} is not one of: {}", CertApply::names()))
 }
 
 fn parse_process_name(text: &str) -> Result<String, String> {
@@ -861,38 +803,16 @@ fn parse_process_name(text: &str) -> Result<String, String> {
     Ok(text.to_owned())
 }
 
-fn parse_log_format(text: &str) -> Result<LogFormat, String> {
-    match text.to_ascii_lowercase().as_str() {
-        "json" => Ok(LogFormat::Json),
-        "text" => Ok(LogFormat::Text),
-        _ => Err(format!(
-            "{text:?} is not a log format; expected json or text"
-        )),
+impl FlagValue for LogFormat {
+    fn parse_flag(_: flags::Kind, text: &str) -> Result<Self, String> {
+        match text.to_ascii_lowercase().as_str() {
+            "json" => Ok(LogFormat::Json),
+            "text" => Ok(LogFormat::Text),
+            _ => Err(format!(
+                "{text:?} is not a log format; expected json or text"
+            )),
+        }
     }
-}
-
-fn parse_secs(text: &str) -> Result<Duration, String> {
-    match text.parse::<u64>() {
-        Ok(0) | Err(_) => Err(format!(
-            "{text:?} is not a positive number of seconds; expected e.g. 30"
-        )),
-        Ok(n) => Ok(Duration::from_secs(n)),
-    }
-}
-
-fn parse_count(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(0) | Err(_) => Err(format!(
-            "{text:?} is not a positive whole number; expected e.g. 16"
-        )),
-        Ok(n) => Ok(n),
-    }
-}
-
-fn parse_millis(text: &str) -> Result<Duration, String> {
-    text.parse::<u64>()
-        .map(Duration::from_millis)
-        .map_err(|_| format!("{text:?} is not a number of milliseconds; expected e.g. 30000"))
 }
 
 #[cfg(test)]

@@ -401,12 +401,12 @@ fn documented_flag_rows(reference: &str) -> BTreeMap<String, (String, String)> {
 }
 
 /// The flag table of `docs/reference.md` is checked against the one
-/// definition of the flags (`sbmesh::config::flags::RUN`, which also drives
+/// definition of the flags (`sbmesh::flags::RUN`, which also drives
 /// clap, the settings and the operator): the same flags, each with its
 /// variable, and each fixed default written as the library's constant.
 #[test]
 fn the_reference_flag_table_is_the_library_table() {
-    use sbmesh::config::flags::{FlagDefault, RUN};
+    use sbmesh::flags::{FlagDefault, RUN};
     let rows = documented_flag_rows(&reference());
     let mut problems = Vec::new();
     for flag in RUN {
@@ -438,7 +438,7 @@ fn the_reference_flag_table_is_the_library_table() {
     }
     assert!(
         problems.is_empty(),
-        "docs/reference.md#sidecar-flags against sbmesh::config::flags::RUN:\n  {}",
+        "docs/reference.md#sidecar-flags against sbmesh::flags::RUN:\n  {}",
         problems.join("\n  ")
     );
 }

@@ -35,7 +35,6 @@
 //! blocks are [`conflicts`].
 
 mod conflict;
-pub mod flags;
 pub mod hostname;
 mod interpolate;
 pub mod key;

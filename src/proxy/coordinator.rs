@@ -66,7 +66,7 @@ impl RestartConfig {
             node_id: node_id.to_owned(),
             process_name: process_name.to_owned(),
             health_url: health_url.to_owned(),
-            min_interval: Duration::from_secs(600),
+            min_interval: crate::flags::DEFAULT_PROXY_RESTART_INTERVAL,
             give_up_after: Duration::from_secs(300),
             lease_ttl: Duration::from_secs(60),
             probe_interval: Duration::from_millis(500),

@@ -38,15 +38,12 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::SbConfig;
+use crate::flags::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
 use crate::mesh::LastReload;
 use crate::metrics::Metrics;
 use machine::{Action, Input, Machine, Report};
 use post::Poster;
 
-/// Default debounce after a file event.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
-/// Default full re-read interval.
-pub const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
 /// Default time allowed for one reload POST.
 pub const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(10);
 

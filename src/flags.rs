@@ -10,7 +10,7 @@
 //! `sb.yml` > default; a default here is the last of those.
 //!
 //! ```
-//! use sbmesh::config::flags;
+//! use sbmesh::flags;
 //!
 //! assert_eq!(flags::GOSSIP_PORT.flag(), "--gossip-port");
 //! assert_eq!(flags::GOSSIP_PORT.env, "SBMESH_GOSSIP_PORT");
@@ -18,21 +18,24 @@
 //! assert!(flags::markdown_table().contains("| `--gossip-port` | `SBMESH_GOSSIP_PORT` |"));
 //! ```
 //!
-//! Defaults that belong to another part of the library are that part's
-//! constants (ports in [`crate::config`], reload timings in
-//! [`crate::reload`], ACME limits in [`crate::acme::manager`]); the ones
-//! that only the command line has are defined below.
+//! Each default is a typed constant here, and the parts of [`crate::node`]
+//! take theirs from it (ports are `sb.yml`'s and live in [`crate::config`]);
+//! [`FlagValue`] reads a flag's text as the type of its setting. This
+//! module imports nothing from the parts that use it.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT};
 use crate::acme::manager::{
     DEFAULT_MAX_CONCURRENT_ORDERS, DEFAULT_MAX_ORDERS_PER_INTERVAL, DEFAULT_ORDER_INTERVAL,
     DEFAULT_ORDER_LOCK_TTL,
 };
-use crate::reload::{DEFAULT_DEBOUNCE, DEFAULT_RESCAN};
+use crate::config::{
+    CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT,
+};
+use crate::http::passthrough::Upstream;
 
 /// The default `--config`: where sbproxy's image keeps `sb.yml`.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sbproxy/sb.yml";
@@ -54,6 +57,12 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
 /// The default `--proxy-process-name`: sbproxy's `/proc/<pid>/comm`.
 pub const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
+/// The default `--reload-debounce-ms`: the wait after a config file event
+/// before it is read, so an editor's several writes make one reload.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
+/// The default `--reload-rescan-secs`: the full re-read that catches what
+/// inotify missed (a ConfigMap's `..data` swap on some kernels).
+pub const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
 /// The default `--proxy-restart-interval-secs`: at most one restart per pod
 /// per 10 minutes.
 pub const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
@@ -587,6 +596,137 @@ pub const WATCH_TLS: Flag = Flag {
            matching pair is applied to the proxy with --proxy-cert-apply. Repeatable; the \
            environment takes a comma-separated list",
 };
+
+/// A setting's type: how the text of a flag (or of its variable) becomes
+/// it. The parser is chosen by the type; the flag's [`Kind`] only picks
+/// the unit where one type has two (a [`Duration`] in milliseconds or
+/// seconds) and whether text must be a URL.
+///
+/// ```
+/// use std::time::Duration;
+/// use sbmesh::flags::{self, FlagValue};
+///
+/// let debounce = Duration::parse_flag(flags::RELOAD_DEBOUNCE_MS.kind, "250");
+/// assert_eq!(debounce, Ok(Duration::from_millis(250)));
+/// let port = u16::parse_flag(flags::GOSSIP_PORT.kind, "0");
+/// assert!(port.unwrap_err().contains("expected a number from 1 to 65535"));
+/// ```
+pub trait FlagValue: Sized {
+    /// Reads `text` (trimmed, not empty) as the value of a flag of `kind`;
+    /// the error says what was wrong and what would be accepted.
+    fn parse_flag(kind: Kind, text: &str) -> Result<Self, String>;
+}
+
+impl<T: FlagValue> FlagValue for Option<T> {
+    fn parse_flag(kind: Kind, text: &str) -> Result<Self, String> {
+        T::parse_flag(kind, text).map(Some)
+    }
+}
+
+impl FlagValue for String {
+    fn parse_flag(kind: Kind, text: &str) -> Result<Self, String> {
+        match kind {
+            Kind::Url => parse_http_url(text),
+            _ => Ok(text.to_owned()),
+        }
+    }
+}
+
+impl FlagValue for PathBuf {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        Ok(PathBuf::from(text))
+    }
+}
+
+impl FlagValue for IpAddr {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        text.parse().map_err(|_| {
+            format!("{text:?} is not an IP address; expected e.g. 10.0.0.5 or fd00::5")
+        })
+    }
+}
+
+impl FlagValue for SocketAddr {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        text.parse().map_err(|_| {
+            format!(
+                "{text:?} is not a listen address; expected ip:port such as 0.0.0.0:9091 \
+                 ([::]:9091 for IPv6)"
+            )
+        })
+    }
+}
+
+impl FlagValue for u16 {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        match text.parse::<u16>() {
+            Ok(port) if port != 0 => Ok(port),
+            _ => Err(format!(
+                "{text:?} is not a port; expected a number from 1 to 65535"
+            )),
+        }
+    }
+}
+
+impl FlagValue for usize {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        match text.parse::<usize>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{text:?} is not a positive whole number; expected e.g. 16"
+            )),
+            Ok(n) => Ok(n),
+        }
+    }
+}
+
+impl FlagValue for u32 {
+    fn parse_flag(kind: Kind, text: &str) -> Result<Self, String> {
+        let n = usize::parse_flag(kind, text)?;
+        u32::try_from(n).map_err(|_| format!("{text:?} is too large"))
+    }
+}
+
+impl FlagValue for Duration {
+    fn parse_flag(kind: Kind, text: &str) -> Result<Self, String> {
+        if kind == Kind::Millis {
+            return text.parse::<u64>().map(Duration::from_millis).map_err(|_| {
+                format!("{text:?} is not a number of milliseconds; expected e.g. 30000")
+            });
+        }
+        match text.parse::<u64>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{text:?} is not a positive number of seconds; expected e.g. 30"
+            )),
+            Ok(n) => Ok(Duration::from_secs(n)),
+        }
+    }
+}
+
+impl FlagValue for CertApply {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        CertApply::from_name(text)
+            .ok_or_else(|| format!("{text:?} is not one of: {}", CertApply::names()))
+    }
+}
+
+impl FlagValue for Upstream {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        Upstream::parse(text).map_err(|e| e.to_string())
+    }
+}
+
+/// An `http://` or `https://` URL with a host, as given.
+fn parse_http_url(text: &str) -> Result<String, String> {
+    let uri: hyper::Uri = text.parse().map_err(|_| {
+        format!("{text:?} is not a URL; expected e.g. http://127.0.0.1:9090/admin/reload")
+    })?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(text.to_string()),
+        _ => Err(format!(
+            "{text:?} is not an http(s) URL; expected e.g. http://127.0.0.1:9090/admin/reload"
+        )),
+    }
+}
 
 /// Every flag of `run`, in the order `--help` lists them.
 pub const RUN: &[Flag] = &[
