@@ -76,6 +76,7 @@ pub fn mesh_service_fqdn(svc: &str, namespace: &str, domain: &str) -> String {
 
 /// A node or cluster id that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum IdError {
     /// The id is empty.
     #[error("{kind} is empty; expected 1 to 253 characters of A-Z, a-z, 0-9, '.', '_' or '-'")]
@@ -138,6 +139,7 @@ fn validate_id(kind: &'static str, id: &str) -> Result<(), IdError> {
 
 /// A seed or advertise address that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AddrError {
     /// Nothing was given.
     #[error("empty address; expected {expected}")]

@@ -79,6 +79,12 @@
 //! # }
 //! ```
 
+pub use mesh::{Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning};
+pub use metrics::Metrics;
+pub use node::{Node, NodeConfig, NodeError};
+pub use store::{Store, StoreError};
+pub use tls::{CertResolver, DefaultCertificate, TlsError};
+
 pub mod acme;
 pub mod config;
 pub mod flags;

@@ -320,6 +320,7 @@ impl NodeConfig {
 
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     /// The configuration file cannot be used.
     #[error("{}: {problems}", path.display())]

@@ -47,6 +47,7 @@ pub enum DefaultCertificate {
 
 /// Why a chain and key cannot be served.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// The chain is not PEM certificates.
     #[error(

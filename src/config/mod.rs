@@ -725,6 +725,7 @@ pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
 
 /// Why [`read_bounded`] returned no content.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReadError {
     /// The file cannot be read (absent, permissions, a mount mid-swap).
     #[error("cannot read: {0}")]

@@ -70,6 +70,7 @@ pub struct MeshConfig {
 
 /// Errors starting the mesh.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MeshError {
     /// A socket could not be bound.
     #[error("cannot bind {what} socket on {addr}: {source}")]

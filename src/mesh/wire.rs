@@ -143,6 +143,7 @@ pub(crate) enum TcpMsg {
 
 /// Errors of one TCP exchange.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// The socket failed.
     #[error("transport i/o: {0}")]

@@ -110,6 +110,7 @@ pub fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> ReadinessCheck
 
 /// Why the coordinator cannot start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RestartError {
     /// The health URL is not a plain `http://host[:port]/path`.
     #[error("invalid proxy health URL {url:?}: {reason}")]

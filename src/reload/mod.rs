@@ -49,6 +49,7 @@ pub const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a reloader could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReloadError {
     /// The reload URL is not an `http://` URL.
     #[error("--proxy-reload-url {url:?}: {reason}")]

@@ -270,6 +270,7 @@ impl fmt::Display for LostReason {
 
 /// Why renewing or releasing failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LockError {
     /// The lease is no longer held: stop acting under it.
     #[error("lease on lock {name:?} (fence {fence}) is lost: {reason}")]

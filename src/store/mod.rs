@@ -55,6 +55,7 @@ pub const MAX_KEY_LEN: usize = 512;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The key is not of the accepted form.
     #[error(
