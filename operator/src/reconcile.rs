@@ -458,33 +458,7 @@ async fn refuse(proxy: &SBProxy, ns: &str, ctx: &Context, refusal: &Refusal) -> 
     let reason = refusal.reason.as_str();
     info!(proxy = %format!("{ns}/{}", proxy.name_any()), reason, message = %refusal.message, "refused");
     let old = proxy.status.clone().unwrap_or_default();
-    let generation = proxy.metadata.generation;
-    let conditions = vec![
-        condition(
-            &old.conditions,
-            READY,
-            false,
-            reason,
-            &refusal.message,
-            generation,
-        ),
-        condition(
-            &old.conditions,
-            DEGRADED,
-            true,
-            reason,
-            &refusal.message,
-            generation,
-        ),
-    ];
-    // The last applied configHash and replica counts stay: they still
-    // describe what runs.
-    let new = SBProxyStatus {
-        observed_generation: generation,
-        last_error: Some(refusal.message.clone()),
-        conditions,
-        ..old.clone()
-    };
+    let new = refused_status(proxy, refusal, Timestamp::now());
     if new != old {
         patch_status(proxy, ns, ctx, &new).await?;
     }
@@ -512,7 +486,27 @@ enum KeyState {
     Unknown,
 }
 
-/// Applies `rendered`; returns when to look again for a key rotation.
+/// An object created, deleted or written, as the Normal Event that tells
+/// of it: (reason, note).
+type Change = (&'static str, String);
+
+/// What applying the objects found: the facts the status is made of.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Observed {
+    /// `status.replicas` of the StatefulSet as the apply answered it;
+    /// `None` before the StatefulSet controller has written a status.
+    replicas: Option<i32>,
+    /// `status.readyReplicas` of that answer (absent: 0).
+    ready_replicas: i32,
+    /// Why the PodMonitor `spec.podMonitor` asks for is missing: the cluster
+    /// does not serve its kind. Everything else was applied.
+    pod_monitor_not_served: Option<String>,
+}
+
+/// Applies `rendered` (the API calls, in the order of the module doc), then
+/// writes the status [`applied_status`] makes of what they answered, then
+/// the Events; returns when to look again (a key rotation waiting, or a
+/// PodMonitor kind the cluster does not serve).
 async fn apply(
     proxy: &SBProxy,
     ns: &str,
@@ -520,60 +514,115 @@ async fn apply(
     rendered: Rendered,
     key: KeyState,
 ) -> Result<Option<Duration>, Error> {
-    let name = proxy.name_any();
-    let client = &ctx.client;
-    // Created/deleted objects, as (Event reason, note).
-    let mut done: Vec<(&'static str, String)> = Vec::new();
     let old = proxy.status.clone().unwrap_or_default();
-    let mut recheck = None;
-    let cluster_key = match key {
-        KeyState::None => None,
-        KeyState::Fresh(key_id) => Some(ClusterKeyStatus {
-            key_id,
-            phase: rotation::STABLE.to_string(),
-            rotated_at: None,
-        }),
-        KeyState::Unknown => old.cluster_key.clone(),
+    let mut changes = Vec::new();
+    let (cluster_key, mut recheck) =
+        settle_cluster_key(proxy, ns, ctx, key, &old, &mut changes).await?;
+    if let Some(secret) = &rendered.cluster_key_secret {
+        changes.extend(create_cluster_key_secret(ctx, ns, secret).await?);
+    }
+    let observed = apply_objects(proxy, ns, ctx, &rendered, &mut changes).await?;
+    if observed.pod_monitor_not_served.is_some() {
+        recheck = Some(recheck.map_or(REQUEUE_REFUSED, |r| r.min(REQUEUE_REFUSED)));
+    }
+
+    let new = applied_status(
+        proxy,
+        &rendered.config_hash,
+        cluster_key,
+        &observed,
+        Timestamp::now(),
+    );
+    // Objects change when the spec or the config does; a requeue or a pod
+    // turning ready changes none, and publishes no Event.
+    let spec_changed =
+        old.observed_generation != new.observed_generation || old.config_hash != new.config_hash;
+    if new != old {
+        patch_status(proxy, ns, ctx, &new).await?;
+    }
+    announce(proxy, ns, ctx, &rendered, changes, spec_changed, observed).await;
+    Ok(recheck)
+}
+
+/// Carries out the cluster key's plan: writes the Secret when a rotation
+/// moves (its Event into `changes`). Returns the status's `clusterKey` and
+/// when the rotation wants to be looked at again.
+async fn settle_cluster_key(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    key: KeyState,
+    old: &SBProxyStatus,
+    changes: &mut Vec<Change>,
+) -> Result<(Option<ClusterKeyStatus>, Option<Duration>), Error> {
+    Ok(match key {
+        KeyState::None => (None, None),
+        KeyState::Fresh(key_id) => (
+            Some(ClusterKeyStatus {
+                key_id,
+                phase: rotation::STABLE.to_string(),
+                rotated_at: None,
+            }),
+            None,
+        ),
+        KeyState::Unknown => (old.cluster_key.clone(), None),
         KeyState::Planned(plan) => {
             if let Some(write) = &plan.write {
                 write_cluster_key(proxy, ns, ctx, write).await?;
-                done.push((write.reason, write.note.clone()));
+                changes.push((write.reason, write.note.clone()));
             }
-            recheck = plan.recheck_in;
-            Some(plan.status)
+            (Some(plan.status), plan.recheck_in)
         }
-    };
+    })
+}
 
-    if let Some(secret) = &rendered.cluster_key_secret {
-        let secret_name = secret.name_any();
-        // POST, never PUT/PATCH: an existing key (made by a concurrent
-        // reconcile or by hand) is kept, whatever it holds.
-        match Api::<Secret>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), secret)
-            .await
-        {
-            Ok(_) => done.push((
-                "ClusterKeyCreated",
-                format!("created Secret {secret_name} with a fresh cluster key"),
-            )),
-            Err(kube::Error::Api(s)) if s.is_already_exists() => {
-                debug!(secret = %secret_name, "cluster-key Secret already exists; kept");
-            }
-            Err(e) => {
-                return Err(Error::kube("create", format!("Secret {ns}/{secret_name}"))(
-                    e,
-                ));
-            }
+/// POSTs the rendered cluster-key Secret; the Event when it was created.
+async fn create_cluster_key_secret(
+    ctx: &Context,
+    ns: &str,
+    secret: &Secret,
+) -> Result<Option<Change>, Error> {
+    let secret_name = secret.name_any();
+    // POST, never PUT/PATCH: an existing key (made by a concurrent
+    // reconcile or by hand) is kept, whatever it holds.
+    match Api::<Secret>::namespaced(ctx.client.clone(), ns)
+        .create(&PostParams::default(), secret)
+        .await
+    {
+        Ok(_) => Ok(Some((
+            "ClusterKeyCreated",
+            format!("created Secret {secret_name} with a fresh cluster key"),
+        ))),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            debug!(secret = %secret_name, "cluster-key Secret already exists; kept");
+            Ok(None)
         }
+        Err(e) => Err(Error::kube("create", format!("Secret {ns}/{secret_name}"))(
+            e,
+        )),
     }
+}
 
+/// Server-side applies the workload objects, then each optional one or the
+/// removal of what this operator made of it before (their Events into
+/// `changes`); returns what the StatefulSet's answer and the PodMonitor's
+/// apply said.
+async fn apply_objects(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    rendered: &Rendered,
+    changes: &mut Vec<Change>,
+) -> Result<Observed, Error> {
+    let name = proxy.name_any();
+    let client = &ctx.client;
     let sts = server_side_apply(client, ns, &rendered.stateful_set).await?;
     server_side_apply(client, ns, &rendered.headless_service).await?;
     server_side_apply(client, ns, &rendered.service).await?;
     server_side_apply(client, ns, &rendered.config_map).await?;
     // An optional object the spec no longer asks for is removed when this
     // operator made it, so what runs is what `render` shows.
-    done.extend(
+    changes.extend(
         apply_or_remove(
             proxy,
             ns,
@@ -585,7 +634,7 @@ async fn apply(
         )
         .await?,
     );
-    done.extend(
+    changes.extend(
         apply_or_remove(
             proxy,
             ns,
@@ -605,10 +654,9 @@ async fn apply(
         ("PodMonitorDeleted", "spec.podMonitor is off"),
     )
     .await;
-    // The message when the cluster does not serve the PodMonitor kind.
-    let not_served = match monitor {
+    let pod_monitor_not_served = match monitor {
         Ok(deleted) => {
-            done.extend(deleted);
+            changes.extend(deleted);
             None
         }
         // An apply creates a missing object: a 404 is the kind itself.
@@ -624,96 +672,132 @@ async fn apply(
         )),
         Err(e) => return Err(e),
     };
-    if not_served.is_some() {
-        recheck = Some(recheck.map_or(REQUEUE_REFUSED, |r| r.min(REQUEUE_REFUSED)));
-    }
+    let sts_status = sts.status.as_ref();
+    Ok(Observed {
+        replicas: sts_status.map(|s| s.replicas),
+        ready_replicas: sts_status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        pod_monitor_not_served,
+    })
+}
 
+/// The status of an applied SBProxy, made of what its apply observed (no
+/// API call): `Ready` when every desired replica is ready, `Degraded` when
+/// the cluster does not serve the PodMonitor kind, the config hash and
+/// replica counts of what runs. A condition's `lastTransitionTime` stays
+/// that of `proxy`'s status while its status does not change, else `now`.
+fn applied_status(
+    proxy: &SBProxy,
+    config_hash: &str,
+    cluster_key: Option<ClusterKeyStatus>,
+    observed: &Observed,
+    now: Timestamp,
+) -> SBProxyStatus {
+    let old = proxy.status.as_ref().map_or(&[][..], |s| &s.conditions[..]);
     let generation = proxy.metadata.generation;
     let desired = proxy.spec.replicas;
-    let sts_status = sts.status.as_ref();
-    let replicas = sts_status.map(|s| s.replicas);
-    let ready = sts_status.and_then(|s| s.ready_replicas).unwrap_or(0);
-    let all_ready = ready == desired && replicas == Some(desired);
+    let ready = observed.ready_replicas;
+    let all_ready = ready == desired && observed.replicas == Some(desired);
     let ready_reason = if all_ready {
         "AllReplicasReady"
     } else {
         "ReplicasNotReady"
     };
+    let ready_message = format!("{ready}/{desired} replicas ready");
+    let degraded = match &observed.pod_monitor_not_served {
+        Some(message) => (true, POD_MONITOR_NOT_SERVED, message.as_str()),
+        None => (false, "Reconciled", "the spec is applied"),
+    };
+    SBProxyStatus {
+        observed_generation: generation,
+        config_hash: Some(config_hash.to_owned()),
+        replicas: Some(observed.replicas.unwrap_or(0)),
+        ready_replicas: Some(ready),
+        last_error: observed.pod_monitor_not_served.clone(),
+        conditions: vec![
+            condition(
+                old,
+                READY,
+                all_ready,
+                ready_reason,
+                &ready_message,
+                generation,
+                now,
+            ),
+            condition(
+                old, DEGRADED, degraded.0, degraded.1, degraded.2, generation, now,
+            ),
+        ],
+        cluster_key,
+    }
+}
+
+/// The status of a refused SBProxy: `Ready` False and `Degraded` True with
+/// the refusal's reason and message, which is also `lastError`. The last
+/// applied configHash and replica counts stay: they still describe what
+/// runs.
+fn refused_status(proxy: &SBProxy, refusal: &Refusal, now: Timestamp) -> SBProxyStatus {
+    let old = proxy.status.clone().unwrap_or_default();
+    let generation = proxy.metadata.generation;
+    let reason = refusal.reason.as_str();
+    let message = &refusal.message;
     let conditions = vec![
         condition(
             &old.conditions,
             READY,
-            all_ready,
-            ready_reason,
-            &format!("{ready}/{desired} replicas ready"),
+            false,
+            reason,
+            message,
             generation,
+            now,
         ),
-        match &not_served {
-            Some(message) => condition(
-                &old.conditions,
-                DEGRADED,
-                true,
-                POD_MONITOR_NOT_SERVED,
-                message,
-                generation,
-            ),
-            None => condition(
-                &old.conditions,
-                DEGRADED,
-                false,
-                "Reconciled",
-                "the spec is applied",
-                generation,
-            ),
-        },
+        condition(
+            &old.conditions,
+            DEGRADED,
+            true,
+            reason,
+            message,
+            generation,
+            now,
+        ),
     ];
-    let new = SBProxyStatus {
+    SBProxyStatus {
         observed_generation: generation,
-        config_hash: Some(rendered.config_hash.clone()),
-        replicas: Some(replicas.unwrap_or(0)),
-        ready_replicas: Some(ready),
-        last_error: not_served.clone(),
+        last_error: Some(message.clone()),
         conditions,
-        cluster_key,
-    };
-    // Objects change when the spec or the config does; a requeue or a pod
-    // turning ready changes none, and publishes no Event.
-    let spec_changed = old.observed_generation != generation
-        || old.config_hash.as_deref() != Some(rendered.config_hash.as_str());
-    if new != old {
-        patch_status(proxy, ns, ctx, &new).await?;
+        ..old
     }
+}
+
+/// The Events and logs of an apply: one Normal Event per created or deleted
+/// object, `Applied` when the spec or config changed, and a Warning while
+/// the cluster does not serve the PodMonitor kind.
+async fn announce(
+    proxy: &SBProxy,
+    ns: &str,
+    ctx: &Context,
+    rendered: &Rendered,
+    changes: Vec<Change>,
+    spec_changed: bool,
+    observed: Observed,
+) {
+    let name = proxy.name_any();
+    let not_served = observed.pod_monitor_not_served;
     // One reason per kind of change: the Recorder folds repeats of a
     // reason into a series that keeps the first note, so a note must not
     // carry what varies between repeats (hashes, replica counts).
-    for (reason, note) in done {
+    for (reason, note) in changes {
         info!(proxy = %format!("{ns}/{name}"), reason, %note, "object created or deleted");
         publish(proxy, ctx, EventType::Normal, reason, "Apply", note).await;
     }
     if spec_changed {
-        let mut note = format!(
-            "applied StatefulSet {}, Services {} and {}, ConfigMap {}",
-            rendered.stateful_set.name_any(),
-            rendered.headless_service.name_any(),
-            rendered.service.name_any(),
-            rendered.config_map.name_any(),
-        );
-        if let Some(pdb) = &rendered.pdb {
-            note.push_str(&format!(", PodDisruptionBudget {}", pdb.name_any()));
-        }
-        if let Some(policy) = &rendered.network_policy {
-            note.push_str(&format!(", NetworkPolicy {}", policy.name_any()));
-        }
-        if let (Some(monitor), None) = (&rendered.pod_monitor, &not_served) {
-            note.push_str(&format!(", PodMonitor {}", monitor.name_any()));
-        }
         info!(
             proxy = %format!("{ns}/{name}"),
-            generation = ?generation,
+            generation = ?proxy.metadata.generation,
             config_hash = %rendered.config_hash,
-            replicas = desired,
+            replicas = proxy.spec.replicas,
             "applied"
         );
+        let note = applied_note(rendered, not_served.is_none());
         publish(proxy, ctx, EventType::Normal, "Applied", "Apply", note).await;
     }
     if let Some(message) = not_served {
@@ -728,7 +812,31 @@ async fn apply(
         )
         .await;
     }
-    Ok(recheck)
+}
+
+/// The note of the `Applied` Event: every object applied, by name.
+fn applied_note(rendered: &Rendered, pod_monitor_applied: bool) -> String {
+    let mut note = format!(
+        "applied StatefulSet {}, Services {} and {}, ConfigMap {}",
+        rendered.stateful_set.name_any(),
+        rendered.headless_service.name_any(),
+        rendered.service.name_any(),
+        rendered.config_map.name_any(),
+    );
+    if let Some(pdb) = &rendered.pdb {
+        note.push_str(&format!(", PodDisruptionBudget {}", pdb.name_any()));
+    }
+    if let Some(policy) = &rendered.network_policy {
+        note.push_str(&format!(", NetworkPolicy {}", policy.name_any()));
+    }
+    if let Some(monitor) = rendered
+        .pod_monitor
+        .as_ref()
+        .filter(|_| pod_monitor_applied)
+    {
+        note.push_str(&format!(", PodMonitor {}", monitor.name_any()));
+    }
+    note
 }
 
 /// A merge patch of the operator's cluster-key Secret: the ring and the
@@ -874,7 +982,7 @@ fn not_found(status: &kube::core::Status) -> bool {
 }
 
 /// `existing`'s condition of `type_` updated; `lastTransitionTime` moves
-/// only when the status does.
+/// (to `now`) only when the status does.
 fn condition(
     existing: &[Condition],
     type_: &str,
@@ -882,13 +990,14 @@ fn condition(
     reason: &str,
     message: &str,
     generation: Option<i64>,
+    now: Timestamp,
 ) -> Condition {
     let status = if status { "True" } else { "False" };
     let last_transition_time = existing
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
         .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(Timestamp::now()));
+        .unwrap_or(Time(now));
     Condition {
         type_: type_.to_owned(),
         status: status.to_owned(),
@@ -1026,6 +1135,7 @@ mod tests {
             "ReplicasNotReady",
             "1/3 replicas ready",
             Some(2),
+            Timestamp::now(),
         );
         assert_eq!(same.last_transition_time, then);
         assert_eq!(same.message, "1/3 replicas ready");
@@ -1036,8 +1146,197 @@ mod tests {
             "AllReplicasReady",
             "3/3 replicas ready",
             Some(2),
+            Timestamp::now(),
         );
         assert_ne!(flipped.last_transition_time, then);
+    }
+
+    /// An SBProxy of `replicas` at generation 2, with `status` as last written.
+    fn proxy(replicas: i32, status: Value) -> SBProxy {
+        let mut proxy = json!({
+            "apiVersion": "sbproxy.dev/v1alpha1",
+            "kind": "SBProxy",
+            "metadata": { "name": "demo", "namespace": "default", "generation": 2 },
+            "spec": {
+                "image": "ghcr.io/sbproxy/sbproxy:0.9.0",
+                "configRef": { "name": "demo-sbyml" },
+                "replicas": replicas,
+            },
+        });
+        if !status.is_null() {
+            proxy["status"] = status;
+        }
+        serde_json::from_value(proxy).expect("an SBProxy")
+    }
+
+    fn observed(replicas: Option<i32>, ready: i32) -> Observed {
+        Observed {
+            replicas,
+            ready_replicas: ready,
+            pod_monitor_not_served: None,
+        }
+    }
+
+    /// (type, status, reason, message) of each condition, as `kubectl get
+    /// -o yaml` lists them.
+    fn conditions(status: &SBProxyStatus) -> Vec<(&str, &str, &str, &str)> {
+        status
+            .conditions
+            .iter()
+            .map(|c| {
+                assert_eq!(c.observed_generation, Some(2));
+                (
+                    c.type_.as_str(),
+                    c.status.as_str(),
+                    c.reason.as_str(),
+                    c.message.as_str(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn applied_and_every_replica_ready_is_ready_and_not_degraded() {
+        let p = proxy(3, Value::Null);
+        let status = applied_status(
+            &p,
+            "sha256:ab",
+            None,
+            &observed(Some(3), 3),
+            Timestamp::now(),
+        );
+        assert_eq!(
+            conditions(&status),
+            [
+                ("Ready", "True", "AllReplicasReady", "3/3 replicas ready"),
+                ("Degraded", "False", "Reconciled", "the spec is applied"),
+            ]
+        );
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(status.config_hash.as_deref(), Some("sha256:ab"));
+        assert_eq!((status.replicas, status.ready_replicas), (Some(3), Some(3)));
+        assert_eq!(status.last_error, None);
+    }
+
+    #[test]
+    fn applied_but_not_all_ready_is_not_ready() {
+        let p = proxy(3, Value::Null);
+        let now = Timestamp::now();
+        // The StatefulSet controller has not written a status yet.
+        let fresh = applied_status(&p, "sha256:ab", None, &observed(None, 0), now);
+        assert_eq!(
+            conditions(&fresh)[0],
+            ("Ready", "False", "ReplicasNotReady", "0/3 replicas ready")
+        );
+        assert_eq!((fresh.replicas, fresh.ready_replicas), (Some(0), Some(0)));
+        // Scaling up: every pod that exists is ready, but not every one wanted.
+        let scaling = applied_status(&p, "sha256:ab", None, &observed(Some(2), 3), now);
+        assert_eq!(
+            conditions(&scaling)[0],
+            ("Ready", "False", "ReplicasNotReady", "3/3 replicas ready")
+        );
+    }
+
+    #[test]
+    fn a_pod_monitor_not_served_degrades_and_says_why() {
+        let p = proxy(1, Value::Null);
+        let seen = Observed {
+            pod_monitor_not_served: Some("install prometheus-operator".into()),
+            ..observed(Some(1), 1)
+        };
+        let status = applied_status(&p, "sha256:ab", None, &seen, Timestamp::now());
+        assert_eq!(
+            conditions(&status),
+            [
+                ("Ready", "True", "AllReplicasReady", "1/1 replicas ready"),
+                (
+                    "Degraded",
+                    "True",
+                    POD_MONITOR_NOT_SERVED,
+                    "install prometheus-operator"
+                ),
+            ]
+        );
+        assert_eq!(
+            status.last_error.as_deref(),
+            Some("install prometheus-operator")
+        );
+    }
+
+    #[test]
+    fn applied_after_a_refusal_clears_last_error_and_keeps_the_cluster_key() {
+        let then = "2026-01-01T00:00:00Z";
+        let p = proxy(
+            1,
+            json!({
+                "lastError": "refused",
+                "conditions": [
+                    { "type": "Ready", "status": "True", "reason": "AllReplicasReady",
+                      "message": "1/1 replicas ready", "lastTransitionTime": then },
+                    { "type": "Degraded", "status": "True", "reason": "ConfigInvalid",
+                      "message": "refused", "lastTransitionTime": then },
+                ],
+            }),
+        );
+        let key = ClusterKeyStatus {
+            key_id: "0123abcd".into(),
+            phase: rotation::STABLE.into(),
+            rotated_at: None,
+        };
+        let now = Timestamp::now();
+        let status = applied_status(
+            &p,
+            "sha256:ab",
+            Some(key.clone()),
+            &observed(Some(1), 1),
+            now,
+        );
+        assert_eq!(status.last_error, None);
+        assert_eq!(status.cluster_key, Some(key));
+        let times: Vec<String> = status
+            .conditions
+            .iter()
+            .map(|c| c.last_transition_time.0.to_string())
+            .collect();
+        // Ready stayed True; Degraded turned False now.
+        assert_eq!(times, [then.to_string(), now.to_string()]);
+    }
+
+    #[test]
+    fn a_refusal_is_not_ready_and_degraded_and_keeps_what_runs() {
+        let p = proxy(
+            3,
+            json!({ "configHash": "sha256:old", "replicas": 3, "readyReplicas": 3 }),
+        );
+        let refusal = Refusal {
+            reason: render::RefusalReason::ConfigInvalid,
+            message: "spec.config is not a valid sb.yml".into(),
+        };
+        let status = refused_status(&p, &refusal, Timestamp::now());
+        assert_eq!(
+            conditions(&status),
+            [
+                (
+                    "Ready",
+                    "False",
+                    "ConfigInvalid",
+                    "spec.config is not a valid sb.yml"
+                ),
+                (
+                    "Degraded",
+                    "True",
+                    "ConfigInvalid",
+                    "spec.config is not a valid sb.yml"
+                ),
+            ]
+        );
+        assert_eq!(
+            status.last_error.as_deref(),
+            Some("spec.config is not a valid sb.yml")
+        );
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(status.config_hash.as_deref(), Some("sha256:old"));
+        assert_eq!((status.replicas, status.ready_replicas), (Some(3), Some(3)));
     }
 
     #[test]

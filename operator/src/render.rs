@@ -38,7 +38,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use sbmesh::config::Problem;
+use sbmesh::config::{Interpolated, Problem};
 use sbmesh::flags;
 use serde_json::Value;
 use serde_norway::Value as Yaml;
@@ -284,93 +284,173 @@ pub fn render(
     let spec = &proxy.spec;
     let name = proxy.name_any();
     let ns = proxy.namespace().unwrap_or_else(|| "default".to_string());
+    check_replicas(proxy)?;
+    let text = &referenced_config(proxy, config, &ns)?.spec.config;
+    let facts = check_config(proxy, &ns, text)?;
+    let template = pod_template(proxy, &name, opts, &facts)?;
 
-    if spec.replicas > crd::MAX_REPLICAS || spec.replicas < 1 {
-        return Err(Refusal::new(
-            RefusalReason::TooManyReplicas,
-            format!(
-                "spec.replicas is {}; an SBProxy runs 1 to {} replicas. Set spec.replicas within that range.",
-                spec.replicas,
-                crd::MAX_REPLICAS
-            ),
-        ));
+    let stamp = Stamp {
+        ns: &ns,
+        instance: &name,
+        owner: owner_reference(proxy),
+    };
+    let generated_key = spec.clustering.enabled && spec.clustering.cluster_secret_ref.is_none();
+    Ok(Rendered {
+        stateful_set: stateful_set(proxy, &stamp, template),
+        headless_service: headless_service(proxy, &stamp),
+        service: service(proxy, &stamp, &facts),
+        config_map: ConfigMap {
+            metadata: stamp.meta(format!("{name}-config")),
+            data: Some(BTreeMap::from([(CONFIG_KEY.to_string(), text.clone())])),
+            ..ConfigMap::default()
+        },
+        cluster_key_secret: (generated_key && existing_secret.is_none())
+            .then(|| cluster_key_secret(proxy, &stamp, &opts.fresh_cluster_key)),
+        pdb: (spec.replicas > 1).then(|| PodDisruptionBudget {
+            metadata: stamp.meta(format!("{name}-pdb")),
+            spec: Some(PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(1)),
+                selector: Some(stamp.selector()),
+                ..PodDisruptionBudgetSpec::default()
+            }),
+            ..PodDisruptionBudget::default()
+        }),
+        network_policy: spec.network_policy.then(|| NetworkPolicy {
+            metadata: stamp.meta(mesh_name(&name)),
+            spec: Some(network_policy_spec(
+                proxy,
+                &selector_labels(&name),
+                facts.https_port,
+            )),
+        }),
+        pod_monitor: spec.pod_monitor.then(|| PodMonitor {
+            metadata: stamp.meta(name.clone()),
+            spec: PodMonitorSpec {
+                selector: stamp.selector(),
+                pod_metrics_endpoints: vec![PodMetricsEndpoint {
+                    port: SIDECAR_ADMIN_PORT.to_string(),
+                    path: "/metrics".to_string(),
+                }],
+            },
+        }),
+        config_hash: format!("sha256:{}", sbmesh::config::sha256_hex(text.as_bytes())),
+    })
+}
+
+/// TooManyReplicas: `spec.replicas` outside 1 to [`crd::MAX_REPLICAS`].
+fn check_replicas(proxy: &SBProxy) -> Result<(), Refusal> {
+    let replicas = proxy.spec.replicas;
+    if (1..=crd::MAX_REPLICAS).contains(&replicas) {
+        return Ok(());
     }
-    let config_name = spec
+    Err(Refusal::new(
+        RefusalReason::TooManyReplicas,
+        format!(
+            "spec.replicas is {replicas}; an SBProxy runs 1 to {} replicas. Set spec.replicas within that range.",
+            crd::MAX_REPLICAS
+        ),
+    ))
+}
+
+/// The SBProxyConfig `spec.configRef` names, or ConfigNotFound.
+fn referenced_config<'c>(
+    proxy: &SBProxy,
+    config: Option<&'c SBProxyConfig>,
+    ns: &str,
+) -> Result<&'c SBProxyConfig, Refusal> {
+    let config_name = proxy
+        .spec
         .config_ref
         .name()
         .map_err(|message| Refusal::new(RefusalReason::ConfigNotFound, message))?;
-    let Some(config) = config else {
-        return Err(Refusal::new(
+    config.ok_or_else(|| {
+        Refusal::new(
             RefusalReason::ConfigNotFound,
             format!(
                 "spec.configRef is {config_name:?} but no SBProxyConfig of that name exists in namespace {ns:?}. \
                  Create it, or point spec.configRef at an existing SBProxyConfig."
             ),
-        ));
-    };
-    let text = &config.spec.config;
-    let facts = check_config(proxy, &ns, text)?;
+        )
+    })
+}
 
-    let owner = owner_reference(proxy);
-    let meta = |object_name: String| ObjectMeta {
-        name: Some(object_name),
-        namespace: Some(ns.clone()),
-        labels: Some(labels(&name)),
-        owner_references: owner.clone().map(|o| vec![o]),
-        ..ObjectMeta::default()
-    };
+/// What every object of one SBProxy carries: its namespace, the instance
+/// labels, and the SBProxy as controlling owner (when it has a uid).
+struct Stamp<'a> {
+    ns: &'a str,
+    instance: &'a str,
+    owner: Option<OwnerReference>,
+}
 
-    let config_map = ConfigMap {
-        metadata: meta(format!("{name}-config")),
-        data: Some(BTreeMap::from([(CONFIG_KEY.to_string(), text.clone())])),
-        ..ConfigMap::default()
-    };
+impl Stamp<'_> {
+    fn meta(&self, name: String) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.ns.to_string()),
+            labels: Some(labels(self.instance)),
+            owner_references: self.owner.clone().map(|o| vec![o]),
+            ..ObjectMeta::default()
+        }
+    }
 
-    let generated_key = spec.clustering.enabled && spec.clustering.cluster_secret_ref.is_none();
-    let cluster_key_secret = (generated_key && existing_secret.is_none()).then(|| Secret {
+    /// The pods of this SBProxy.
+    fn selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(selector_labels(self.instance)),
+            ..LabelSelector::default()
+        }
+    }
+}
+
+/// The generated cluster-key Secret, holding `key`.
+fn cluster_key_secret(proxy: &SBProxy, stamp: &Stamp, key: &str) -> Secret {
+    Secret {
         // No owner reference: the key outlives the SBProxy's clustering
         // being turned off, and a re-created SBProxy rejoins with it.
         metadata: ObjectMeta {
             owner_references: None,
-            ..meta(cluster_key_secret_name(proxy))
+            ..stamp.meta(cluster_key_secret_name(proxy))
         },
         type_: Some("Opaque".to_string()),
         data: Some(BTreeMap::from([(
             CLUSTER_KEY_KEY.to_string(),
-            ByteString(opts.fresh_cluster_key.as_bytes().to_vec()),
+            ByteString(key.as_bytes().to_vec()),
         )])),
         ..Secret::default()
-    });
+    }
+}
 
-    let selector = selector_labels(&name);
-    let headless_service = Service {
-        metadata: meta(mesh_name(&name)),
+/// `<name>-mesh`: headless, the gossip and transport ports.
+fn headless_service(proxy: &SBProxy, stamp: &Stamp) -> Service {
+    let clustering = &proxy.spec.clustering;
+    Service {
+        metadata: stamp.meta(mesh_name(stamp.instance)),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             // Seeds must resolve before a pod is ready: readiness waits for the mesh.
             publish_not_ready_addresses: Some(true),
-            selector: Some(selector.clone()),
+            selector: Some(selector_labels(stamp.instance)),
             ports: Some(vec![
-                service_port("gossip", "UDP", spec.clustering.gossip_port, "gossip"),
-                service_port(
-                    "transport",
-                    "TCP",
-                    spec.clustering.transport_port,
-                    "transport",
-                ),
+                service_port("gossip", "UDP", clustering.gossip_port, "gossip"),
+                service_port("transport", "TCP", clustering.transport_port, "transport"),
             ]),
             ..ServiceSpec::default()
         }),
         ..Service::default()
-    };
-    let service = Service {
-        metadata: meta(format!("{name}-svc")),
+    }
+}
+
+/// `<name>-svc`: `http`, `acme`, and `https` when the config sets
+/// `proxy.https_bind_port`.
+fn service(proxy: &SBProxy, stamp: &Stamp, facts: &ConfigFacts) -> Service {
+    Service {
+        metadata: stamp.meta(format!("{}-svc", stamp.instance)),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
-            selector: Some(selector.clone()),
+            selector: Some(selector_labels(stamp.instance)),
             ports: Some(
                 [
-                    service_port("http", "TCP", spec.port, "http"),
+                    service_port("http", "TCP", proxy.spec.port, "http"),
                     service_port("acme", "TCP", ACME_SERVICE_PORT, "acme"),
                 ]
                 .into_iter()
@@ -385,14 +465,17 @@ pub fn render(
             ..ServiceSpec::default()
         }),
         ..Service::default()
-    };
+    }
+}
 
-    let template = pod_template(proxy, &name, opts, &facts)?;
-    let stateful_set = StatefulSet {
-        metadata: meta(format!("{name}-proxy")),
+/// `<name>-proxy`: `spec.replicas` pods of `template`, started in order and
+/// updated one at a time.
+fn stateful_set(proxy: &SBProxy, stamp: &Stamp, template: PodTemplateSpec) -> StatefulSet {
+    StatefulSet {
+        metadata: stamp.meta(format!("{}-proxy", stamp.instance)),
         spec: Some(StatefulSetSpec {
-            replicas: Some(spec.replicas),
-            service_name: Some(mesh_name(&name)),
+            replicas: Some(proxy.spec.replicas),
+            service_name: Some(mesh_name(stamp.instance)),
             pod_management_policy: Some("OrderedReady".to_string()),
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".to_string()),
@@ -401,59 +484,12 @@ pub fn render(
                     ..RollingUpdateStatefulSetStrategy::default()
                 }),
             }),
-            selector: LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..LabelSelector::default()
-            },
+            selector: stamp.selector(),
             template,
             ..StatefulSetSpec::default()
         }),
         ..StatefulSet::default()
-    };
-
-    let pdb = (spec.replicas > 1).then(|| PodDisruptionBudget {
-        metadata: meta(format!("{name}-pdb")),
-        spec: Some(PodDisruptionBudgetSpec {
-            max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..LabelSelector::default()
-            }),
-            ..PodDisruptionBudgetSpec::default()
-        }),
-        ..PodDisruptionBudget::default()
-    });
-
-    let network_policy = spec.network_policy.then(|| NetworkPolicy {
-        metadata: meta(mesh_name(&name)),
-        spec: Some(network_policy_spec(proxy, &selector, facts.https_port)),
-    });
-
-    let pod_monitor = spec.pod_monitor.then(|| PodMonitor {
-        metadata: meta(name.clone()),
-        spec: PodMonitorSpec {
-            selector: LabelSelector {
-                match_labels: Some(selector.clone()),
-                ..LabelSelector::default()
-            },
-            pod_metrics_endpoints: vec![PodMetricsEndpoint {
-                port: SIDECAR_ADMIN_PORT.to_string(),
-                path: "/metrics".to_string(),
-            }],
-        },
-    });
-
-    Ok(Rendered {
-        stateful_set,
-        headless_service,
-        service,
-        config_map,
-        cluster_key_secret,
-        pdb,
-        network_policy,
-        pod_monitor,
-        config_hash: format!("sha256:{}", sbmesh::config::sha256_hex(text.as_bytes())),
-    })
+    }
 }
 
 fn owner_reference(proxy: &SBProxy) -> Option<OwnerReference> {
@@ -536,42 +572,7 @@ fn pod_template(
         data_volume: DATA_VOLUME.to_string(),
     });
     let (proxy_capability, unprivileged_port_start) = low_port_privileges(proxy, facts);
-    let proxy_container = Container {
-        name: PROXY_CONTAINER.to_string(),
-        image: Some(spec.image.clone()),
-        ports: Some(
-            [
-                container_port("http", spec.port, "TCP"),
-                container_port("admin", spec.admin_port, "TCP"),
-            ]
-            .into_iter()
-            .chain(facts.https_port.map(|p| container_port("https", p, "TCP")))
-            .collect(),
-        ),
-        // The proxy interpolates ${SBPROXY_POD_NAME} and ${SBPROXY_POD_IP}
-        // in sb.yml as the sidecar does.
-        env: Some(vec![
-            field_env(flags::POD_NAME.env, "metadata.name"),
-            field_env(flags::POD_IP.env, "status.podIP"),
-        ]),
-        readiness_probe: Some(http_probe("/health", "http")),
-        resources: spec.resources.clone(),
-        volume_mounts: Some(vec![
-            mount(CONFIG_VOLUME, CONFIG_DIR, true),
-            mount(DATA_VOLUME, DATA_DIR, false),
-        ]),
-        // The root file system is left writable: what the proxy writes
-        // outside /var/lib/sbproxy is its own business.
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                add: proxy_capability.map(|c| vec![c.to_string()]),
-            }),
-            ..SecurityContext::default()
-        }),
-        ..Container::default()
-    };
+    let proxy_container = proxy_container(proxy, facts, proxy_capability);
     let mut template = PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(name)),
@@ -625,6 +626,50 @@ fn pod_template(
         add_pod_knobs(&mut template, knobs)?;
     }
     Ok(template)
+}
+
+/// The proxy container: `spec.image` with its `http`, `admin` (and, when the
+/// config sets `proxy.https_bind_port`, `https`) ports, the two mounts it
+/// shares with the sidecar, and `capability` (when a port of the proxy is
+/// below 1024: [`low_port_privileges`]) as the only one it keeps.
+fn proxy_container(proxy: &SBProxy, facts: &ConfigFacts, capability: Option<&str>) -> Container {
+    let spec = &proxy.spec;
+    Container {
+        name: PROXY_CONTAINER.to_string(),
+        image: Some(spec.image.clone()),
+        ports: Some(
+            [
+                container_port("http", spec.port, "TCP"),
+                container_port("admin", spec.admin_port, "TCP"),
+            ]
+            .into_iter()
+            .chain(facts.https_port.map(|p| container_port("https", p, "TCP")))
+            .collect(),
+        ),
+        // The proxy interpolates ${SBPROXY_POD_NAME} and ${SBPROXY_POD_IP}
+        // in sb.yml as the sidecar does.
+        env: Some(vec![
+            field_env(flags::POD_NAME.env, "metadata.name"),
+            field_env(flags::POD_IP.env, "status.podIP"),
+        ]),
+        readiness_probe: Some(http_probe("/health", "http")),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(vec![
+            mount(CONFIG_VOLUME, CONFIG_DIR, true),
+            mount(DATA_VOLUME, DATA_DIR, false),
+        ]),
+        // The root file system is left writable: what the proxy writes
+        // outside /var/lib/sbproxy is its own business.
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                add: capability.map(|c| vec![c.to_string()]),
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
 }
 
 /// What a pod whose ports go below 1024 needs to bind them as uid 65532:
@@ -1437,114 +1482,22 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
     }
 
     let env = known_env(proxy, ns);
-    let is_known = |var: &str| env.contains_key(var);
-    let lookup = |var: &str| env.get(var).cloned();
-    let interpolated = sbmesh::config::interpolate_report(text, &lookup);
-    // The text as written, to tell which values depend on unknown variables.
-    // It may fail to parse where the interpolated text does not; then
-    // nothing is excused.
-    let raw: Option<Yaml> = serde_norway::from_str(text).ok();
-    let tree: Option<Yaml> = serde_norway::from_str::<Yaml>(&interpolated.text)
-        .ok()
-        .and_then(|mut v| v.apply_merge().ok().map(|()| v));
-
-    // AcmeStoreNotShared: either ACME block, enabled, on a store local to
-    // one pod, with more than one replica. A backend that depends on a
-    // variable the operator cannot know is left to the sidecar.
-    let not_shared = ACME_BLOCKS.iter().find_map(|block| {
-        let acme = tree.as_ref().and_then(|t| yaml_at(t, block))?;
-        let enabled = acme.get("enabled").and_then(Yaml::as_bool) == Some(true);
-        let backend = acme
-            .get("storage_backend")
-            .and_then(scalar_text)
-            .map(|b| b.trim().to_owned())
-            .filter(|b| !b.is_empty())
-            .unwrap_or_else(|| "redb".to_owned());
-        let mut raw_path = block.to_vec();
-        raw_path.push("storage_backend");
-        let backend_unknown = raw
-            .as_ref()
-            .and_then(|r| yaml_at(r, &raw_path))
-            .is_some_and(|v| mentions_unknown(v, &is_known));
-        let local = matches!(backend.as_str(), "redb" | "memory" | "sqlite");
-        (proxy.spec.replicas > 1 && enabled && local && !backend_unknown)
-            .then(|| (block.join("."), backend))
-    });
-
-    let ports = |var: &str, from_file: Option<u16>, default: u16| {
-        env.get(var)
-            .and_then(|v| v.trim().parse::<u16>().ok())
-            .or(from_file)
-            .unwrap_or(default)
+    let interpolated = sbmesh::config::interpolate_report(text, &|var| env.get(var).cloned());
+    let reading = Reading {
+        raw: serde_norway::from_str(text).ok(),
+        tree: serde_norway::from_str::<Yaml>(&interpolated.text)
+            .ok()
+            .and_then(|mut v| v.apply_merge().ok().map(|()| v)),
+        env,
     };
-    // A clash with the sidecar's port written with a variable the operator
-    // cannot know (and not set by spec.clustering) is left to the sidecar.
-    let sidecar_port_unknown = |path: &str| {
-        [
-            ("gossip_port", flags::GOSSIP_PORT.env),
-            ("transport_port", flags::TRANSPORT_PORT.env),
-        ]
-        .iter()
-        .any(|(key, var)| {
-            path == format!("proxy.cluster.{key}")
-                && !env.contains_key(var)
-                && value_depends_on_unknown(
-                    raw.as_ref(),
-                    &format!("proxy.extensions.sbmesh.{key}"),
-                    &is_known,
-                )
-        })
-    };
-    // The conflicts of a parsed file, apart: a conflict is about the value at
-    // its path (a port left to its default clashes whatever else the block
-    // holds), so only that value can excuse it.
-    let mut restarts_proxy = false;
-    let (mut problems, conflicts) = match sbmesh::config::parse_interpolated(&interpolated) {
-        Ok(config) => {
-            let sbmesh = config.sbmesh();
-            // The sidecar's precedence: its environment, then the file.
-            let apply = env
-                .get(flags::PROXY_CERT_APPLY.env)
-                .and_then(|v| sbmesh::config::CertApply::from_name(v.trim()))
-                .or_else(|| sbmesh.acme.as_ref().and_then(|a| a.apply));
-            restarts_proxy = apply == Some(sbmesh::config::CertApply::Restart);
-            let conflicts = sbmesh::config::conflicts(
-                &config,
-                sbmesh::config::SidecarPorts {
-                    gossip: ports(
-                        flags::GOSSIP_PORT.env,
-                        sbmesh.gossip_port,
-                        sbmesh::config::DEFAULT_GOSSIP_PORT,
-                    ),
-                    transport: ports(
-                        flags::TRANSPORT_PORT.env,
-                        sbmesh.transport_port,
-                        sbmesh::config::DEFAULT_TRANSPORT_PORT,
-                    ),
-                },
-            );
-            (Vec::new(), conflicts)
-        }
-        Err(problems) => (problems, Vec::new()),
-    };
-    problems.extend(admin_port_problem(proxy, tree.as_ref()));
+    let not_shared = acme_store_not_shared(proxy, &reading);
+    let view = sidecar_view(&reading, &interpolated);
+    let restarts_proxy = view.restarts_proxy;
+    // AcmeStoreNotShared says more about that backend than ConfigInvalid.
     let skip = not_shared
         .as_ref()
         .map(|(block, _)| format!("{block}.storage_backend"));
-    let problems: Vec<String> = problems
-        .into_iter()
-        .filter(Problem::is_error)
-        .filter(|p| Some(&p.path) != skip.as_ref())
-        .filter(|p| !depends_on_unknown(raw.as_ref(), &p.path, &is_known))
-        .chain(
-            conflicts
-                .into_iter()
-                .filter(Problem::is_error)
-                .filter(|p| !value_depends_on_unknown(raw.as_ref(), &p.path, &is_known))
-                .filter(|p| !sidecar_port_unknown(&p.path)),
-        )
-        .map(|p| p.to_string())
-        .collect();
+    let problems = blocking_problems(proxy, &reading, view, skip.as_deref());
     if !problems.is_empty() {
         return Err(invalid(problems));
     }
@@ -1554,19 +1507,172 @@ fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<ConfigFacts, Re
             acme_store_not_shared_message(proxy.spec.replicas, &block, &backend),
         ));
     }
-    let port_at = |key: &str| {
-        tree.as_ref()
+    Ok(ConfigFacts {
+        restarts_proxy,
+        https_port: reading.proxy_port("https_bind_port"),
+        http_port: reading.proxy_port("http_bind_port"),
+    })
+}
+
+/// A config text as the checks read it.
+struct Reading<'p> {
+    /// The sidecar's environment, as far as it is known ([`known_env`]).
+    env: BTreeMap<&'p str, String>,
+    /// The text as written, to tell which values depend on unknown
+    /// variables. It may fail to parse where the interpolated text does
+    /// not; then nothing is excused.
+    raw: Option<Yaml>,
+    /// The interpolated text, its merge keys applied.
+    tree: Option<Yaml>,
+}
+
+impl Reading<'_> {
+    fn is_known(&self, var: &str) -> bool {
+        self.env.contains_key(var)
+    }
+
+    /// A sidecar port: its environment, then the file, then its default.
+    fn sidecar_port(&self, var: &str, from_file: Option<u16>, default: u16) -> u16 {
+        self.env
+            .get(var)
+            .and_then(|v| v.trim().parse::<u16>().ok())
+            .or(from_file)
+            .unwrap_or(default)
+    }
+
+    /// `proxy.<key>` as a port, when the config sets one other than 0.
+    fn proxy_port(&self, key: &str) -> Option<i32> {
+        self.tree
+            .as_ref()
             .and_then(|t| yaml_at(t, &["proxy", key]))
             .and_then(scalar_text)
             .and_then(|p| p.trim().parse::<u16>().ok())
             .filter(|p| *p != 0)
             .map(i32::from)
-    };
-    Ok(ConfigFacts {
-        restarts_proxy,
-        https_port: port_at("https_bind_port"),
-        http_port: port_at("http_bind_port"),
+    }
+
+    /// A clash with the sidecar's port written with a variable the operator
+    /// cannot know (and not set by spec.clustering): left to the sidecar.
+    fn sidecar_port_unknown(&self, path: &str) -> bool {
+        [
+            ("gossip_port", flags::GOSSIP_PORT.env),
+            ("transport_port", flags::TRANSPORT_PORT.env),
+        ]
+        .iter()
+        .any(|(key, var)| {
+            path == format!("proxy.cluster.{key}")
+                && !self.is_known(var)
+                && value_depends_on_unknown(
+                    self.raw.as_ref(),
+                    &format!("proxy.extensions.sbmesh.{key}"),
+                    &|v| self.is_known(v),
+                )
+        })
+    }
+}
+
+/// AcmeStoreNotShared: either ACME block, enabled, on a store local to one
+/// pod, with more than one replica, as (the block's path, the backend). A
+/// backend that depends on a variable the operator cannot know is left to
+/// the sidecar.
+fn acme_store_not_shared(proxy: &SBProxy, reading: &Reading) -> Option<(String, String)> {
+    ACME_BLOCKS.iter().find_map(|block| {
+        let acme = reading.tree.as_ref().and_then(|t| yaml_at(t, block))?;
+        let enabled = acme.get("enabled").and_then(Yaml::as_bool) == Some(true);
+        let backend = acme
+            .get("storage_backend")
+            .and_then(scalar_text)
+            .map(|b| b.trim().to_owned())
+            .filter(|b| !b.is_empty())
+            .unwrap_or_else(|| "redb".to_owned());
+        let mut raw_path = block.to_vec();
+        raw_path.push("storage_backend");
+        let backend_unknown = reading
+            .raw
+            .as_ref()
+            .and_then(|r| yaml_at(r, &raw_path))
+            .is_some_and(|v| mentions_unknown(v, &|var| reading.is_known(var)));
+        let local = matches!(backend.as_str(), "redb" | "memory" | "sqlite");
+        (proxy.spec.replicas > 1 && enabled && local && !backend_unknown)
+            .then(|| (block.join("."), backend))
     })
+}
+
+/// What the sidecar makes of a config: the problems of parsing it, the
+/// conflicts of a parsed file with the sidecar's ports, apart (a conflict
+/// is about the value at its path: a port left to its default clashes
+/// whatever else the block holds, so only that value can excuse it), and
+/// whether it restarts the proxy.
+struct SidecarView {
+    problems: Vec<Problem>,
+    conflicts: Vec<Problem>,
+    restarts_proxy: bool,
+}
+
+fn sidecar_view(reading: &Reading, interpolated: &Interpolated) -> SidecarView {
+    let config = match sbmesh::config::parse_interpolated(interpolated) {
+        Ok(config) => config,
+        Err(problems) => {
+            return SidecarView {
+                problems,
+                conflicts: Vec::new(),
+                restarts_proxy: false,
+            };
+        }
+    };
+    let sbmesh = config.sbmesh();
+    // The sidecar's precedence: its environment, then the file.
+    let apply = reading
+        .env
+        .get(flags::PROXY_CERT_APPLY.env)
+        .and_then(|v| sbmesh::config::CertApply::from_name(v.trim()))
+        .or_else(|| sbmesh.acme.as_ref().and_then(|a| a.apply));
+    let ports = sbmesh::config::SidecarPorts {
+        gossip: reading.sidecar_port(
+            flags::GOSSIP_PORT.env,
+            sbmesh.gossip_port,
+            sbmesh::config::DEFAULT_GOSSIP_PORT,
+        ),
+        transport: reading.sidecar_port(
+            flags::TRANSPORT_PORT.env,
+            sbmesh.transport_port,
+            sbmesh::config::DEFAULT_TRANSPORT_PORT,
+        ),
+    };
+    SidecarView {
+        problems: Vec::new(),
+        conflicts: sbmesh::config::conflicts(&config, ports),
+        restarts_proxy: apply == Some(sbmesh::config::CertApply::Restart),
+    }
+}
+
+/// The errors that refuse the config (ConfigInvalid), one line each: the
+/// sidecar's and [`admin_port_problem`], but for the one at `skip` and those
+/// about a value the operator cannot know (left to the sidecar).
+fn blocking_problems(
+    proxy: &SBProxy,
+    reading: &Reading,
+    view: SidecarView,
+    skip: Option<&str>,
+) -> Vec<String> {
+    let raw = reading.raw.as_ref();
+    let is_known = |var: &str| reading.is_known(var);
+    let mut problems = view.problems;
+    problems.extend(admin_port_problem(proxy, reading.tree.as_ref()));
+    problems
+        .into_iter()
+        .filter(Problem::is_error)
+        .filter(|p| Some(p.path.as_str()) != skip)
+        .filter(|p| !depends_on_unknown(raw, &p.path, &is_known))
+        .chain(
+            view.conflicts
+                .into_iter()
+                .filter(Problem::is_error)
+                .filter(|p| !value_depends_on_unknown(raw, &p.path, &is_known))
+                .filter(|p| !reading.sidecar_port_unknown(&p.path)),
+        )
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// The sidecar POSTs reloads to `spec.adminPort`: a config whose
