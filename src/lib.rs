@@ -90,6 +90,7 @@ pub mod config;
 pub mod flags;
 pub mod http;
 pub mod identity;
+pub mod keyring;
 pub mod mesh;
 pub mod metrics;
 pub mod node;

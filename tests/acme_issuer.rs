@@ -44,7 +44,7 @@ use sbmesh::acme::account::{AccountSettings, AcmeError, load_or_create};
 use sbmesh::acme::challenge::ChallengeBook;
 use sbmesh::acme::issuer::{Issuer, certificate_identifier};
 use sbmesh::acme::keys;
-use sbmesh::mesh::seal::KeyRing;
+use sbmesh::keyring::KeyRing;
 use sbmesh::metrics::Metrics;
 use sbmesh::store::memory::MemoryStore;
 use sbmesh::store::{Entry, Store, StoreError, Version};

@@ -5,7 +5,8 @@
 use std::sync::LazyLock;
 
 use proptest::prelude::*;
-use sbmesh::mesh::seal::{Channel, KeyRing, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer};
+use sbmesh::keyring::KeyRing;
+use sbmesh::mesh::seal::{Channel, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer};
 
 const CLUSTER: &str = "props";
 const T0: u64 = 1_700_000_000_000;

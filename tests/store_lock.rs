@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sbmesh::mesh::seal::KeyRing;
+use sbmesh::keyring::KeyRing;
 use sbmesh::metrics::Metrics;
 use sbmesh::store::file::FileStore;
 use sbmesh::store::instrumented::Instrumented;

@@ -85,7 +85,7 @@ pub fn plan(
     let rotated_for = annotation(ROTATED_FOR_ANNOTATION);
     let rotated_at = annotation(ROTATED_AT_ANNOTATION).and_then(|t| t.parse::<Timestamp>().ok());
     let primary = sbmesh::config::key_to_hex(&ring[0]);
-    let primary_id = sbmesh::mesh::seal::display_key_id(&ring[0]);
+    let primary_id = sbmesh::keyring::display_key_id(&ring[0]);
     let status = |key_id: String, phase: &str, at: Option<Timestamp>| ClusterKeyStatus {
         key_id,
         phase: phase.to_string(),
@@ -155,7 +155,7 @@ pub fn plan(
 /// `status.clusterKey.keyId` of a key written as 64 hex chars.
 pub fn key_id(key_hex: &str) -> String {
     match sbmesh::config::parse_key_ring(key_hex) {
-        Ok(keys) => sbmesh::mesh::seal::display_key_id(&keys[0]),
+        Ok(keys) => sbmesh::keyring::display_key_id(&keys[0]),
         Err(_) => String::new(),
     }
 }

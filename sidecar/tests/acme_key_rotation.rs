@@ -41,7 +41,7 @@ fn key_bytes(hex: &str) -> [u8; 32] {
 
 /// The id a ring key is known by in logs and sealed records.
 fn key_id(hex: &str) -> String {
-    let ring = sbmesh::mesh::seal::KeyRing::new(vec![key_bytes(hex)]).expect("a ring");
+    let ring = sbmesh::keyring::KeyRing::new(vec![key_bytes(hex)]).expect("a ring");
     format!("{:08x}", ring.primary_id())
 }
 
@@ -424,8 +424,8 @@ fn a_rotation_rolled_out_pod_by_pod_drops_no_packet_and_keeps_the_certificates()
     let all = cluster.all();
     cluster.wait_converged(&all);
     let before = wait_installed(&cluster, &pebble, &all, &hosts);
-    let old_id = sbmesh::mesh::seal::display_key_id(&key_bytes(KEY_OLD));
-    let new_id = sbmesh::mesh::seal::display_key_id(&key_bytes(KEY_NEW));
+    let old_id = sbmesh::keyring::display_key_id(&key_bytes(KEY_OLD));
+    let new_id = sbmesh::keyring::display_key_id(&key_bytes(KEY_NEW));
     cluster.wait_until("every view shows the old key everywhere", || {
         every_view_shows_key(&cluster, &old_id)
     });

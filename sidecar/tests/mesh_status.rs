@@ -719,7 +719,7 @@ fn key_rotation_through_the_key_file_without_restart() {
     let pids: Vec<Option<u32>> = c.nodes.iter().map(Node::pid).collect();
     // Each node's entry shows the key it seals with, in every node's view.
     let key_id = |hex: &str| {
-        sbmesh::mesh::seal::display_key_id(&sbmesh::config::parse_key_ring(hex).unwrap()[0])
+        sbmesh::keyring::display_key_id(&sbmesh::config::parse_key_ring(hex).unwrap()[0])
     };
     let every_view_shows = |c: &Cluster, viewers: &[usize], shown: &[usize], id: &str| {
         viewers.iter().all(|&i| {

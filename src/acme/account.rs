@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::http_client::{AcmeHttpClient, RequestError, RetryAfterCapture, error_chain};
 use super::keys;
 use crate::config::{AcmeSection, Eab};
-use crate::mesh::seal::KeyRing;
+use crate::keyring::KeyRing;
 use crate::store::lock::LeaseLock;
 use crate::store::sealed::{open_record, seal_record, sealed_key_id};
 use crate::store::{Store, StoreError, Version};

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::seal::KeyRing;
+use crate::keyring::KeyRing;
 use crate::store::StoreError;
 use crate::store::sealed::{open_record, seal_record};
 

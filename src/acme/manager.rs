@@ -62,7 +62,7 @@ use crate::acme::schedule::{
     ari_next_check, renew_at,
 };
 use crate::config::{AcmeSection, CertificateMode, SbConfig};
-use crate::mesh::seal::KeyRing;
+use crate::keyring::KeyRing;
 use crate::mesh::{CertificateInfo, MemberState, Mesh};
 use crate::metrics::Metrics;
 use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};

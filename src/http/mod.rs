@@ -1,10 +1,12 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics` and `/admin/*`
 //! (docs/reference.md#admin-endpoints); serving it and the challenge
 //! listener ([`listener`]); the challenge listener's passthrough to the
-//! proxy ([`passthrough`]).
+//! proxy ([`passthrough`]); the content negotiation of `/metrics`
+//! (`negotiate.rs`: OpenMetrics or the Prometheus text format, by `Accept`).
 
 mod auth;
 pub mod listener;
+mod negotiate;
 pub mod passthrough;
 
 use std::net::SocketAddr;
@@ -20,7 +22,7 @@ use axum::routing::get;
 pub use auth::AdminAuth;
 
 use crate::mesh::Mesh;
-use crate::metrics::{Exposition, Metrics};
+use crate::metrics::Metrics;
 
 /// One readiness condition: `None` when it holds, else the reason it
 /// does not (shown in `/readyz`).
@@ -91,13 +93,7 @@ async fn readyz(State(state): State<AdminState>) -> Response {
 /// scraper that asks for it first (Prometheus does), the Prometheus text
 /// format 0.0.4 otherwise.
 async fn metrics(State(state): State<AdminState>, headers: HeaderMap) -> Response {
-    // Several Accept lines mean one list; a line that is not text is ignored.
-    let accept: Vec<&str> = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect();
-    let format = Exposition::from_accept((!accept.is_empty()).then(|| accept.join(",")).as_deref());
+    let format = negotiate::exposition_for(&headers);
     (
         [
             (

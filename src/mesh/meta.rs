@@ -90,11 +90,11 @@ pub struct NodeMeta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyInfo>,
     /// The node's primary cluster key, as
-    /// [`crate::mesh::seal::display_key_id`] shows it (set by the mesh).
+    /// [`crate::keyring::display_key_id`] shows it (set by the mesh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     /// The ids of every key the node opens, primary first, as a sealed
-    /// packet's header carries them ([`crate::mesh::seal::KeyRing::ids`];
+    /// packet's header carries them ([`crate::keyring::KeyRing::ids`];
     /// set by the mesh). A peer seals to this node with its own primary
     /// only once this lists it, so a rotation rolled out pod by pod drops
     /// no packet (docs in [`crate::mesh::runtime`]).

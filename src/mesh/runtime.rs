@@ -17,14 +17,15 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
+use crate::keyring::KeyRing;
 use crate::mesh::core::{Event, MeshCore, Output, SwimTuning};
 use crate::mesh::discovery::SeedSource;
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{MetaRecord, NodeMeta, key_ring_of};
 use crate::mesh::ring;
 use crate::mesh::seal::{
-    Channel, Isolation, KeyRing, MAX_DATAGRAM, PeerKeys, REPLAY_WINDOW_MS, Reject, Sealer,
-    SkewWatch, SkewedPeer,
+    Channel, Isolation, MAX_DATAGRAM, PeerKeys, REPLAY_WINDOW_MS, Reject, Sealer, SkewWatch,
+    SkewedPeer,
 };
 use crate::mesh::suspicion;
 use crate::mesh::view::{ClockSkewPeer, ClusterStatus, MemberInfo};

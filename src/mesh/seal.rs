@@ -67,7 +67,6 @@
 //! days, 100 nodes at 1 000 per second in about 12 hours. Rotate keys (see
 //! [`KeyRing`]) well within that.
 
-mod key_ring;
 mod peer_keys;
 mod replay;
 mod skew;
@@ -79,8 +78,8 @@ use aws_lc_rs::aead::{Aad, NONCE_LEN as GCM_NONCE_LEN, Nonce};
 use aws_lc_rs::digest;
 use rand::TryRng;
 
-use key_ring::prefix;
-pub use key_ring::{KeyRing, MESH_AEAD_LABEL, display_key_id};
+use crate::keyring::KeyRing;
+
 pub(crate) use peer_keys::PeerKeys;
 use replay::ReplayCache;
 pub use skew::{Isolation, SKEW_REMEMBER, SKEW_WINDOW, SkewWarning, SkewWatch, SkewedPeer};
@@ -235,30 +234,10 @@ impl Reject {
     }
 }
 
-/// Errors building a key ring, deriving keys or sealing.
+/// Errors sealing a packet (the ring's own are [`crate::keyring::KeyRingError`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SealError {
-    /// [`KeyRing::new`] was given no keys.
-    #[error("the mesh key ring is empty: configure at least one 32-byte key")]
-    EmptyRing,
-    /// Two ring keys have the same id.
-    #[error(
-        "mesh key #{index} has key id {id:08x}, like an earlier key: remove the repeated key \
-         (if the keys differ, their ids collide by chance; generate a new key)"
-    )]
-    DuplicateKey {
-        /// Position of the second key in the list given to [`KeyRing::new`].
-        index: usize,
-        /// The shared key id.
-        id: u32,
-    },
-    /// [`KeyRing::derive`] was asked for a key id the ring does not hold.
-    #[error("key id {id:08x} is not in the mesh key ring")]
-    UnknownKey {
-        /// The key id asked for.
-        id: u32,
-    },
     /// The payload does not fit one sealed packet on this channel.
     #[error(
         "a {len}-byte payload does not fit one sealed {channel} packet: at most {max} payload \
@@ -583,6 +562,17 @@ impl Header {
             nonce: prefix(nonce),
         }
     }
+}
+
+/// First `N` bytes of `bytes` (zero-padded if shorter, which a SHA-256
+/// digest or a fixed-size header never is); written without indexing so it
+/// has no panic path.
+fn prefix<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    for (dst, src) in out.iter_mut().zip(bytes) {
+        *dst = *src;
+    }
+    out
 }
 
 /// Splits `N` bytes off the front (zero-padded if short, which a fixed-size
@@ -1080,14 +1070,6 @@ mod tests {
         assert!(msg.contains("60123 ms"), "{msg}");
         assert!(msg.contains("30 s window"), "{msg}");
         assert!(msg.contains("NTP"), "{msg}");
-    }
-
-    #[test]
-    fn errors_tell_the_fix() {
-        let msg = KeyRing::new(vec![OLD, OLD]).unwrap_err().to_string();
-        assert!(msg.contains("remove the repeated key"), "{msg}");
-        let msg = KeyRing::new(vec![]).unwrap_err().to_string();
-        assert!(msg.contains("at least one"), "{msg}");
     }
 
     #[test]

@@ -346,7 +346,7 @@ mod tests {
     fn sealer(cluster: &str) -> Sealer {
         Sealer::new(
             cluster,
-            crate::mesh::seal::KeyRing::new(vec![[7; 32]]).unwrap(),
+            crate::keyring::KeyRing::new(vec![[7; 32]]).unwrap(),
         )
     }
 

@@ -24,8 +24,8 @@
 //! # Rotation
 //!
 //! Records are sealed under the ring's primary key and open under any key
-//! still in the ring, so the mesh's three-step rotation (see [`KeyRing`])
-//! applies: keep the old key in the ring until every record sealed under it
+//! still in the ring, so the key ring's three-step rotation (see
+//! [`KeyRing`]) applies: keep the old key in the ring until every record sealed under it
 //! has been rewritten (certificates are rewritten at each renewal; a record
 //! can be resealed explicitly by opening and sealing it again).
 //!
@@ -56,7 +56,7 @@ use aws_lc_rs::rand;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
-use crate::mesh::seal::KeyRing;
+use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
 
 use super::StoreError;
@@ -85,8 +85,8 @@ pub const SEALED_OVERHEAD: usize = SEALED_HEADER_LEN + TAG_LEN;
 pub const MISSING_KEY_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The key ring records are sealed and opened with, as it is now: `None`
-/// (plain records, no cluster key), a fixed ring, or one that follows the
-/// mesh's ring ([`crate::mesh::Mesh::key_rings`]) so that a rotation of
+/// (plain records, no cluster key), a fixed ring, or one that follows a
+/// ring that changes (the mesh's, `Mesh::key_rings`) so that a rotation of
 /// the key file reaches the store too. Cheap to clone; clones share the
 /// ring and the warn rate limit.
 #[derive(Clone, Default)]

@@ -1,5 +1,13 @@
 //! The cluster key ring: which keys exist, which one encrypts, and the keys
 //! derived from them.
+//!
+//! Below the mesh, the store and ACME, which all use it: the mesh seals its
+//! packets under the ring ([`crate::mesh::seal`]), the store seals records
+//! at rest under a key derived from it ([`crate::store::sealed`]), and ACME
+//! seals its account and certificate keys through the store's sealing. It
+//! imports nothing from any of them. Where a ring comes from (a file, an environment
+//! variable, `sb.yml`) and how it is written is configuration
+//! ([`crate::config::key`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,21 +15,51 @@ use std::sync::Arc;
 use aws_lc_rs::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
 use aws_lc_rs::{digest, hkdf};
 
-use super::SealError;
-
 /// HKDF salt for every key derived from a ring key. Purposes are separated by
 /// the HKDF `info` label, not by the salt.
 const HKDF_SALT: &[u8] = b"sbmesh mesh v1";
 
-/// HKDF label of the AES-256-GCM key that seals mesh packets. Other layers
-/// (the store) must pick their own labels so their keys are independent.
+/// HKDF label of the AES-256-GCM key that seals mesh packets. The ring
+/// derives this one itself, once per key, since every packet needs it.
+/// Other layers (the store) must pick their own labels so their keys are
+/// independent.
 pub const MESH_AEAD_LABEL: &[u8] = b"mesh-aead";
 
 /// Domain separator of the key id hash.
 const KEY_ID_DOMAIN: &[u8] = b"sbmesh-key-id\0";
 
-/// One ring key: its raw bytes (for [`KeyRing::derive`]), its id and the AEAD
-/// key derived from it once, up front.
+/// Errors building a key ring or deriving a key from it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyRingError {
+    /// [`KeyRing::new`] was given no keys.
+    #[error("the mesh key ring is empty: configure at least one 32-byte key")]
+    EmptyRing,
+    /// Two ring keys have the same id.
+    #[error(
+        "mesh key #{index} has key id {id:08x}, like an earlier key: remove the repeated key \
+         (if the keys differ, their ids collide by chance; generate a new key)"
+    )]
+    DuplicateKey {
+        /// Position of the second key in the list given to [`KeyRing::new`].
+        index: usize,
+        /// The shared key id.
+        id: u32,
+    },
+    /// [`KeyRing::derive`] was asked for a key id the ring does not hold.
+    #[error("key id {id:08x} is not in the mesh key ring")]
+    UnknownKey {
+        /// The key id asked for.
+        id: u32,
+    },
+    /// The aws-lc-rs HKDF or AES-GCM key setup reported a failure.
+    #[error("the AES-GCM or HKDF primitive failed")]
+    Crypto,
+}
+
+/// One ring key: its raw bytes (for [`KeyRing::derive`]), its id and the mesh
+/// packet AEAD key derived from it once, up front (every packet needs one,
+/// and an HKDF per packet would be wasted work).
 struct RingKey {
     id: u32,
     raw: [u8; 32],
@@ -65,19 +103,20 @@ impl KeyRing {
     /// Builds a ring from raw 32-byte keys, primary first.
     ///
     /// # Errors
-    /// [`SealError::EmptyRing`] when `keys` is empty;
-    /// [`SealError::DuplicateKey`] when two keys share an id (the same key
+    /// [`KeyRingError::EmptyRing`] when `keys` is empty;
+    /// [`KeyRingError::DuplicateKey`] when two keys share an id (the same key
     /// listed twice, or a 2⁻³² id collision between different keys);
-    /// [`SealError::Crypto`] if the key derivation primitive fails.
-    pub fn new(keys: Vec<[u8; 32]>) -> Result<Self, SealError> {
+    /// [`KeyRingError::Crypto`] if the key derivation primitive fails.
+    pub fn new(keys: Vec<[u8; 32]>) -> Result<Self, KeyRingError> {
         let mut built: Vec<RingKey> = Vec::with_capacity(keys.len());
         for (index, raw) in keys.into_iter().enumerate() {
             let id = key_id(&raw);
             if built.iter().any(|k| k.id == id) {
-                return Err(SealError::DuplicateKey { index, id });
+                return Err(KeyRingError::DuplicateKey { index, id });
             }
             let mut aead_bytes = hkdf_expand(&raw, MESH_AEAD_LABEL)?;
-            let unbound = UnboundKey::new(&AES_256_GCM, &aead_bytes).map_err(|_| SealError::Crypto);
+            let unbound =
+                UnboundKey::new(&AES_256_GCM, &aead_bytes).map_err(|_| KeyRingError::Crypto);
             aead_bytes.fill(0);
             built.push(RingKey {
                 id,
@@ -86,7 +125,7 @@ impl KeyRing {
             });
         }
         let mut built = built.into_iter();
-        let primary = built.next().ok_or(SealError::EmptyRing)?;
+        let primary = built.next().ok_or(KeyRingError::EmptyRing)?;
         Ok(Self {
             keys: Arc::new(Keys {
                 primary,
@@ -134,20 +173,20 @@ impl KeyRing {
     /// key protects so it can be found again after a rotation.
     ///
     /// # Errors
-    /// [`SealError::UnknownKey`] when no key has this id;
-    /// [`SealError::Crypto`] if the key derivation primitive fails.
-    pub fn derive(&self, key_id: u32, label: &[u8]) -> Result<[u8; 32], SealError> {
+    /// [`KeyRingError::UnknownKey`] when no key has this id;
+    /// [`KeyRingError::Crypto`] if the key derivation primitive fails.
+    pub fn derive(&self, key_id: u32, label: &[u8]) -> Result<[u8; 32], KeyRingError> {
         let key = self
             .find(key_id)
-            .ok_or(SealError::UnknownKey { id: key_id })?;
+            .ok_or(KeyRingError::UnknownKey { id: key_id })?;
         hkdf_expand(&key.raw, label)
     }
 
     /// [`KeyRing::derive`] with the primary key.
     ///
     /// # Errors
-    /// [`SealError::Crypto`] if the key derivation primitive fails.
-    pub fn derive_primary(&self, label: &[u8]) -> Result<[u8; 32], SealError> {
+    /// [`KeyRingError::Crypto`] if the key derivation primitive fails.
+    pub fn derive_primary(&self, label: &[u8]) -> Result<[u8; 32], KeyRingError> {
         hkdf_expand(&self.primary().raw, label)
     }
 
@@ -155,14 +194,14 @@ impl KeyRing {
         &self.keys.primary
     }
 
-    /// `(id, AEAD key)` of the primary key, for sealing.
-    pub(super) fn primary_aead(&self) -> (u32, &LessSafeKey) {
+    /// `(id, AEAD key)` of the primary key, for sealing a mesh packet.
+    pub(crate) fn primary_aead(&self) -> (u32, &LessSafeKey) {
         let key = self.primary();
         (key.id, &key.aead)
     }
 
-    /// The AEAD key with this id, for opening.
-    pub(super) fn aead(&self, key_id: u32) -> Option<&LessSafeKey> {
+    /// The mesh packet AEAD key with this id, for opening.
+    pub(crate) fn aead(&self, key_id: u32) -> Option<&LessSafeKey> {
         self.find(key_id).map(|k| &k.aead)
     }
 
@@ -183,10 +222,9 @@ impl fmt::Debug for KeyRing {
 /// 32-byte key. What each node's `key_id` in `/admin/cluster/status` and the
 /// operator's `status.clusterKey.keyId` show, so a rotation can be followed
 /// from either (`xxd -r -p <<< "$KEY" | sha256sum | cut -c1-8`). Not the id
-/// in a sealed packet's header ([`key_id`], domain-separated).
+/// in a sealed packet's header ([`KeyRing::ids`], domain-separated).
 pub fn display_key_id(raw: &[u8; 32]) -> String {
-    let digest = digest::digest(&digest::SHA256, raw);
-    let head: [u8; 4] = prefix(digest.as_ref());
+    let head = digest_head(&digest::digest(&digest::SHA256, raw));
     head.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -195,28 +233,28 @@ fn key_id(raw: &[u8; 32]) -> u32 {
     let mut ctx = digest::Context::new(&digest::SHA256);
     ctx.update(KEY_ID_DOMAIN);
     ctx.update(raw);
-    u32::from_be_bytes(prefix(ctx.finish().as_ref()))
+    u32::from_be_bytes(digest_head(&ctx.finish()))
 }
 
-/// First `N` bytes of `bytes` (zero-padded if shorter, which a SHA-256
-/// digest never is); written without indexing so it has no panic path.
-pub(super) fn prefix<const N: usize>(bytes: &[u8]) -> [u8; N] {
-    let mut out = [0u8; N];
-    for (dst, src) in out.iter_mut().zip(bytes) {
-        *dst = *src;
-    }
-    out
+/// The first 4 bytes of a SHA-256 digest (zero-padded if shorter, which a
+/// digest never is); no panic path.
+fn digest_head(digest: &digest::Digest) -> [u8; 4] {
+    digest
+        .as_ref()
+        .first_chunk::<4>()
+        .copied()
+        .unwrap_or_default()
 }
 
-fn hkdf_expand(ikm: &[u8; 32], label: &[u8]) -> Result<[u8; 32], SealError> {
+fn hkdf_expand(ikm: &[u8; 32], label: &[u8]) -> Result<[u8; 32], KeyRingError> {
     let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, HKDF_SALT).extract(ikm);
     let info = [label];
     // HKDF_SHA256 as the length type asks for 32 bytes, its digest size.
     let okm = prk
         .expand(&info, hkdf::HKDF_SHA256)
-        .map_err(|_| SealError::Crypto)?;
+        .map_err(|_| KeyRingError::Crypto)?;
     let mut out = [0u8; 32];
-    okm.fill(&mut out).map_err(|_| SealError::Crypto)?;
+    okm.fill(&mut out).map_err(|_| KeyRingError::Crypto)?;
     Ok(out)
 }
 
@@ -234,14 +272,14 @@ mod tests {
 
     #[test]
     fn empty_ring_is_refused() {
-        assert!(matches!(KeyRing::new(vec![]), Err(SealError::EmptyRing)));
+        assert!(matches!(KeyRing::new(vec![]), Err(KeyRingError::EmptyRing)));
     }
 
     #[test]
     fn repeated_key_is_refused() {
         let err = KeyRing::new(vec![[1; 32], [2; 32], [1; 32]]).unwrap_err();
         assert!(
-            matches!(err, SealError::DuplicateKey { index: 2, .. }),
+            matches!(err, KeyRingError::DuplicateKey { index: 2, .. }),
             "{err}"
         );
     }
@@ -273,12 +311,22 @@ mod tests {
         assert_ne!(store_a, [1; 32]);
         assert!(matches!(
             ring.derive(0xdead_beef, b"store"),
-            Err(SealError::UnknownKey { id: 0xdead_beef })
+            Err(KeyRingError::UnknownKey { id: 0xdead_beef })
         ));
         // Deterministic: a clone and a rebuilt ring derive the same key.
         let again = KeyRing::new(vec![[1; 32]]).unwrap();
         assert_eq!(again.derive(a, b"store").unwrap(), store_a);
         assert_eq!(ring.clone().derive(a, b"store").unwrap(), store_a);
+    }
+
+    #[test]
+    fn errors_tell_the_fix() {
+        let msg = KeyRing::new(vec![[0x11; 32], [0x11; 32]])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("remove the repeated key"), "{msg}");
+        let msg = KeyRing::new(vec![]).unwrap_err().to_string();
+        assert!(msg.contains("at least one"), "{msg}");
     }
 
     #[test]
