@@ -8,7 +8,7 @@
 //!   text, so scaling and config edits restart no pod (the sidecar reloads
 //!   the proxy when the mounted ConfigMap changes), except for the few
 //!   config facts the pod itself must follow, whose change needs a proxy
-//!   restart anyway ([`pod_template`]);
+//!   restart anyway (`pod_template`);
 //! - randomness (a fresh cluster key) comes in through [`RenderOptions`],
 //!   so the same inputs always give the same objects.
 
