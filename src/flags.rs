@@ -50,22 +50,22 @@ pub const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(DEFAULT_BIND, 9091)
 /// The default `--challenge-listen`.
 pub const DEFAULT_CHALLENGE_LISTEN: SocketAddr = SocketAddr::new(DEFAULT_BIND, 8089);
 /// The default `--cert-dir`.
-pub const DEFAULT_CERT_DIR: &str = "/var/lib/sbproxy/certs";
+pub(crate) const DEFAULT_CERT_DIR: &str = "/var/lib/sbproxy/certs";
 /// The default `--state-dir`.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/sbproxy/sidecar";
 /// The default `--shutdown-grace-ms`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
 /// The default `--proxy-process-name`: sbproxy's `/proc/<pid>/comm`.
-pub const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
+pub(crate) const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
 /// The default `--reload-debounce-ms`: the wait after a config file event
 /// before it is read, so an editor's several writes make one reload.
 pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
 /// The default `--reload-rescan-secs`: the full re-read that catches what
 /// inotify missed (a ConfigMap's `..data` swap on some kernels).
-pub const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
 /// The default `--proxy-restart-interval-secs`: at most one restart per pod
 /// per 10 minutes.
-pub const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
 
 /// One flag of `run` and the environment variable that stands in for it.
 #[derive(Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 /// The longest node or cluster id accepted (the length of a DNS name).
-pub const MAX_ID_LEN: usize = 253;
+pub(crate) const MAX_ID_LEN: usize = 253;
 
 /// Splits a StatefulSet pod name `<statefulset>-<ordinal>` into its parts.
 ///

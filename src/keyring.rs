@@ -23,7 +23,7 @@ const HKDF_SALT: &[u8] = b"sbmesh mesh v1";
 /// derives this one itself, once per key, since every packet needs it.
 /// Other layers (the store) must pick their own labels so their keys are
 /// independent.
-pub const MESH_AEAD_LABEL: &[u8] = b"mesh-aead";
+pub(crate) const MESH_AEAD_LABEL: &[u8] = b"mesh-aead";
 
 /// Domain separator of the key id hash.
 const KEY_ID_DOMAIN: &[u8] = b"sbmesh-key-id\0";
@@ -141,12 +141,12 @@ impl KeyRing {
 
     /// The primary key's id as `/admin/cluster/status` shows it
     /// ([`display_key_id`]).
-    pub fn display_id(&self) -> String {
+    pub(crate) fn display_id(&self) -> String {
         display_key_id(&self.primary().raw)
     }
 
     /// Number of keys in the ring (at least 1).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         1 + self.keys.rest.len()
     }
 
@@ -156,12 +156,12 @@ impl KeyRing {
     }
 
     /// Key ids in ring order, primary first.
-    pub fn ids(&self) -> Vec<u32> {
+    pub(crate) fn ids(&self) -> Vec<u32> {
         self.keys.iter().map(|k| k.id).collect()
     }
 
     /// Whether a key with this id is in the ring.
-    pub fn contains(&self, key_id: u32) -> bool {
+    pub(crate) fn contains(&self, key_id: u32) -> bool {
         self.find(key_id).is_some()
     }
 
@@ -175,7 +175,7 @@ impl KeyRing {
     /// # Errors
     /// [`KeyRingError::UnknownKey`] when no key has this id;
     /// [`KeyRingError::Crypto`] if the key derivation primitive fails.
-    pub fn derive(&self, key_id: u32, label: &[u8]) -> Result<[u8; 32], KeyRingError> {
+    pub(crate) fn derive(&self, key_id: u32, label: &[u8]) -> Result<[u8; 32], KeyRingError> {
         let key = self
             .find(key_id)
             .ok_or(KeyRingError::UnknownKey { id: key_id })?;

@@ -214,7 +214,7 @@ impl CertResolver {
 
     /// The certificate a handshake with this SNI name gets (`None`: the
     /// handshake is refused).
-    pub fn resolve_name(&self, server_name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+    pub(crate) fn resolve_name(&self, server_name: Option<&str>) -> Option<Arc<CertifiedKey>> {
         let table = self.table.load();
         if let Some(name) = server_name {
             let name = name.strip_suffix('.').unwrap_or(name);

@@ -6,15 +6,15 @@
 use std::net::IpAddr;
 
 /// Longest hostname (RFC 1035, without the trailing dot).
-pub const MAX_NAME_LEN: usize = 253;
+pub(crate) const MAX_NAME_LEN: usize = 253;
 /// Longest label.
-pub const MAX_LABEL_LEN: usize = 63;
+pub(crate) const MAX_LABEL_LEN: usize = 63;
 
 /// The hostname an origin key names, in the form a certificate carries it:
 /// trimmed, without a trailing dot, lowercased, IDN labels as A-labels.
 /// `Err` says what is wrong and what would be accepted. Wildcards are not
 /// handled here: callers set them apart first (they are not eligible).
-pub fn normalize(origin: &str) -> Result<String, String> {
+pub(crate) fn normalize(origin: &str) -> Result<String, String> {
     let trimmed = origin.trim();
     let name = trimmed.strip_suffix('.').unwrap_or(trimmed);
     if name.is_empty() {

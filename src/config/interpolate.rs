@@ -20,7 +20,7 @@ pub struct Interpolated {
 
 impl Interpolated {
     /// The error of an [`Interpolated::oversized`] text.
-    pub fn oversized_problem() -> Problem {
+    pub(crate) fn oversized_problem() -> Problem {
         Problem::error(
             "(file)",
             format!(
@@ -46,7 +46,7 @@ pub struct Unresolved {
 
 impl Unresolved {
     /// The warning `validate` and `run` print for it.
-    pub fn warning(&self) -> Problem {
+    pub(crate) fn warning(&self) -> Problem {
         Problem::warning(
             format!("line {}, column {}", self.line, self.column),
             format!(

@@ -29,7 +29,7 @@ pub enum KeySource {
 impl KeySource {
     /// Classifies `text` by its prefix. Never fails; whether the source is
     /// usable is decided by [`KeySource::check`] and [`resolve_key_source`].
-    pub fn parse(text: &str) -> KeySource {
+    pub(crate) fn parse(text: &str) -> KeySource {
         let text = text.trim();
         if let Some(name) = text.strip_prefix("env:") {
             KeySource::Env(name.trim().to_string())
@@ -43,7 +43,7 @@ impl KeySource {
     /// The checks possible without the environment or the file system: an
     /// `env:` name is a valid variable name, a `file:` path is not empty, and
     /// a literal is a well-formed key ring.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         match self {
             KeySource::Env(name) => {
                 let valid = name

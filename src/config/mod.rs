@@ -64,7 +64,7 @@ pub use parse::child_path;
 pub type EnvLookup<'a> = dyn Fn(&str) -> Option<String> + 'a;
 
 /// The Let's Encrypt production directory, the default `acme.directory_url`.
-pub const LETS_ENCRYPT_DIRECTORY: &str = "https://acme-v02.api.letsencrypt.org/directory";
+pub(crate) const LETS_ENCRYPT_DIRECTORY: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
 /// The default `proxy.admin.port`: where the proxy's admin API (and its
 /// `/admin/reload`) listens.
@@ -81,10 +81,10 @@ pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
 pub const DEFAULT_TRANSPORT_PORT: u16 = 8946;
 /// Most names one certificate may carry (the CA's usual limit), so most
 /// origins `certificates: san` accepts.
-pub const MAX_SAN_NAMES: usize = 100;
+pub(crate) const MAX_SAN_NAMES: usize = 100;
 /// Largest `sb.yml` read. A ConfigMap holds at most 1 MiB; this leaves room
 /// for files mounted another way while bounding the work of every re-read.
-pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
 /// How bad a [`Problem`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -171,7 +171,7 @@ impl SbConfig {
     }
 
     /// True when `proxy.extensions.sbmesh.acme.enabled` is true.
-    pub fn acme_enabled(&self) -> bool {
+    pub(crate) fn acme_enabled(&self) -> bool {
         self.acme().is_some()
     }
 
@@ -201,7 +201,7 @@ impl SbConfig {
     /// order; and the origins that are not eligible (wildcards), as
     /// written. Empty when ACME is disabled. Invalid origins are problems of
     /// [`parse`], so a parsed config with ACME on has none.
-    pub fn acme_hostnames(&self) -> (Vec<String>, Vec<String>) {
+    pub(crate) fn acme_hostnames(&self) -> (Vec<String>, Vec<String>) {
         if !self.acme_enabled() {
             return (Vec::new(), Vec::new());
         }
@@ -250,11 +250,11 @@ impl SbConfig {
 }
 
 /// The YAML path of the sidecar's block.
-pub const SBMESH_PATH: &str = "proxy.extensions.sbmesh";
+pub(crate) const SBMESH_PATH: &str = "proxy.extensions.sbmesh";
 
 /// The one line a file gets when it configures the sidecar in the proxy's
 /// own blocks (the first version of the contract) and has no sidecar block.
-pub const MIGRATION_MESSAGE: &str = "not found, and the sidecar no longer reads proxy.cluster or \
+pub(crate) const MIGRATION_MESSAGE: &str = "not found, and the sidecar no longer reads proxy.cluster or \
      proxy.acme (sbproxy itself acts on those blocks: it binds the mesh ports and orders \
      certificates). Move the sidecar's mesh keys (cluster_id, node_id, seeds, gossip_port, \
      transport_port, advertise_addr), its shared_key (was security.shared_key) and its acme \
@@ -521,10 +521,10 @@ pub enum CertificateMode {
 
 impl CertificateMode {
     /// Every mode, as listed to users.
-    pub const ALL: [CertificateMode; 2] = [CertificateMode::PerHost, CertificateMode::San];
+    pub(crate) const ALL: [CertificateMode; 2] = [CertificateMode::PerHost, CertificateMode::San];
 
     /// The name used in `sb.yml`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CertificateMode::PerHost => "per_host",
             CertificateMode::San => "san",
@@ -532,7 +532,7 @@ impl CertificateMode {
     }
 
     /// The mode named `name`, if it is one.
-    pub fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == name)
     }
 }
@@ -555,10 +555,10 @@ pub enum CertApply {
 
 impl CertApply {
     /// Every way, as listed to users.
-    pub const ALL: [CertApply; 3] = [CertApply::Reload, CertApply::Restart, CertApply::None];
+    pub(crate) const ALL: [CertApply; 3] = [CertApply::Reload, CertApply::Restart, CertApply::None];
 
     /// The name used in `sb.yml` and on the command line.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CertApply::Reload => "reload",
             CertApply::Restart => "restart",
@@ -572,7 +572,7 @@ impl CertApply {
     }
 
     /// The accepted names, for messages.
-    pub fn names() -> String {
+    pub(crate) fn names() -> String {
         Self::ALL.map(Self::as_str).join(", ")
     }
 }
@@ -618,7 +618,7 @@ pub enum StorageBackend {
 
 impl StorageBackend {
     /// Every backend, in the order they are listed to users.
-    pub const ALL: [StorageBackend; 7] = [
+    pub(crate) const ALL: [StorageBackend; 7] = [
         StorageBackend::Redis,
         StorageBackend::S3,
         StorageBackend::Gcs,
@@ -629,7 +629,7 @@ impl StorageBackend {
     ];
 
     /// The name used in `sb.yml`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             StorageBackend::Redis => "redis",
             StorageBackend::S3 => "s3",
@@ -642,12 +642,12 @@ impl StorageBackend {
     }
 
     /// The backend named `name` in `sb.yml`, if it is one.
-    pub fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|b| b.as_str() == name)
     }
 
     /// Whether `storage_path` must be given for this backend.
-    pub fn needs_path(self) -> bool {
+    pub(crate) fn needs_path(self) -> bool {
         self != StorageBackend::Memory
     }
 
@@ -658,7 +658,7 @@ impl StorageBackend {
     }
 
     /// What `storage_path` looks like for this backend, for messages.
-    pub fn path_form(self) -> &'static str {
+    pub(crate) fn path_form(self) -> &'static str {
         match self {
             StorageBackend::Redis => "redis://host:port/db, rediss://host:port/db, or host:port",
             StorageBackend::S3 => "s3://bucket/prefix",
@@ -726,7 +726,7 @@ pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
 /// Why [`read_bounded`] returned no content.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ReadError {
+pub(crate) enum ReadError {
     /// The file cannot be read (absent, permissions, a mount mid-swap).
     #[error("cannot read: {0}")]
     Io(#[from] std::io::Error),
@@ -745,7 +745,7 @@ pub enum ReadError {
 /// is an error saying so, without reading it whole. The one read of
 /// `sb.yml`: `validate`, `run`'s start-up ([`load`]) and the reload
 /// watcher all go through it, so they agree on what is too large.
-pub fn read_bounded(path: &Path) -> Result<Vec<u8>, ReadError> {
+pub(crate) fn read_bounded(path: &Path) -> Result<Vec<u8>, ReadError> {
     use std::io::Read as _;
     let file = std::fs::File::open(path)?;
     let mut raw = Vec::new();
@@ -761,7 +761,7 @@ pub fn read_bounded(path: &Path) -> Result<Vec<u8>, ReadError> {
 
 /// What is wrong with a file of `len` bytes (read up to one byte past
 /// [`MAX_CONFIG_BYTES`]), when it is too large.
-pub fn oversized(len: usize) -> Option<String> {
+pub(crate) fn oversized(len: usize) -> Option<String> {
     (len as u64 > MAX_CONFIG_BYTES).then(|| {
         format!(
             "larger than {} MiB; the sidecar reads at most that much (a ConfigMap holds at most 1 MiB)",
@@ -771,7 +771,7 @@ pub fn oversized(len: usize) -> Option<String> {
 }
 
 /// Interpolates and parses raw file bytes, as [`load`] does after reading.
-pub fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, Vec<Problem>> {
+pub(crate) fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, Vec<Problem>> {
     let text = std::str::from_utf8(raw).map_err(|e| {
         vec![Problem::error(
             "(file)",

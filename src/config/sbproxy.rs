@@ -7,7 +7,7 @@ use serde_norway::Value;
 
 /// `(path, keys)` of every strict block the sidecar knows of. A path
 /// segment `[]` stands for each item of a list.
-pub const STRICT_BLOCKS: &[(&str, &[&str])] = &[
+pub(crate) const STRICT_BLOCKS: &[(&str, &[&str])] = &[
     (
         "proxy.admin",
         &[

@@ -26,7 +26,7 @@ pub(crate) enum Verdict {
 impl AdminAuth {
     /// Basic credentials; with either missing, only loopback clients are
     /// let in.
-    pub fn new(user: Option<&str>, password: Option<&str>) -> Self {
+    pub(crate) fn new(user: Option<&str>, password: Option<&str>) -> Self {
         let expected = match (user, password) {
             (Some(u), Some(p)) => Some(
                 digest(&SHA256, format!("{u}:{p}").as_bytes())

@@ -37,7 +37,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 /// Most connections one listener keeps open: a quarter of the process's
 /// file descriptor limit (the rest is for the other listener, the mesh, the
 /// store and the proxy), at most 1024.
-pub fn max_connections() -> usize {
+pub(crate) fn max_connections() -> usize {
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .current
         .unwrap_or(u64::MAX);

@@ -26,11 +26,11 @@ use crate::metrics::Metrics;
 
 /// One readiness condition: `None` when it holds, else the reason it
 /// does not (shown in `/readyz`).
-pub type ReadinessCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+pub(crate) type ReadinessCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// Everything the admin endpoints read.
 #[derive(Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The mesh node.
     pub mesh: Mesh,
     /// The process's metrics.
@@ -43,7 +43,7 @@ pub struct AdminState {
 
 impl AdminState {
     /// The reasons the node is not ready (empty when it is).
-    pub fn not_ready_reasons(&self) -> Vec<String> {
+    pub(crate) fn not_ready_reasons(&self) -> Vec<String> {
         self.readiness.iter().filter_map(|check| check()).collect()
     }
 }
@@ -51,7 +51,7 @@ impl AdminState {
 /// A readiness check that holds once the mesh runs, and fails while every
 /// packet this node hears is rejected for clock skew (cut off from the mesh,
 /// it would otherwise pass for a node alone).
-pub fn mesh_running(mesh: Mesh) -> ReadinessCheck {
+pub(crate) fn mesh_running(mesh: Mesh) -> ReadinessCheck {
     Arc::new(move || {
         if let Some(isolation) = mesh.clock_skew_isolation() {
             return Some(format!("mesh: {isolation}"));
@@ -63,7 +63,7 @@ pub fn mesh_running(mesh: Mesh) -> ReadinessCheck {
 
 /// The admin router. Serve it with connect info:
 /// `axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())`.
-pub fn admin_router(state: AdminState) -> Router {
+pub(crate) fn admin_router(state: AdminState) -> Router {
     let admin = Router::new()
         .route("/admin/cluster/status", get(cluster_status))
         .fallback(|| async { StatusCode::NOT_FOUND })

@@ -55,15 +55,15 @@ use crate::metrics::{Metrics, PASSTHROUGH_RESULTS, ResultLabels};
 /// `Content-Length` is answered `413` before the proxy is contacted; a
 /// chunked body that grows past it is cut, and answered `413` unless the
 /// proxy answered first.
-pub const MAX_REQUEST_BODY_BYTES: usize = 32 << 20;
+pub(crate) const MAX_REQUEST_BODY_BYTES: usize = 32 << 20;
 
 /// How long opening a connection to the proxy may take. The proxy is in the
 /// same pod: a connection either opens at once or is refused.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long the proxy may take to send its response head (it may itself
 /// wait on an origin); the body then streams for as long as it takes.
-pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Idle connections to the proxy kept for reuse, and for how long.
 const MAX_IDLE_CONNECTIONS: usize = 32;
@@ -224,7 +224,7 @@ impl Passthrough {
     /// Passes `req` to the proxy and returns its answer, or `502` when it
     /// gives none (`413` for a body over the limit; `405` for `CONNECT`, a
     /// tunnel this listener does not open, not counted).
-    pub async fn forward(&self, req: Request) -> Response {
+    pub(crate) async fn forward(&self, req: Request) -> Response {
         if req.method() == Method::CONNECT {
             let mut response = status(StatusCode::METHOD_NOT_ALLOWED);
             response.headers_mut().insert(

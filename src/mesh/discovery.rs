@@ -24,7 +24,7 @@ pub struct SeedSource {
 impl SeedSource {
     /// Resolves every name now, returning the union of the addresses
     /// (deduplicated, in a stable order). Failures are logged and skipped.
-    pub async fn resolve(&self) -> Vec<SocketAddr> {
+    pub(crate) async fn resolve(&self) -> Vec<SocketAddr> {
         let mut names: Vec<String> = self
             .seeds
             .iter()

@@ -109,7 +109,7 @@ impl Serialize for NodeIdentity {
 
 impl NodeIdentity {
     /// The identity of the member `node_id`.
-    pub fn new(
+    pub(crate) fn new(
         node_id: Arc<str>,
         gossip: SocketAddr,
         transport_port: u16,
@@ -152,7 +152,7 @@ impl NodeIdentity {
     }
 
     /// The member's transport (TCP) address.
-    pub fn transport(&self) -> SocketAddr {
+    pub(crate) fn transport(&self) -> SocketAddr {
         SocketAddr::new(self.gossip.ip(), self.transport_port)
     }
 }

@@ -15,7 +15,7 @@ use crate::mesh::intern::{Interner, JSON, NAMES};
 use crate::mesh::member::{ByAddr, NodeIdentity};
 
 /// Largest encoded metadata record accepted or produced.
-pub const MAX_META_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_META_BYTES: usize = 64 * 1024;
 
 /// Result of the last config reload, as shown in status.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,7 +122,7 @@ pub(crate) fn key_ring_of(json: &[u8]) -> Vec<u32> {
 /// changed its version) costs no allocation. On the wire they are a string
 /// and a byte sequence, as `String` and `Vec<u8>` were.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct MetaRecord {
+pub(crate) struct MetaRecord {
     /// Owner of the record.
     pub node_id: Arc<str>,
     /// The owner's boot generation: a restarted owner starts versions anew.
@@ -136,12 +136,12 @@ pub struct MetaRecord {
 
 impl MetaRecord {
     /// Ordering key: a record replaces another of the same node when newer.
-    pub fn stamp(&self) -> (u64, u64) {
+    pub(crate) fn stamp(&self) -> (u64, u64) {
         (self.epoch, self.version)
     }
 
     /// The decoded metadata; a record that does not decode reads as empty.
-    pub fn meta(&self) -> NodeMeta {
+    pub(crate) fn meta(&self) -> NodeMeta {
         serde_json::from_slice(&self.json).unwrap_or_default()
     }
 }

@@ -269,7 +269,7 @@ impl Mesh {
     /// `Some` while every authenticated packet of the last 30 s was
     /// rejected for clock skew: this node, or every peer it hears, has a
     /// clock more than 30 s off, and it is cut off from the mesh.
-    pub fn clock_skew_isolation(&self) -> Option<Isolation> {
+    pub(crate) fn clock_skew_isolation(&self) -> Option<Isolation> {
         self.shared.skew().isolation(Instant::now())
     }
 
@@ -306,7 +306,7 @@ impl Mesh {
     /// The key ring, now and at every change ([`Mesh::set_keys`], the key
     /// file): what the store's at-rest ring follows
     /// ([`crate::store::sealed::AtRestRing::following`]).
-    pub fn key_rings(&self) -> tokio::sync::watch::Receiver<Arc<KeyRing>> {
+    pub(crate) fn key_rings(&self) -> tokio::sync::watch::Receiver<Arc<KeyRing>> {
         self.rings.subscribe()
     }
 

@@ -85,14 +85,14 @@ use replay::ReplayCache;
 pub use skew::{Isolation, SKEW_REMEMBER, SKEW_WINDOW, SkewWarning, SkewWatch, SkewedPeer};
 
 /// Version byte of the wire format this module writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+pub(crate) const FORMAT_VERSION: u8 = 1;
 
 /// Largest sealed UDP packet accepted (and produced), in bytes. A UDP
 /// payload may be at most `MAX_DATAGRAM - Sealer::overhead()` bytes.
 pub const MAX_DATAGRAM: usize = 1500;
 
 /// Largest sealed TCP frame accepted (and produced), in bytes.
-pub const MAX_FRAME: usize = 16 << 20;
+pub(crate) const MAX_FRAME: usize = 16 << 20;
 
 /// A packet whose sender time differs from ours by more than this is a
 /// [`Reject::ClockSkew`]; nonces are remembered for as long.
@@ -108,7 +108,7 @@ pub const REPLAY_WINDOW_MS: u64 = 30_000;
 /// peer cut a node off from the mesh, while a replayed SWIM message is at
 /// worst a stale ping or a membership update foca already knows. At this
 /// capacity the cache peaks around 13 MB.
-pub const REPLAY_CACHE_CAPACITY: usize = 262_144;
+pub(crate) const REPLAY_CACHE_CAPACITY: usize = 262_144;
 
 const VERSION_LEN: usize = 1;
 const CLUSTER_TAG_LEN: usize = 8;
@@ -137,7 +137,7 @@ pub enum Channel {
 
 impl Channel {
     /// Largest sealed packet accepted on this channel.
-    pub fn max_packet(self) -> usize {
+    pub(crate) fn max_packet(self) -> usize {
         match self {
             Channel::Udp => MAX_DATAGRAM,
             Channel::Tcp => MAX_FRAME,
@@ -151,7 +151,7 @@ impl Channel {
     }
 
     /// The `transport` label value of the mesh byte counters: `"udp"` or `"tcp"`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Channel::Udp => "udp",
             Channel::Tcp => "tcp",
@@ -222,7 +222,7 @@ impl Reject {
     ];
 
     /// The `reason` label value of `mesh_packets_rejected_total`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Reject::Decrypt => "decrypt",
             Reject::Cluster => "cluster",
@@ -291,7 +291,7 @@ impl Sealer {
 
     /// Replaces the key ring (key rotation). Packets being sealed or opened
     /// concurrently finish with the ring they started with.
-    pub fn set_ring(&self, ring: KeyRing) {
+    pub(crate) fn set_ring(&self, ring: KeyRing) {
         // A poisoned lock still holds a whole Arc: nothing to repair.
         *self.ring.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(ring);
     }
@@ -307,12 +307,12 @@ impl Sealer {
     }
 
     /// Bytes [`Sealer::seal`] adds to a payload: 25 header, 8 timestamp, 16 tag.
-    pub fn overhead() -> usize {
+    pub(crate) fn overhead() -> usize {
         OVERHEAD
     }
 
     /// Bytes of the clear header (version, cluster tag, key id, nonce).
-    pub fn clear_header_len() -> usize {
+    pub(crate) fn clear_header_len() -> usize {
         HEADER_LEN
     }
 
@@ -322,7 +322,7 @@ impl Sealer {
     ///
     /// # Errors
     /// The [`Reject`] that `unseal` would give for this header.
-    pub fn check_clear_header(&self, header: &[u8]) -> Result<(), Reject> {
+    pub(crate) fn check_clear_header(&self, header: &[u8]) -> Result<(), Reject> {
         let Some(header) = header.first_chunk::<HEADER_LEN>() else {
             return Err(Reject::Size);
         };
@@ -361,7 +361,7 @@ impl Sealer {
     /// still holds it (else the primary). The mesh answers a peer in the
     /// key that peer used, so a peer still on `[old]` keeps talking to one
     /// already on `[new, old]` during a rolling rotation.
-    pub fn seal_with(
+    pub(crate) fn seal_with(
         &self,
         channel: Channel,
         key_id: Option<u32>,
@@ -438,7 +438,7 @@ impl Sealer {
 
     /// Like [`Sealer::unseal`], also returning the id of the ring key that
     /// opened the packet.
-    pub fn unseal_keyed(
+    pub(crate) fn unseal_keyed(
         &self,
         channel: Channel,
         packet: &[u8],

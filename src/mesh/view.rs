@@ -138,7 +138,7 @@ impl From<&SkewedPeer> for ClockSkewPeer {
 
 impl ClusterStatus {
     /// Builds the summary from the node list.
-    pub fn summarize(nodes: &[NodeStatus]) -> Summary {
+    pub(crate) fn summarize(nodes: &[NodeStatus]) -> Summary {
         let mut s = Summary {
             total_nodes: 0,
             healthy_nodes: 0,

@@ -65,7 +65,7 @@ impl AcmeMetrics {
     }
 
     /// Counts one order outcome: `issued`, `failed` or `skipped`.
-    pub fn order(&self, result: &'static str) {
+    pub(crate) fn order(&self, result: &'static str) {
         self.orders.get_or_create(&ResultLabels { result }).inc();
     }
 
@@ -78,13 +78,13 @@ impl AcmeMetrics {
 
     /// Sets the expiry gauge of `host` to `seconds_left` now; it counts down
     /// from there.
-    pub fn set_expiry(&self, host: &str, seconds_left: i64) {
+    pub(crate) fn set_expiry(&self, host: &str, seconds_left: i64) {
         self.cert_expiry_seconds
             .set_not_after(host, unix_now().saturating_add(seconds_left));
     }
 
     /// Drops the expiry gauge of a host no longer served.
-    pub fn forget_host(&self, host: &str) {
+    pub(crate) fn forget_host(&self, host: &str) {
         self.cert_expiry_seconds.remove(host);
     }
 }
@@ -101,17 +101,17 @@ pub struct CertExpiry {
 
 impl CertExpiry {
     /// Records the notAfter (unix seconds) of `host`'s certificate.
-    pub fn set_not_after(&self, host: &str, not_after_unix: i64) {
+    pub(crate) fn set_not_after(&self, host: &str, not_after_unix: i64) {
         self.write().insert(host.to_owned(), not_after_unix);
     }
 
     /// Forgets `host`.
-    pub fn remove(&self, host: &str) {
+    pub(crate) fn remove(&self, host: &str) {
         self.write().remove(host);
     }
 
     /// Seconds left for each host at `now_unix`, by host.
-    pub fn seconds_left_at(&self, now_unix: i64) -> Vec<(String, i64)> {
+    pub(crate) fn seconds_left_at(&self, now_unix: i64) -> Vec<(String, i64)> {
         self.read()
             .iter()
             .map(|(host, not_after)| (host.clone(), not_after.saturating_sub(now_unix)))

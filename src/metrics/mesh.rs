@@ -153,26 +153,26 @@ impl MeshMetrics {
     }
 
     /// Counts one rejected packet.
-    pub fn rejected(&self, reason: &'static str) {
+    pub(crate) fn rejected(&self, reason: &'static str) {
         self.packets_rejected
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 
     /// Counts one inbound transport connection refused before it authenticated.
-    pub fn connection_refused(&self, reason: &'static str) {
+    pub(crate) fn connection_refused(&self, reason: &'static str) {
         self.connections_refused
             .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 
     /// Counts bytes sent on a transport.
-    pub fn sent(&self, transport: Transport, bytes: usize) {
+    pub(crate) fn sent(&self, transport: Transport, bytes: usize) {
         self.sent_by[transport as usize].inc_by(bytes as u64);
     }
 
     /// Counts bytes received on a transport.
-    pub fn received(&self, transport: Transport, bytes: usize) {
+    pub(crate) fn received(&self, transport: Transport, bytes: usize) {
         self.received_by[transport as usize].inc_by(bytes as u64);
     }
 }

@@ -25,7 +25,7 @@ pub struct ProxyMetrics {
 
 impl ProxyMetrics {
     /// Reasons of `sbmesh_watch_tls_rejected_total`.
-    pub const WATCH_TLS_REASONS: [&'static str; 4] =
+    pub(crate) const WATCH_TLS_REASONS: [&'static str; 4] =
         ["incomplete", "too_large", "unparsable", "mismatch"];
 
     /// Registers the hand-off's metrics in `registry`, every reason at zero.
@@ -62,7 +62,7 @@ impl ProxyMetrics {
     }
 
     /// Counts one proxy restart for a new certificate.
-    pub fn restarted_for_certificate(&self) {
+    pub(crate) fn restarted_for_certificate(&self) {
         self.restarts
             .get_or_create(&ReasonLabels {
                 reason: "certificate",
@@ -71,7 +71,7 @@ impl ProxyMetrics {
     }
 
     /// Counts one rejected `--watch-tls` pair.
-    pub fn watch_tls_rejected(&self, reason: &'static str) {
+    pub(crate) fn watch_tls_rejected(&self, reason: &'static str) {
         self.watch_tls_rejected
             .get_or_create(&ReasonLabels { reason })
             .inc();

@@ -98,7 +98,7 @@ impl StoreMetrics {
     }
 
     /// Counts one store operation.
-    pub fn operation(&self, backend: &'static str, op: &'static str, result: &'static str) {
+    pub(crate) fn operation(&self, backend: &'static str, op: &'static str, result: &'static str) {
         self.operations
             .get_or_create(&StoreOpLabels {
                 backend,
@@ -109,21 +109,21 @@ impl StoreMetrics {
     }
 
     /// Records how long one store operation took.
-    pub fn observe(&self, backend: &'static str, op: &'static str, took: Duration) {
+    pub(crate) fn observe(&self, backend: &'static str, op: &'static str, took: Duration) {
         self.operation_seconds
             .get_or_create(&BackendOpLabels { backend, op })
             .observe(took.as_secs_f64());
     }
 
     /// Counts one lease lock acquisition.
-    pub fn lock_acquired(&self, backend: &'static str) {
+    pub(crate) fn lock_acquired(&self, backend: &'static str) {
         self.lock_acquired
             .get_or_create(&BackendLabels { backend })
             .inc();
     }
 
     /// Counts one record that could not be opened.
-    pub fn unseal_failed(&self, reason: &'static str) {
+    pub(crate) fn unseal_failed(&self, reason: &'static str) {
         self.unseal_failures
             .get_or_create(&ReasonLabels { reason })
             .inc();

@@ -163,7 +163,7 @@ impl RestartCoordinator {
     /// As [`RestartCoordinator::spawn`], publishing the status into `tx`
     /// (a channel its caller already hands out, e.g. to node metadata and
     /// `/readyz`).
-    pub fn spawn_into(
+    pub(crate) fn spawn_into(
         cfg: RestartConfig,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,

@@ -10,11 +10,11 @@ use std::path::Path;
 use rustix::process::{Pid, Signal, kill_process};
 
 /// Longest `/proc/<pid>/comm` (the kernel's `TASK_COMM_LEN` less the NUL).
-pub const MAX_COMM_LEN: usize = 15;
+pub(crate) const MAX_COMM_LEN: usize = 15;
 
 /// Whether a `comm` value names `name` (a name longer than the kernel keeps
 /// matches by its first 15 bytes).
-pub fn comm_matches(comm: &str, name: &str) -> bool {
+pub(crate) fn comm_matches(comm: &str, name: &str) -> bool {
     let comm = comm.strip_suffix('\n').unwrap_or(comm);
     if name.len() > MAX_COMM_LEN {
         name.as_bytes().get(..MAX_COMM_LEN) == Some(comm.as_bytes())
@@ -25,7 +25,7 @@ pub fn comm_matches(comm: &str, name: &str) -> bool {
 
 /// The state letter of `/proc/<pid>/stat` (`R`, `S`, `Z`, ...): the field
 /// after the parenthesised name, which may itself hold spaces or `)`.
-pub fn stat_state(stat: &str) -> Option<char> {
+pub(crate) fn stat_state(stat: &str) -> Option<char> {
     let after = &stat[stat.rfind(')')? + 1..];
     after.trim_start().chars().next()
 }
@@ -41,7 +41,7 @@ fn running(proc_root: &Path, pid: u32) -> bool {
 
 /// The running processes under `proc_root` (normally `/proc`) whose comm
 /// is `name`, this process excluded, by pid.
-pub fn find_by_name(proc_root: &Path, name: &str) -> io::Result<Vec<u32>> {
+pub(crate) fn find_by_name(proc_root: &Path, name: &str) -> io::Result<Vec<u32>> {
     let own = std::process::id();
     let mut found = Vec::new();
     for entry in std::fs::read_dir(proc_root)? {
@@ -70,7 +70,7 @@ pub fn find_by_name(proc_root: &Path, name: &str) -> io::Result<Vec<u32>> {
 
 /// Whether any of `pids` still runs under the name `name` (a pid reused by
 /// another program does not count).
-pub fn any_running(proc_root: &Path, pids: &[u32], name: &str) -> bool {
+pub(crate) fn any_running(proc_root: &Path, pids: &[u32], name: &str) -> bool {
     pids.iter().any(|pid| {
         let dir = proc_root.join(pid.to_string());
         std::fs::read_to_string(dir.join("comm")).is_ok_and(|comm| comm_matches(&comm, name))

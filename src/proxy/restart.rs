@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// What the shell should do now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Nothing until [`RestartCore::request`].
     Idle,
     /// Nothing before this time (unix ms), or a new request.
@@ -38,7 +38,7 @@ pub enum Step {
 
 /// What signalling found.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SignalOutcome {
+pub(crate) enum SignalOutcome {
     /// At least one process got SIGTERM.
     Signalled,
     /// No process was signalled; the message says why (for status).
@@ -47,7 +47,7 @@ pub enum SignalOutcome {
 
 /// One health probe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// The health URL answered 200.
     pub healthy: bool,
     /// None of the signalled processes is running any more.
@@ -73,7 +73,7 @@ enum Phase {
 
 /// The restart state machine of one pod.
 #[derive(Clone, Debug)]
-pub struct RestartCore {
+pub(crate) struct RestartCore {
     min_interval_ms: u64,
     give_up_after_ms: u64,
     retry_after_ms: u64,
@@ -90,10 +90,10 @@ pub struct RestartCore {
 }
 
 /// How long after a store error the lease is tried again.
-pub const LEASE_RETRY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const LEASE_RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// How long after finding nothing to signal the next attempt is made.
-pub const NOT_SIGNALLED_RETRY_AFTER: Duration = Duration::from_secs(60);
+pub(crate) const NOT_SIGNALLED_RETRY_AFTER: Duration = Duration::from_secs(60);
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -103,7 +103,7 @@ impl RestartCore {
     /// A core allowing one restart per `min_interval`, giving up on a proxy
     /// not back within `give_up_after`; `health_url` only names the URL in
     /// the problem string.
-    pub fn new(min_interval: Duration, give_up_after: Duration, health_url: &str) -> Self {
+    pub(crate) fn new(min_interval: Duration, give_up_after: Duration, health_url: &str) -> Self {
         Self {
             min_interval_ms: ms(min_interval),
             give_up_after_ms: ms(give_up_after),
@@ -120,31 +120,33 @@ impl RestartCore {
     }
 
     /// New certificate files were written: a restart is wanted.
-    pub fn request(&mut self) {
+    pub(crate) fn request(&mut self) {
         self.wanted = true;
     }
 
     /// Whether a requested restart has not started yet.
+    #[cfg(test)]
     pub fn pending(&self) -> bool {
         self.wanted
     }
 
     /// Restarts signalled so far.
-    pub fn restarts(&self) -> u64 {
+    pub(crate) fn restarts(&self) -> u64 {
         self.restarts
     }
 
     /// When the last restart was signalled (unix ms).
-    pub fn last_restart_unix_ms(&self) -> Option<u64> {
+    pub(crate) fn last_restart_unix_ms(&self) -> Option<u64> {
         self.last_restart
     }
 
     /// Why the proxy is not known to be fine, if it is not.
-    pub fn problem(&self) -> Option<&str> {
+    pub(crate) fn problem(&self) -> Option<&str> {
         self.problem.as_deref()
     }
 
     /// Whether the shell should hold the lease now (for its bookkeeping).
+    #[cfg(test)]
     pub fn holds_lease(&self) -> bool {
         matches!(
             self.phase,
@@ -161,7 +163,7 @@ impl RestartCore {
     }
 
     /// What to do at `now`.
-    pub fn next(&mut self, now: u64) -> Step {
+    pub(crate) fn next(&mut self, now: u64) -> Step {
         match &self.phase {
             Phase::Idle | Phase::Recovering => {
                 let recovering = self.phase == Phase::Recovering;
@@ -199,14 +201,14 @@ impl RestartCore {
     }
 
     /// The lease was taken.
-    pub fn lease_acquired(&mut self) {
+    pub(crate) fn lease_acquired(&mut self) {
         if self.phase == Phase::Acquiring {
             self.phase = Phase::Holding;
         }
     }
 
     /// Taking the lease failed (store error): try again after a pause.
-    pub fn lease_failed(&mut self, now: u64) {
+    pub(crate) fn lease_failed(&mut self, now: u64) {
         if self.phase == Phase::Acquiring {
             self.retry_at = now.saturating_add(self.retry_after_ms);
             self.phase = Phase::Idle;
@@ -215,7 +217,7 @@ impl RestartCore {
 
     /// The outcome of signalling at `now`. Requests up to this point are
     /// served by this restart (the files were written before the signal).
-    pub fn signalled(&mut self, now: u64, outcome: SignalOutcome) {
+    pub(crate) fn signalled(&mut self, now: u64, outcome: SignalOutcome) {
         if self.phase != Phase::Holding {
             return;
         }
@@ -243,7 +245,7 @@ impl RestartCore {
     }
 
     /// A health probe's result.
-    pub fn probed(&mut self, probe: Probe) {
+    pub(crate) fn probed(&mut self, probe: Probe) {
         match &mut self.phase {
             Phase::Waiting { seen_down, .. } => {
                 if !probe.healthy {
@@ -264,7 +266,7 @@ impl RestartCore {
     }
 
     /// The lease was released (or releasing failed: it expires by itself).
-    pub fn released(&mut self) {
+    pub(crate) fn released(&mut self) {
         if let Phase::Releasing { then_recover } = self.phase {
             self.phase = if then_recover {
                 Phase::Recovering

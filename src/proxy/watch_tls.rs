@@ -38,7 +38,7 @@ const MAX_TLS_FILE_BYTES: u64 = certs::MAX_PEM_BYTES as u64;
 
 /// One read of a directory's pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PairRead {
+pub(crate) enum PairRead {
     /// Both files read, unchanged between two reads.
     Read {
         /// `tls.crt`.
@@ -56,7 +56,7 @@ pub enum PairRead {
 
 /// What a read pair is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// A complete, matching, parsable pair.
     Valid {
         /// sha256 of the pair.
@@ -75,7 +75,7 @@ pub enum Verdict {
 }
 
 /// sha256 of a pair (length-prefixed, so no two pairs share a hash input).
-pub fn pair_sha256(cert: &[u8], key: &[u8]) -> String {
+pub(crate) fn pair_sha256(cert: &[u8], key: &[u8]) -> String {
     let mut input = Vec::with_capacity(8 + cert.len() + key.len());
     input.extend_from_slice(&(cert.len() as u64).to_be_bytes());
     input.extend_from_slice(cert);
@@ -84,7 +84,7 @@ pub fn pair_sha256(cert: &[u8], key: &[u8]) -> String {
 }
 
 /// Judges a read pair: complete, parsable, key matching the certificate.
-pub fn check_pair(read: &PairRead) -> Verdict {
+pub(crate) fn check_pair(read: &PairRead) -> Verdict {
     let invalid = |reason, detail: String| Verdict::Invalid { reason, detail };
     let (cert, key) = match read {
         PairRead::Read { cert, key } => (cert, key),
@@ -115,7 +115,7 @@ pub fn check_pair(read: &PairRead) -> Verdict {
 
 /// What to do about a verdict.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// The first valid pair: the one the proxy started with; not applied.
     Baseline,
     /// A new valid pair: apply it.
@@ -133,7 +133,7 @@ pub enum Decision {
 
 /// The decisions for one directory.
 #[derive(Clone, Debug, Default)]
-pub struct TlsDirState {
+pub(crate) struct TlsDirState {
     started: bool,
     applied: Option<String>,
     rejected: Option<(&'static str, String)>,
@@ -142,23 +142,24 @@ pub struct TlsDirState {
 
 impl TlsDirState {
     /// A directory not looked at yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// sha256 of the pair last applied (or recorded at start).
+    #[cfg(test)]
     pub fn applied(&self) -> Option<&str> {
         self.applied.as_deref()
     }
 
     /// Why the directory's current pair is not applied, if it is not.
-    pub fn problem(&self) -> Option<&str> {
+    pub(crate) fn problem(&self) -> Option<&str> {
         self.problem.as_deref()
     }
 
     /// Decides on a verdict about `dir` (the directory only names itself
     /// in the problem string).
-    pub fn decide(&mut self, dir: &Path, verdict: Verdict) -> Decision {
+    pub(crate) fn decide(&mut self, dir: &Path, verdict: Verdict) -> Decision {
         match verdict {
             Verdict::Changing => Decision::Nothing,
             Verdict::Valid { sha256 } => {
@@ -223,7 +224,7 @@ fn read_once(dir: &Path) -> Result<(Vec<u8>, Vec<u8>), PairRead> {
 }
 
 /// Reads `dir`'s pair twice; [`PairRead::Changing`] when the reads differ.
-pub fn read_pair(dir: &Path) -> PairRead {
+pub(crate) fn read_pair(dir: &Path) -> PairRead {
     let first = read_once(dir);
     let second = read_once(dir);
     match (first, second) {

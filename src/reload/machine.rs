@@ -19,15 +19,15 @@
 use std::time::{Duration, Instant};
 
 /// Retry delay after a `409` (the proxy is busy reloading).
-pub const BUSY_RETRY: Duration = Duration::from_millis(500);
+pub(crate) const BUSY_RETRY: Duration = Duration::from_millis(500);
 /// First retry delay after a failed POST.
-pub const BACKOFF_START: Duration = Duration::from_millis(500);
+pub(crate) const BACKOFF_START: Duration = Duration::from_millis(500);
 /// Largest retry delay after repeated failures.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// How the proxy answered a reload POST.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PostOutcome {
+pub(crate) enum PostOutcome {
     /// `200`: the proxy now runs the content.
     Delivered,
     /// `409`: a reload is already running in the proxy.
@@ -44,7 +44,7 @@ pub enum PostOutcome {
 
 /// An input of the machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Input {
+pub(crate) enum Input {
     /// The config file was read (after the debounce) and validated.
     ContentSeen {
         /// Lowercase hex sha256 of the raw file bytes.
@@ -62,7 +62,7 @@ pub enum Input {
 
 /// Something a step reports, for metrics and status.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Report {
+pub(crate) enum Report {
     /// The proxy accepted a POST of this content.
     Delivered {
         /// Lowercase hex sha256 of the delivered content.
@@ -79,7 +79,7 @@ pub enum Report {
 
 /// What the shell must do after a step.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Record this outcome (metrics, status).
     Report(Report),
     /// Start a POST; feed its outcome back as [`Input::PostResult`].
@@ -94,7 +94,7 @@ pub enum Action {
 
 /// The reload state machine. See the module documentation for the rules.
 #[derive(Clone, Debug)]
-pub struct Machine {
+pub(crate) struct Machine {
     /// The content the proxy is known to run.
     delivered: Option<String>,
     /// The content being POSTed, and whether that POST was forced.
@@ -115,7 +115,7 @@ impl Machine {
     /// A machine whose proxy is known to run `delivered` (lowercase hex
     /// sha256), or nothing known when `None` (the first valid content seen
     /// is then POSTed).
-    pub fn new(delivered: Option<String>) -> Self {
+    pub(crate) fn new(delivered: Option<String>) -> Self {
         Self {
             delivered,
             in_flight: None,
@@ -128,23 +128,26 @@ impl Machine {
     }
 
     /// The content the proxy is known to run.
+    #[cfg(test)]
     pub fn delivered(&self) -> Option<&str> {
         self.delivered.as_deref()
     }
 
     /// The content being POSTed right now.
+    #[cfg(test)]
     pub fn in_flight(&self) -> Option<&str> {
         self.in_flight.as_ref().map(|(sha, _)| sha.as_str())
     }
 
     /// The content refused by the proxy (`400`), when it is still current.
+    #[cfg(test)]
     pub fn refused(&self) -> Option<&str> {
         self.refused.as_deref()
     }
 
     /// Feeds one input at `now`; returns what to do, reports first, then at
     /// most one of [`Action::Post`] or [`Action::WaitUntil`].
-    pub fn step(&mut self, input: Input, now: Instant) -> Vec<Action> {
+    pub(crate) fn step(&mut self, input: Input, now: Instant) -> Vec<Action> {
         let mut actions = Vec::new();
         match input {
             Input::ContentSeen { sha256, valid } => {

@@ -45,7 +45,7 @@ use machine::{Action, Input, Machine, Report};
 use post::Poster;
 
 /// Default time allowed for one reload POST.
-pub const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a reloader could not start.
 #[derive(Debug, thiserror::Error)]
@@ -129,13 +129,13 @@ pub struct ReloadStatus {
 /// Asks for one more reload of the current content (cloneable, for the
 /// certificate writer).
 #[derive(Clone, Debug)]
-pub struct ReloadTrigger(Arc<Notify>);
+pub(crate) struct ReloadTrigger(Arc<Notify>);
 
 impl ReloadTrigger {
     /// Certificates changed: reload the current content once more, through
     /// the same single-flight path. Calls before that reload starts collapse
     /// into one.
-    pub fn certificates_changed(&self) {
+    pub(crate) fn certificates_changed(&self) {
         self.0.notify_one();
     }
 }
@@ -156,7 +156,7 @@ impl ReloaderHandle {
     }
 
     /// A cloneable trigger for [`ReloadTrigger::certificates_changed`].
-    pub fn trigger(&self) -> ReloadTrigger {
+    pub(crate) fn trigger(&self) -> ReloadTrigger {
         self.trigger.clone()
     }
 

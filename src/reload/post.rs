@@ -18,7 +18,7 @@ const MAX_ERROR_BODY: usize = 4 * 1024;
 
 /// POSTs reloads to one URL with one `Authorization` header.
 #[derive(Clone, Debug)]
-pub struct Poster {
+pub(crate) struct Poster {
     client: Client<HttpConnector, Empty<Bytes>>,
     url: Uri,
     authorization: Option<HeaderValue>,
@@ -28,7 +28,7 @@ pub struct Poster {
 impl Poster {
     /// A poster for `url` (plain `http://`: the proxy's admin API is on
     /// loopback), sending `authorization` as the full header value.
-    pub fn new(
+    pub(crate) fn new(
         url: &str,
         authorization: Option<&str>,
         timeout: Duration,
@@ -61,7 +61,7 @@ impl Poster {
     }
 
     /// Sends one POST and waits for the answer (within the timeout).
-    pub async fn post(&self) -> PostOutcome {
+    pub(crate) async fn post(&self) -> PostOutcome {
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.url.clone())
@@ -119,7 +119,7 @@ impl Poster {
 
 /// What a status means: `2xx` delivered, `409` busy, `400` refused, anything
 /// else failed.
-pub fn outcome_of(status: StatusCode) -> PostOutcome {
+pub(crate) fn outcome_of(status: StatusCode) -> PostOutcome {
     match status.as_u16() {
         200..=299 => PostOutcome::Delivered,
         409 => PostOutcome::Busy,

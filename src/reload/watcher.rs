@@ -20,7 +20,7 @@ use crate::config::{self, Problem, ReadError, SbConfig, SidecarPorts};
 
 /// What one read of the config file found.
 #[derive(Debug)]
-pub enum Observation {
+pub(crate) enum Observation {
     /// The file was read; `problems` holds the errors when it is invalid.
     Content {
         /// Lowercase hex sha256 of the raw bytes.
@@ -38,7 +38,7 @@ pub enum Observation {
 /// Reads, hashes and validates the config file the way `validate` does
 /// (interpolating `${VAR}` from the process environment); with `ports`, a
 /// conflict with the sidecar's mesh or ACME makes the content invalid too.
-pub async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
+pub(crate) async fn observe(path: &Path, ports: Option<SidecarPorts>) -> Observation {
     // Reading and parsing (up to MAX_CONFIG_BYTES of YAML: seconds of CPU)
     // stay off the runtime's thread, which also drives the mesh.
     let owned = path.to_path_buf();
@@ -223,7 +223,7 @@ fn parent_dir(path: &Path) -> PathBuf {
 /// `rescan`. Each new valid content, parsed, also goes to `parsed` (the
 /// one reading of the file other components follow). Returns when `tx` is
 /// closed.
-pub async fn run(
+pub(crate) async fn run(
     path: PathBuf,
     debounce: Duration,
     rescan: Duration,

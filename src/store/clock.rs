@@ -20,10 +20,10 @@ use tokio::time::Instant;
 use super::{StoreError, now_unix_ms};
 
 /// How long one offset is used before the server is asked again.
-pub const REFRESH: Duration = Duration::from_secs(30);
+pub(crate) const REFRESH: Duration = Duration::from_secs(30);
 /// Past this age an offset is not used even when a refresh fails, and
 /// bounds are not narrowed with readings this far apart (clocks drift).
-pub const STALE: Duration = Duration::from_secs(300);
+pub(crate) const STALE: Duration = Duration::from_secs(300);
 
 /// Bounds on the offset (server minus local, ms), and when last confirmed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,11 +36,11 @@ struct Bounds {
 /// After a failed reading, how long the last offset is used before the
 /// server is asked again (a store that is down is not asked at every lock
 /// operation).
-pub const RETRY: Duration = Duration::from_secs(5);
+pub(crate) const RETRY: Duration = Duration::from_secs(5);
 
 /// A cached offset from the local clock to a server's (see the module docs).
 #[derive(Debug, Default)]
-pub struct ClockSync {
+pub(crate) struct ClockSync {
     state: Mutex<State>,
 }
 
@@ -54,7 +54,7 @@ struct State {
 /// One reading: the server said `server_ms`, meaning a time in
 /// `server_ms..server_ms + resolution_ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Reading {
+pub(crate) struct Reading {
     /// The time the server reported, unix ms (rounded down).
     pub server_ms: u64,
     /// How coarse that time is, ms (1 for a millisecond clock).
@@ -63,7 +63,7 @@ pub struct Reading {
 
 impl ClockSync {
     /// No offset known yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -72,7 +72,11 @@ impl ClockSync {
     /// younger than [`STALE`] is still used (with one warning per run of
     /// failures, and no new reading for [`RETRY`]); otherwise the
     /// reading's error is returned.
-    pub async fn offset<F, Fut>(&self, backend: &'static str, read: F) -> Result<i64, StoreError>
+    pub(crate) async fn offset<F, Fut>(
+        &self,
+        backend: &'static str,
+        read: F,
+    ) -> Result<i64, StoreError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Reading, StoreError>>,

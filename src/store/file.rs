@@ -68,9 +68,9 @@ const MAGIC: &[u8; 8] = b"SBMSREC1";
 const HEADER_LEN: usize = 8 + 16 + 8;
 /// Longest key segment this backend accepts: file names are limited to 255
 /// bytes, and the store appends up to 21.
-pub const MAX_SEGMENT_LEN: usize = 200;
+pub(crate) const MAX_SEGMENT_LEN: usize = 200;
 /// How long a write waits for its key's lock before giving up.
-pub const LOCK_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// Temp files older than this are debris of a crashed writer; the sweeper
 /// removes them.
 const STALE_TEMP_AGE: Duration = Duration::from_secs(600);

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 /// Operation labels, as the metric shows them. Readings of the store's
 /// clock are not counted: the backend caches them, and asks the server
 /// about twice a minute.
-pub const OPS: [&str; 8] = [
+pub(crate) const OPS: [&str; 8] = [
     "get",
     "put",
     "put_if_absent",

@@ -88,21 +88,21 @@ use super::{Store, StoreError, Version, now_unix_ms};
 use crate::metrics::Metrics;
 
 /// Key prefix of lock records.
-pub const LOCK_PREFIX: &str = "locks/";
+pub(crate) const LOCK_PREFIX: &str = "locks/";
 /// Longest holder id.
-pub const MAX_HOLDER_LEN: usize = 256;
+pub(crate) const MAX_HOLDER_LEN: usize = 256;
 /// Format version written in lock records.
 const RECORD_FORMAT: u8 = 1;
 /// Magic prefix of a fenced value ([`put_fenced`]).
-pub const FENCED_MAGIC: &[u8; 4] = b"sbf1";
+pub(crate) const FENCED_MAGIC: &[u8; 4] = b"sbf1";
 /// Magic prefix of a claim marker: a guarded key that had no value when a
 /// new lease claimed it ([`put_fenced_by_claims`]); reads as absent.
-pub const CLAIM_MAGIC: &[u8; 4] = b"sbfc";
+pub(crate) const CLAIM_MAGIC: &[u8; 4] = b"sbfc";
 /// Bytes before the value in a fenced value: the magic and the fence (u64
 /// big-endian).
-pub const FENCED_HEADER_LEN: usize = FENCED_MAGIC.len() + 8;
+pub(crate) const FENCED_HEADER_LEN: usize = FENCED_MAGIC.len() + 8;
 /// Most keys one lock guards under [`put_fenced_by_claims`].
-pub const MAX_GUARDED_KEYS: usize = 64;
+pub(crate) const MAX_GUARDED_KEYS: usize = 64;
 /// Compare-and-swap attempts of one fenced write or release before giving
 /// up (each lost attempt means another writer made progress).
 const MAX_CAS_ATTEMPTS: usize = 32;
@@ -138,7 +138,7 @@ struct StoredRecord {
 
 /// What a lock record means at a given time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseState {
+pub(crate) enum LeaseState {
     /// No record yet: the first lease gets fence 1.
     Vacant,
     /// Released or expired: the next lease gets `last_fence + 1`.
@@ -157,12 +157,12 @@ pub enum LeaseState {
 
 /// Whether a lease that expires at `expires_at_unix_ms` has expired at
 /// `now_unix_ms` (the expiry instant itself counts as expired).
-pub fn is_expired(expires_at_unix_ms: u64, now_unix_ms: u64) -> bool {
+pub(crate) fn is_expired(expires_at_unix_ms: u64, now_unix_ms: u64) -> bool {
     now_unix_ms >= expires_at_unix_ms
 }
 
 /// The state of a lock given its record (if any) at time `now_unix_ms`.
-pub fn lease_state(record: Option<&LockRecord>, now_unix_ms: u64) -> LeaseState {
+pub(crate) fn lease_state(record: Option<&LockRecord>, now_unix_ms: u64) -> LeaseState {
     match record {
         None => LeaseState::Vacant,
         Some(r) if r.released || is_expired(r.expires_at_unix_ms, now_unix_ms) => {
@@ -180,13 +180,13 @@ pub fn lease_state(record: Option<&LockRecord>, now_unix_ms: u64) -> LeaseState 
 /// The last instant at which a holder may still count on a lease expiring
 /// at `expires_at_unix_ms`: a renewal not confirmed by then is reported as
 /// lost, `safety_margin` before anyone else can take the lease.
-pub fn renewal_deadline(expires_at_unix_ms: u64, safety_margin: Duration) -> u64 {
+pub(crate) fn renewal_deadline(expires_at_unix_ms: u64, safety_margin: Duration) -> u64 {
     expires_at_unix_ms.saturating_sub(duration_ms(safety_margin))
 }
 
 /// Whether `record` still shows `lease` as held at `now_unix_ms`; if not,
 /// why. Renewal and release act only on a lease that is still theirs.
-pub fn check_held(
+pub(crate) fn check_held(
     record: Option<&LockRecord>,
     lease: &Lease,
     now_unix_ms: u64,
@@ -360,7 +360,7 @@ impl LeaseLock {
     }
 
     /// The lock name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -631,7 +631,11 @@ fn check_request(holder: &str, ttl: Duration) -> Result<(), StoreError> {
 /// The pause before the next acquisition attempt: the jittered poll
 /// interval, cut short when the lease expires sooner, and never past the
 /// caller's deadline.
-pub fn poll_pause(jitter: Duration, until_expiry: Option<Duration>, left: Duration) -> Duration {
+pub(crate) fn poll_pause(
+    jitter: Duration,
+    until_expiry: Option<Duration>,
+    left: Duration,
+) -> Duration {
     let pause = match until_expiry {
         Some(expiry) => jitter.min(expiry),
         None => jitter,
@@ -674,7 +678,7 @@ fn encode_stored(stored: &StoredRecord) -> Vec<u8> {
 ///
 /// # Errors
 /// [`StoreError::Corrupt`] when `bytes` is not a lock record.
-pub fn record_fence(key: &str, bytes: &[u8]) -> Result<u64, StoreError> {
+pub(crate) fn record_fence(key: &str, bytes: &[u8]) -> Result<u64, StoreError> {
     decode_stored(key, bytes).map(|s| s.record.fence)
 }
 
@@ -715,7 +719,7 @@ impl LeaseLock {
     /// are still refused. `true` when it released that lease; `false` when
     /// the record names another holder, is released already, or changed
     /// meanwhile (nothing is written then).
-    pub async fn release_predecessor(&self, predecessor: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn release_predecessor(&self, predecessor: &str) -> Result<bool, StoreError> {
         let Some((mut stored, version)) = self.read().await? else {
             return Ok(false);
         };
@@ -785,7 +789,7 @@ fn fenced_bytes(magic: &[u8; 4], fence: u64, value: &[u8]) -> Vec<u8> {
 
 /// The fence a stored value was written (or claimed) under: 0 for a value
 /// not written by [`put_fenced`].
-pub fn value_fence(bytes: &[u8]) -> u64 {
+pub(crate) fn value_fence(bytes: &[u8]) -> u64 {
     match bytes.first_chunk::<4>() {
         Some(magic) if magic == FENCED_MAGIC || magic == CLAIM_MAGIC => {
             split_fenced_any(bytes).map_or(0, |(fence, _)| fence)
@@ -953,7 +957,7 @@ fn split_fenced_any(bytes: &[u8]) -> Option<(u64, &[u8])> {
 /// # Errors
 /// [`StoreError::Fenced`] when a newer fence exists; [`StoreError::Corrupt`]
 /// when the lock record is not one.
-pub fn check_fence(
+pub(crate) fn check_fence(
     key: &str,
     lock_key: &str,
     fence: u64,

@@ -17,11 +17,11 @@ use crate::config::StorageBackend;
 use crate::metrics::Metrics;
 
 /// Budget of every Redis operation, connecting included.
-pub const REDIS_OP_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REDIS_OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Budget of one readiness probe.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The key the readiness probe reads (it need not exist).
-pub const PROBE_KEY: &str = "sbmesh/readyz-probe";
+pub(crate) const PROBE_KEY: &str = "sbmesh/readyz-probe";
 
 /// Opens the store for `backend`, wrapped so that every operation is counted
 /// in `store_operations_total`.
@@ -48,7 +48,7 @@ pub async fn open_store(
 /// several clusters may share, keys live under the namespace
 /// `sbmesh/<cluster_id>` (the other backends name their place in
 /// `storage_path` already).
-pub async fn open_cluster_store(
+pub(crate) async fn open_cluster_store(
     backend: StorageBackend,
     storage_path: &str,
     state_dir: &Path,
@@ -136,7 +136,7 @@ fn local_dir(storage_path: &str, state_dir: &Path, sub: Option<&str>) -> PathBuf
 ///
 /// `/readyz` checks are synchronous; run this periodically in a task and
 /// let the check read the last outcome.
-pub async fn probe(store: &dyn Store) -> Result<(), StoreError> {
+pub(crate) async fn probe(store: &dyn Store) -> Result<(), StoreError> {
     match tokio::time::timeout(PROBE_TIMEOUT, store.get(PROBE_KEY)).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e),

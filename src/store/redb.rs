@@ -29,7 +29,7 @@ use super::{
 
 const BACKEND: &str = "redb";
 /// The database file inside the configured directory (docs/reference.md#storage-paths).
-pub const FILE_NAME: &str = "certstore.redb";
+pub(crate) const FILE_NAME: &str = "certstore.redb";
 
 const RECORDS: TableDefinition<&str, &[u8]> = TableDefinition::new("records");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

@@ -69,7 +69,7 @@ use super::{
 const BACKEND: &str = "redis";
 
 /// The key namespace used unless [`RedisStore::with_namespace`] changes it.
-pub const DEFAULT_NAMESPACE: &str = "sbmesh";
+pub(crate) const DEFAULT_NAMESPACE: &str = "sbmesh";
 
 const MAGIC: &[u8; 4] = b"sbm1";
 const VERSION_LEN: usize = 32;
@@ -221,7 +221,7 @@ impl RedisStore {
     }
 
     /// The key namespace.
-    pub fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &str {
         self.key_prefix
             .strip_suffix(':')
             .unwrap_or(&self.key_prefix)

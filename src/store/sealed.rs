@@ -62,12 +62,12 @@ use crate::metrics::Metrics;
 use super::StoreError;
 
 /// HKDF label of the at-rest key ([`KeyRing::derive`]).
-pub const STORE_AT_REST_LABEL: &[u8] = b"store-at-rest";
+pub(crate) const STORE_AT_REST_LABEL: &[u8] = b"store-at-rest";
 
 /// Format byte of a plain record (`'P'`).
-pub const FORMAT_PLAIN: u8 = 0x50;
+pub(crate) const FORMAT_PLAIN: u8 = 0x50;
 /// Format byte of an AES-256-GCM sealed record (version 1).
-pub const FORMAT_AES256GCM_V1: u8 = 0xA5;
+pub(crate) const FORMAT_AES256GCM_V1: u8 = 0xA5;
 
 const AAD_DOMAIN: &[u8] = b"sbmesh-store-at-rest\0";
 const KEY_ID_LEN: usize = 4;
@@ -77,12 +77,12 @@ const SEALED_HEADER_LEN: usize = 1 + KEY_ID_LEN + NONCE_LEN;
 const CRYPTO: &str = "at-rest encryption";
 
 /// Bytes a sealed record adds to its plaintext (format, key id, nonce, tag).
-pub const SEALED_OVERHEAD: usize = SEALED_HEADER_LEN + TAG_LEN;
+pub(crate) const SEALED_OVERHEAD: usize = SEALED_HEADER_LEN + TAG_LEN;
 
 /// How often a record sealed under one missing key id is logged at warn;
 /// in between it is logged at debug (still counted), so a store full of
 /// such records cannot flood the log.
-pub const MISSING_KEY_WARN_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const MISSING_KEY_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// The key ring records are sealed and opened with, as it is now: `None`
 /// (plain records, no cluster key), a fixed ring, or one that follows a
@@ -97,7 +97,7 @@ pub struct AtRestRing {
 
 impl AtRestRing {
     /// No cluster key: records are written plain.
-    pub fn plain() -> Self {
+    pub(crate) fn plain() -> Self {
         Self::default()
     }
 
@@ -109,7 +109,7 @@ impl AtRestRing {
     }
 
     /// Whatever ring `rings` holds at each use.
-    pub fn following(rings: watch::Receiver<Arc<KeyRing>>) -> Self {
+    pub(crate) fn following(rings: watch::Receiver<Arc<KeyRing>>) -> Self {
         Self {
             ring: Some(rings),
             warned: Arc::default(),
@@ -117,19 +117,19 @@ impl AtRestRing {
     }
 
     /// Every later change of the ring (`None` for [`AtRestRing::plain`]).
-    pub fn subscribe(&self) -> Option<watch::Receiver<Arc<KeyRing>>> {
+    pub(crate) fn subscribe(&self) -> Option<watch::Receiver<Arc<KeyRing>>> {
         self.ring.clone()
     }
 
     /// The ring to seal or open with now.
-    pub fn current(&self) -> Option<Arc<KeyRing>> {
+    pub(crate) fn current(&self) -> Option<Arc<KeyRing>> {
         self.ring.as_ref().map(|rx| Arc::clone(&rx.borrow()))
     }
 
     /// Counts and logs a read that failed because the record is sealed
     /// under a key id the ring lacks; other errors are left to the caller.
     /// Warn at most once per [`MISSING_KEY_WARN_EVERY`] per key id.
-    pub fn report(&self, error: &StoreError, metrics: &Metrics) {
+    pub(crate) fn report(&self, error: &StoreError, metrics: &Metrics) {
         let StoreError::MissingKey { key, key_id } = error else {
             return;
         };
@@ -286,7 +286,7 @@ pub fn open_record(
 /// The key id a record is sealed under; `None` for a plain record (or bytes
 /// too short to say). Lets a caller find records still sealed under an old
 /// key before dropping it from the ring.
-pub fn sealed_key_id(bytes: &[u8]) -> Option<u32> {
+pub(crate) fn sealed_key_id(bytes: &[u8]) -> Option<u32> {
     match bytes {
         [FORMAT_AES256GCM_V1, a, b, c, d, ..] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
         _ => None,

@@ -95,13 +95,13 @@ impl SkewWatch {
     }
 
     /// A packet passed every check.
-    pub fn accepted(&mut self, now: Instant) {
+    pub(crate) fn accepted(&mut self, now: Instant) {
         self.last_accepted = Some(now);
     }
 
     /// A packet from `peer` authenticated but was `offset_ms` outside the
     /// window. Returns the warn line to write, if one is due.
-    pub fn rejected(
+    pub(crate) fn rejected(
         &mut self,
         peer: SocketAddr,
         offset_ms: i64,
@@ -167,13 +167,13 @@ impl SkewWatch {
     }
 
     /// The peers rejected for clock skew within [`SKEW_REMEMBER`], by address.
-    pub fn peers(&self, now: Instant) -> Vec<SkewedPeer> {
+    pub(crate) fn peers(&self, now: Instant) -> Vec<SkewedPeer> {
         self.peers_within(SKEW_REMEMBER, now)
     }
 
     /// `Some` when packets were rejected for clock skew within
     /// [`SKEW_WINDOW`] and none was accepted in that time.
-    pub fn isolation(&self, now: Instant) -> Option<Isolation> {
+    pub(crate) fn isolation(&self, now: Instant) -> Option<Isolation> {
         let accepted_recently = self
             .last_accepted
             .is_some_and(|t| now.saturating_duration_since(t) <= SKEW_WINDOW);
