@@ -34,10 +34,9 @@ use tracing::{info, warn};
 use crate::acme::certs::{key_matches, parse_chain};
 use crate::acme::challenge::{ChallengeBook, challenge_router};
 use crate::acme::deliver::read_pair;
-use crate::acme::manager::{
-    AcmeInputs, AcmeManager, AcmeManagerConfig, AcmeStatus, CertificatesChanged, wanted_units,
-};
+use crate::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig, CertificatesChanged};
 use crate::acme::placeholder::is_placeholder;
+use crate::acme::unit::{AcmeStatus, wanted_units};
 use crate::config::DEFAULT_PROXY_ADMIN_PORT;
 use crate::config::{CertApply, SbConfig, StorageBackend};
 use crate::flags::{DEFAULT_CERT_DIR, DEFAULT_PROXY_PROCESS_NAME, DEFAULT_STATE_DIR};
@@ -841,7 +840,7 @@ async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader: FeedReader
 /// Placeholder certificates, so a proxy reading its files at start-up
 /// finds some; a failure is logged, never fatal.
 fn write_placeholders(cfg: &NodeConfig) {
-    match crate::acme::manager::write_startup_placeholders(&cfg.config, &cfg.cert_dir) {
+    match crate::acme::unit_files::write_startup_placeholders(&cfg.config, &cfg.cert_dir) {
         Ok(0) => {}
         Ok(n) => info!(
             certificates = n,
@@ -1409,7 +1408,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config();
         assert_eq!(
-            crate::acme::manager::write_startup_placeholders(&config, dir.path()),
+            crate::acme::unit_files::write_startup_placeholders(&config, dir.path()),
             Ok(2)
         );
         let read = read_certificates(&config, dir.path(), &[]);

@@ -43,7 +43,7 @@ use base64::prelude::BASE64_URL_SAFE_NO_PAD;
 use sbmesh::acme::account::{AccountSettings, AcmeError, load_or_create};
 use sbmesh::acme::challenge::ChallengeBook;
 use sbmesh::acme::issuer::{Issuer, certificate_identifier};
-use sbmesh::acme::keys;
+use sbmesh::acme::layout;
 use sbmesh::keyring::KeyRing;
 use sbmesh::metrics::Metrics;
 use sbmesh::store::memory::MemoryStore;
@@ -315,7 +315,7 @@ async fn five_replicas_starting_together_create_one_account() {
     );
 
     // Sealed at rest under the ring (it holds the account's private key).
-    let key = keys::account(&settings.directory_id());
+    let key = layout::account(&settings.directory_id());
     let stored = store.get(&key).await.unwrap().expect("stored credentials");
     assert_eq!(stored.value[0], 0xA5, "sealed record");
     assert!(!String::from_utf8_lossy(&stored.value).contains("key_pkcs8"));
@@ -340,7 +340,7 @@ async fn an_account_the_ca_forgot_is_replaced_once() {
     };
     let store = memory();
     let settings = pebble.settings();
-    let key = keys::account(&settings.directory_id());
+    let key = layout::account(&settings.directory_id());
     // Credentials of an account Pebble never saw: a key it does not know.
     let first = load_or_create(&store, None, &settings, "node-a/1")
         .await

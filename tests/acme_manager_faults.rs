@@ -29,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use sbmesh::acme::certs::parse_chain;
 use sbmesh::acme::challenge::ChallengeBook;
-use sbmesh::acme::keys;
-use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig, CertUnit};
+use sbmesh::acme::layout;
+use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
 use sbmesh::acme::placeholder::is_placeholder;
 use sbmesh::acme::schedule::{OrderBudget, UnitOrderState};
+use sbmesh::acme::unit::CertUnit;
 use sbmesh::config::SbConfig;
 use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
 use sbmesh::metrics::Metrics;
@@ -170,9 +171,9 @@ async fn shared_state(
     directory: &str,
     host: &str,
 ) -> Option<UnitOrderState> {
-    let key = keys::order_state(
-        &keys::directory_id(directory),
-        &keys::hostname_set_id(&[host.to_owned()]),
+    let key = layout::order_state(
+        &layout::directory_id(directory),
+        &layout::hostname_set_id(&[host.to_owned()]),
     );
     let entry = store.get(&key).await.expect("store answers")?;
     Some(serde_json::from_slice(&entry.value).expect("the shared order state is JSON"))
@@ -395,8 +396,8 @@ async fn an_unreadable_issuance_history_places_no_order() {
         pebble.http_port,
     )
     .await;
-    let dir = keys::directory_id(&pebble.directory);
-    let history = keys::issued(&dir, &keys::hostname_set_id(std::slice::from_ref(&host)));
+    let dir = layout::directory_id(&pebble.directory);
+    let history = layout::issued(&dir, &layout::hostname_set_id(std::slice::from_ref(&host)));
     store
         .put(&history, b"{ not an issuance history", None)
         .await
@@ -425,13 +426,13 @@ async fn an_unreadable_issuance_history_places_no_order() {
     assert!(!replica.has_real_cert(&host));
     assert!(
         store
-            .get(&keys::certificate(&host))
+            .get(&layout::certificate(&host))
             .await
             .unwrap()
             .is_none(),
         "no certificate was stored"
     );
-    let budget = store.get(&keys::order_budget(&dir)).await.unwrap();
+    let budget = store.get(&layout::order_budget(&dir)).await.unwrap();
     assert!(budget.is_none(), "no order was counted: {budget:?}");
     replica.stop().await;
 }
@@ -466,7 +467,7 @@ async fn attempts_that_never_reach_the_ca_spend_no_budget() {
         },
     )
     .await;
-    let key = keys::order_budget(&keys::directory_id(&directory));
+    let key = layout::order_budget(&layout::directory_id(&directory));
     let used = match store.get(&key).await.unwrap() {
         None => 0,
         Some(entry) => {
@@ -569,7 +570,7 @@ async fn a_new_order_that_never_reached_the_ca_gives_its_budget_back() {
         },
     )
     .await;
-    let key = keys::order_budget(&keys::directory_id(&directory));
+    let key = layout::order_budget(&layout::directory_id(&directory));
     let budget: OrderBudget = serde_json::from_slice(
         &store
             .get(&key)

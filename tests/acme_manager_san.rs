@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use sbmesh::acme::certs::parse_chain;
 use sbmesh::acme::challenge::ChallengeBook;
-use sbmesh::acme::keys;
+use sbmesh::acme::layout;
 use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
 use sbmesh::acme::placeholder::is_placeholder;
 use sbmesh::acme::schedule::IssuanceHistory;
@@ -104,9 +104,9 @@ fn on_disk(dir: &Path) -> Option<(Vec<String>, bool, String)> {
 }
 
 async fn issuances(store: &Arc<dyn Store>, directory: &str, names: &[String]) -> usize {
-    let key = keys::issued(
-        &keys::directory_id(directory),
-        &keys::hostname_set_id(names),
+    let key = layout::issued(
+        &layout::directory_id(directory),
+        &layout::hostname_set_id(names),
     );
     match store.get(&key).await.expect("store answers") {
         Some(entry) => serde_json::from_slice::<IssuanceHistory>(&entry.value)
@@ -208,7 +208,7 @@ async fn san_mode_orders_one_certificate_for_all_origins_and_again_when_they_cha
         assert_eq!(info.serial, first_serial);
     }
     assert_eq!(issuances(&store, &pebble.directory, &three).await, 1);
-    assert_eq!(store.list(keys::SAN_PREFIX).await.unwrap().len(), 1);
+    assert_eq!(store.list(layout::SAN_PREFIX).await.unwrap().len(), 1);
 
     // 3. A fourth origin: one new certificate for the four names; the old
     //    one is served meanwhile.
@@ -239,7 +239,7 @@ async fn san_mode_orders_one_certificate_for_all_origins_and_again_when_they_cha
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(issuances(&store, &pebble.directory, &four).await, 1);
     assert_eq!(issuances(&store, &pebble.directory, &three).await, 1);
-    assert_eq!(store.list(keys::SAN_PREFIX).await.unwrap().len(), 2);
+    assert_eq!(store.list(layout::SAN_PREFIX).await.unwrap().len(), 2);
     assert_eq!(changed.load(Ordering::SeqCst), 2);
     {
         let s = status.borrow();

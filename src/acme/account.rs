@@ -1,9 +1,9 @@
 //! One ACME account per cluster and directory, created once and kept in the
 //! shared store, and the error type of every ACME operation.
 //!
-//! [`load_or_create`] reads the credentials at [`keys::account`] (sealed
+//! [`load_or_create`] reads the credentials at [`layout::account`] (sealed
 //! with the cluster key ring, since they hold the account's private key).
-//! When there are none it takes the lease lock [`keys::account_lock`],
+//! When there are none it takes the lease lock [`layout::account_lock`],
 //! reads again (another replica may have just created them), creates the
 //! account and writes the credentials create-only: N replicas starting
 //! together create one account, and should the lock ever fail them (a
@@ -31,7 +31,7 @@ use rustls::pki_types::PrivateKeyDer;
 use serde::{Deserialize, Serialize};
 
 use super::http_client::{AcmeHttpClient, RequestError, RetryAfterCapture, error_chain};
-use super::keys;
+use super::layout;
 use crate::config::{AcmeSection, Eab};
 use crate::keyring::KeyRing;
 use crate::store::lock::LeaseLock;
@@ -344,9 +344,9 @@ impl AccountSettings {
         }
     }
 
-    /// [`keys::directory_id`] of the directory URL.
+    /// [`layout::directory_id`] of the directory URL.
     pub fn directory_id(&self) -> String {
-        keys::directory_id(&self.directory_url)
+        layout::directory_id(&self.directory_url)
     }
 }
 
@@ -415,7 +415,7 @@ impl AcmeAccount {
         &self.directory_url
     }
 
-    /// [`keys::directory_id`] of the directory URL.
+    /// [`layout::directory_id`] of the directory URL.
     pub fn directory_id(&self) -> &str {
         &self.dir_id
     }
@@ -431,7 +431,7 @@ impl AcmeAccount {
     }
 }
 
-/// The record at [`keys::account`] (JSON, sealed with the ring).
+/// The record at [`layout::account`] (JSON, sealed with the ring).
 #[derive(Serialize, Deserialize)]
 struct AccountRecord {
     v: u8,
@@ -476,7 +476,7 @@ async fn load_or_create_inner(
         .map_err(|e| AcmeError::Config(e.to_string()))?;
     let directory = fetch_directory(&http, &settings.directory_url, capture).await?;
     let dir_id = settings.directory_id();
-    let key = keys::account(&dir_id);
+    let key = layout::account(&dir_id);
     let done = |account: Account| AcmeAccount {
         account,
         directory_url: settings.directory_url.clone(),
@@ -504,7 +504,7 @@ async fn load_or_create_inner(
             None => None,
         };
 
-        let lock = LeaseLock::new(Arc::clone(store), &keys::account_lock(&dir_id));
+        let lock = LeaseLock::new(Arc::clone(store), &layout::account_lock(&dir_id));
         let Some(lease) = lock
             .acquire(holder, ACCOUNT_LOCK_TTL, ACCOUNT_LOCK_WAIT)
             .await
@@ -673,7 +673,7 @@ pub async fn reseal_account(
     ring: &KeyRing,
     directory_url: &str,
 ) -> Result<bool, StoreError> {
-    let key = keys::account(&keys::directory_id(directory_url.trim()));
+    let key = layout::account(&layout::directory_id(directory_url.trim()));
     let Some(entry) = store.get(&key).await? else {
         return Ok(false);
     };
@@ -798,7 +798,7 @@ mod tests {
         const OLD: [u8; 32] = [3; 32];
         const NEW: [u8; 32] = [4; 32];
         let url = "https://ca.example/dir";
-        let key = keys::account(&keys::directory_id(url));
+        let key = layout::account(&layout::directory_id(url));
         let store = MemoryStore::new();
         let old = KeyRing::new(vec![OLD]).unwrap();
         let rotated = KeyRing::new(vec![NEW, OLD]).unwrap();

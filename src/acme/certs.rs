@@ -7,7 +7,7 @@ use crate::keyring::KeyRing;
 use crate::store::StoreError;
 use crate::store::sealed::{open_record, seal_record};
 
-/// The record at [`crate::acme::keys::certificate`]`(host)`.
+/// The record at [`crate::acme::layout::certificate`]`(host)`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CertRecord {
     /// The hostname this record is filed under (lowercase).

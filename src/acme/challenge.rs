@@ -33,7 +33,7 @@ use prometheus_client::metrics::counter::Counter;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::acme::keys;
+use crate::acme::layout;
 use crate::metrics::{Metrics, ResultLabels};
 use crate::store::{Store, StoreError, now_unix_ms};
 
@@ -102,7 +102,7 @@ impl WarnGate {
     }
 }
 
-/// The record at [`keys::challenge`]`(token)`: JSON, not sealed (the key
+/// The record at [`layout::challenge`]`(token)`: JSON, not sealed (the key
 /// authorization is served to anyone who asks for the token anyway).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChallengeRecord {
@@ -263,7 +263,7 @@ impl ChallengeBook {
     }
 
     /// Publishes the key authorization of `token`, issued for `host`: to the
-    /// store FIRST (key [`keys::challenge`]`(token)`, expiring after `ttl`),
+    /// store FIRST (key [`layout::challenge`]`(token)`, expiring after `ttl`),
     /// then to memory. On an error nothing is published and the caller must
     /// not tell the CA the challenge is ready.
     ///
@@ -276,7 +276,7 @@ impl ChallengeBook {
         key_authorization: &str,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let key = keys::challenge(token);
+        let key = layout::challenge(token);
         if !valid_token(token) {
             return Err(StoreError::InvalidKey {
                 key: key.chars().take(80).collect(),
@@ -322,7 +322,7 @@ impl ChallengeBook {
         if !valid_token(token) {
             return;
         }
-        if let Err(e) = self.store.delete(&keys::challenge(token)).await {
+        if let Err(e) = self.store.delete(&layout::challenge(token)).await {
             // The record expires on its own; nothing else to do.
             tracing::debug!(token, error = %e, "challenge record not deleted; it will expire");
         }
@@ -415,7 +415,7 @@ impl ChallengeBook {
     /// The token's record from the store; `None` when absent, expired,
     /// malformed or unreadable (the last two logged).
     async fn in_store(&self, token: &str) -> Option<Published> {
-        let key = keys::challenge(token);
+        let key = layout::challenge(token);
         let read = async {
             // The semaphore is never closed; a closed one would only mean no
             // limit.

@@ -6,10 +6,10 @@
 //! to the store -> any replica's responder answers the CA -> certificate
 //! (sealed in the store) -> every replica writes its files -> reload.
 //!
-//! Every record lives under the keys built by [`keys`], so one store can be
+//! Every record lives under the keys built by [`layout`], so one store can be
 //! shared by the replicas of a cluster without any other coordination.
 
-pub mod keys;
+pub mod layout;
 
 pub mod account;
 pub mod certs;
@@ -18,7 +18,11 @@ pub mod deliver;
 pub mod http_client;
 pub mod issuer;
 pub mod manager;
+pub(crate) mod order;
+pub mod outcome;
 pub mod ownership;
 pub mod placeholder;
 pub mod plan;
 pub mod schedule;
+pub mod unit;
+pub(crate) mod unit_files;

@@ -10,6 +10,11 @@
 //! CA and disk tasks) and executes the actions. No mesh, store or clock in
 //! here, so the rules below are unit-tested with a fake clock.
 //!
+//! The core knows the unit model ([`crate::acme::unit`]) and the typed
+//! answers of the shell's tasks ([`crate::acme::outcome`], store and I/O
+//! errors as they are), never the shell itself: nothing here imports
+//! from `manager`.
+//!
 //! Rules:
 //! - a unit is ordered only by the rendezvous owner among the alive
 //!   members, once that set has held still for [`VIEW_STABLE_FOR`] (and,
@@ -28,14 +33,19 @@
 //!   written where nothing usable is on disk (see [`needs_placeholder`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io;
 use std::time::{Duration, Instant};
 
 use crate::acme::certs::CertRecord;
-use crate::acme::manager::{AcmeStatus, CertUnit, UnitFiles, local_store_refusal};
+use crate::acme::layout;
+use crate::acme::outcome::{OrderOutcome, PlaceholderError};
 use crate::acme::ownership::owner;
-use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
 use crate::acme::schedule::{AriWindow, CertTimes, Failures, renew_at, renew_before_ignored};
+use crate::acme::unit::{
+    AcmeStatus, CertUnit, Local, UnitFiles, local_store_refusal, needs_placeholder,
+};
 use crate::mesh::CertificateInfo;
+use crate::store::StoreError;
 
 /// How long the set of alive members must hold still before orders start.
 pub const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
@@ -178,76 +188,6 @@ pub struct Settings {
     pub store_shared: bool,
 }
 
-/// The certificate on disk.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Local {
-    /// Serial, lowercase hex.
-    pub serial: String,
-    /// End of validity, unix seconds.
-    pub not_after_unix: u64,
-    /// Its DNS names.
-    pub names: Vec<String>,
-    /// A self-signed placeholder of ours, not the CA's.
-    pub placeholder: bool,
-}
-
-impl Local {
-    /// Whether this is a real certificate for `unit`'s names (not a
-    /// placeholder, not the certificate of an older SAN set).
-    pub fn is_real_for(&self, unit: &CertUnit) -> bool {
-        !self.placeholder && unit.names_fit(&self.names)
-    }
-}
-
-/// Whether a placeholder must be written for `unit`, given what is on disk
-/// (`local`) at `now`: when nothing is, or when a placeholder is there for
-/// other names or about to expire. Never over a real certificate, even one
-/// for another origin set (it is served until the new one arrives).
-pub fn needs_placeholder(unit: &CertUnit, local: Option<&Local>, now: u64) -> bool {
-    match local {
-        None => true,
-        Some(l) if l.placeholder => {
-            !unit.names_fit(&l.names) || now + PLACEHOLDER_REFRESH_SECS >= l.not_after_unix
-        }
-        Some(_) => false,
-    }
-}
-
-/// How an order task ended.
-#[derive(Clone, Debug)]
-pub enum OrderOutcome {
-    /// A certificate was issued and stored.
-    Issued(Box<CertRecord>),
-    /// The store already held a valid certificate (another replica's).
-    AlreadyValid(Box<CertRecord>),
-    /// Another holder has the unit's lock: leave it alone this long.
-    Busy {
-        /// Until the lease's expiry, or a re-check to notice a release.
-        wait: Duration,
-    },
-    /// The shared failures of the unit (another replica's or an earlier
-    /// process's attempts) say to wait: nothing was tried.
-    BackingOff(Failures),
-    /// Not allowed before this time: duplicate or order limits.
-    Deferred {
-        /// Unix seconds.
-        until: u64,
-        /// Which limit.
-        why: String,
-        /// The failures as now shared in the store (`None`: not stored).
-        shared: Option<Failures>,
-    },
-    /// It failed.
-    Failed {
-        /// What went wrong, one line.
-        error: String,
-        /// The CA's `Retry-After`, seconds.
-        retry_after_secs: Option<u64>,
-        /// The failures as now shared in the store (`None`: not stored).
-        shared: Option<Failures>,
-    },
-}
-
 /// The ACME part of the configuration the machine needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ordering {
@@ -256,7 +196,7 @@ pub struct Ordering {
 }
 
 /// An input of the machine.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub enum Input {
     /// The configuration (re)read: the units it asks for, each with what
     /// is on disk for it (used for units not known yet), the wildcards
@@ -289,7 +229,7 @@ pub enum Input {
         /// The unit id.
         id: String,
         /// The record, `None` when there is none, or why it is unusable.
-        result: Result<Option<CertRecord>, String>,
+        result: Result<Option<CertRecord>, StoreError>,
     },
     /// A [`Action::InstallRecord`] finished.
     Installed {
@@ -297,14 +237,14 @@ pub enum Input {
         id: String,
         /// What is on disk now and whether the files changed, or why they
         /// could not be written.
-        result: Result<(Local, bool), String>,
+        result: Result<(Local, bool), io::Error>,
     },
     /// A [`Action::WritePlaceholder`] finished.
     PlaceholderWritten {
         /// The unit id.
         id: String,
         /// The placeholder on disk now, or why it could not be written.
-        result: Result<Local, String>,
+        result: Result<Local, PlaceholderError>,
     },
     /// A [`Action::PlaceOrder`] finished.
     OrderFinished {
@@ -356,7 +296,9 @@ pub enum Report {
         deferred: bool,
         /// The failures the backoff goes by.
         failures: Failures,
-        /// What went wrong.
+        /// What went wrong, as logged: the text of the order's
+        /// [`crate::acme::outcome::OrderError`] or
+        /// [`crate::acme::outcome::Deferral`].
         error: String,
     },
     /// `renew_before_days` is set aside for this certificate (at least
@@ -702,9 +644,8 @@ impl Machine {
         for cert in certs {
             // Per host the unit id is the host; a SAN entry lists its
             // names, whose set id names the unit.
-            let san_id = (!cert.names.is_empty()).then(|| {
-                crate::acme::keys::san_unit_id(&crate::acme::keys::hostname_set_id(&cert.names))
-            });
+            let san_id = (!cert.names.is_empty())
+                .then(|| layout::san_unit_id(&layout::hostname_set_id(&cert.names)));
             let id = san_id
                 .filter(|id| self.units.contains_key(id))
                 .unwrap_or_else(|| cert.host.clone());
@@ -725,7 +666,7 @@ impl Machine {
     fn record_read(
         &mut self,
         id: &str,
-        result: Result<Option<CertRecord>, String>,
+        result: Result<Option<CertRecord>, StoreError>,
         now: Now,
         out: &mut Vec<Action>,
     ) {
@@ -790,7 +731,7 @@ impl Machine {
     fn installed(
         &mut self,
         id: &str,
-        result: Result<(Local, bool), String>,
+        result: Result<(Local, bool), io::Error>,
         out: &mut Vec<Action>,
     ) {
         let Some(state) = self.units.get_mut(id) else {
@@ -844,23 +785,19 @@ impl Machine {
                     id: id.to_owned(),
                     deferred: true,
                     failures: state.view.failures.clone(),
-                    error: why,
+                    error: why.to_string(),
                 }));
             }
-            OrderOutcome::Failed {
-                error,
-                retry_after_secs,
-                shared,
-            } => {
+            OrderOutcome::Failed { error, shared } => {
                 match shared {
                     Some(f) => state.view.failures = f,
-                    None => state.view.failures.record(now, retry_after_secs),
+                    None => state.view.failures.record(now, error.retry_after_secs()),
                 }
                 out.push(Action::Report(Report::OrderFailed {
                     id: id.to_owned(),
                     deferred: false,
                     failures: state.view.failures.clone(),
-                    error,
+                    error: error.to_string(),
                 }));
             }
         }
@@ -1041,6 +978,9 @@ impl Machine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acme::account::AcmeError;
+    use crate::acme::outcome::OrderError;
+    use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
 
     const START_UNIX: u64 = 1_800_000_000;
     const DAY: u64 = 86_400;
@@ -1325,8 +1265,13 @@ mod tests {
         rig.finish(
             host,
             OrderOutcome::Failed {
-                error: "rate limited".into(),
-                retry_after_secs: Some(1800),
+                error: OrderError::Order(AcmeError::Refused {
+                    op: "create the order",
+                    problem_type: "rateLimited".into(),
+                    detail: "rate limited".into(),
+                    status: Some(429),
+                    retry_after: Some(Duration::from_secs(1800)),
+                }),
                 shared: None,
             },
         );
@@ -1348,8 +1293,11 @@ mod tests {
         let actions = rig.finish(
             host,
             OrderOutcome::Failed {
-                error: "CA down".into(),
-                retry_after_secs: Some(600),
+                error: OrderError::Order(AcmeError::Unreachable {
+                    op: "create the order",
+                    message: "CA down".into(),
+                    retry_after: Some(Duration::from_secs(600)),
+                }),
                 shared: Some(shared.clone()),
             },
         );
@@ -1528,7 +1476,7 @@ mod tests {
         // often the peer announces it.
         rig.step(Input::RecordRead {
             id: host.into(),
-            result: Err("sealed under a key not in the ring".into()),
+            result: Err(unreadable("sealed under a key not in the ring")),
         });
         let mut read_at = Vec::new();
         for _ in 0..24 {
@@ -1539,7 +1487,7 @@ mod tests {
                 read_at.push(rig.clock.elapsed.as_millis());
                 rig.step(Input::RecordRead {
                     id: host.into(),
-                    result: Err("still not".into()),
+                    result: Err(unreadable("still not")),
                 });
             }
         }
@@ -1592,7 +1540,9 @@ mod tests {
         machine.step(
             Input::PlaceholderWritten {
                 id: "a.example.com".into(),
-                result: Err("read-only file system".into()),
+                result: Err(PlaceholderError::Write(io::Error::other(
+                    "read-only file system",
+                ))),
             },
             clock.now(),
         );
@@ -1752,5 +1702,99 @@ mod tests {
         rig.clock.advance(Duration::from_secs(11 * DAY));
         let ordered = rig.run_for(Duration::from_secs(1), &both, false);
         assert_eq!(ordered, vec![mine.clone()]);
+    }
+
+    /// A record the store holds but this node cannot use.
+    fn unreadable(message: &str) -> StoreError {
+        StoreError::Corrupt {
+            key: "acme/certs/a.example.com".into(),
+            message: message.into(),
+        }
+    }
+
+    fn stored(not_before: u64, not_after: u64) -> StoredCert {
+        StoredCert {
+            serial: "01".into(),
+            times: CertTimes {
+                not_before_unix: not_before,
+                not_after_unix: not_after,
+            },
+            ari: None,
+        }
+    }
+
+    #[test]
+    fn an_unchecked_host_is_never_ordered() {
+        let view = HostView::default();
+        assert_eq!(
+            due_for_order("a.test", &view, true, None, 1_000),
+            Err(Hold::Unchecked)
+        );
+    }
+
+    #[test]
+    fn a_missing_certificate_is_ordered_by_its_owner_only() {
+        let view = HostView {
+            checked: true,
+            ..HostView::default()
+        };
+        assert_eq!(due_for_order("a.test", &view, true, None, 1_000), Ok(()));
+        assert_eq!(
+            due_for_order("a.test", &view, false, None, 1_000),
+            Err(Hold::NotOwner)
+        );
+    }
+
+    #[test]
+    fn a_valid_certificate_waits_for_its_renewal_time() {
+        let day = 86_400;
+        let view = HostView {
+            checked: true,
+            stored: Some(stored(0, 90 * day)),
+            ..HostView::default()
+        };
+        match due_for_order("a.test", &view, true, None, 10 * day) {
+            Err(Hold::Valid(at)) => assert!(at > 10 * day && at < 90 * day),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(due_for_order("a.test", &view, true, None, 89 * day), Ok(()));
+        assert_eq!(
+            due_for_order("a.test", &view, true, Some(30), 50 * day),
+            Err(Hold::Valid(renew_at(
+                view.stored.as_ref().unwrap().times,
+                Some(30),
+                None,
+                jitter("a.test", "01")
+            )))
+        );
+    }
+
+    #[test]
+    fn failures_back_off_and_in_flight_blocks() {
+        let mut view = HostView {
+            checked: true,
+            ..HostView::default()
+        };
+        view.failures.record(1_000, None);
+        assert!(matches!(
+            due_for_order("a.test", &view, true, None, 1_001),
+            Err(Hold::BackingOff(_))
+        ));
+        assert_eq!(due_for_order("a.test", &view, true, None, 100_000), Ok(()));
+        view.in_flight = true;
+        assert_eq!(
+            due_for_order("a.test", &view, true, None, 100_000),
+            Err(Hold::InFlight)
+        );
+    }
+
+    #[test]
+    fn every_replica_computes_the_same_jitter() {
+        assert_eq!(jitter("a.test", "0a"), jitter("a.test", "0a"));
+        assert_ne!(jitter("a.test", "0a"), jitter("a.test", "0b"));
+        for i in 0..1000 {
+            let j = jitter(&format!("h{i}.test"), "01");
+            assert!((0.0..1.0).contains(&j));
+        }
     }
 }

@@ -205,7 +205,7 @@ pub struct AriCheck {
 }
 
 /// What the replicas share about ordering one certificate unit (stored at
-/// [`crate::acme::keys::order_state`], changed by compare-and-swap): its
+/// [`crate::acme::layout::order_state`], changed by compare-and-swap): its
 /// consecutive failures, so the backoff survives a restart and an
 /// ownership change, and the CA's renewal information with its
 /// `Retry-After`, so the next owner does not ask again at once.
@@ -245,7 +245,7 @@ pub const DUPLICATE_LIMIT: usize = 5;
 pub const DUPLICATE_WINDOW_SECS: u64 = 7 * 24 * 3600;
 
 /// When certificates for one hostname set were issued (stored at
-/// [`crate::acme::keys::issued`]), to stay under the CA's duplicate limit
+/// [`crate::acme::layout::issued`]), to stay under the CA's duplicate limit
 /// whichever replica orders.
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IssuanceHistory {
@@ -284,7 +284,7 @@ impl IssuanceHistory {
 
 /// A cap on new orders per account: at most `max_orders` in each interval
 /// of `interval_secs` (an interval starts with the first order after the
-/// previous one ended). Stored at [`crate::acme::keys::order_budget`] so
+/// previous one ended). Stored at [`crate::acme::layout::order_budget`] so
 /// the cap holds for the whole cluster. `max_orders = 0` refuses every
 /// order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
