@@ -44,7 +44,7 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// The default `--cluster-domain`: Kubernetes' default DNS domain.
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 /// The default `--bind`: every IPv4 address.
-pub const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+pub(crate) const DEFAULT_BIND: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 /// The default `--admin-listen`.
 pub const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::new(DEFAULT_BIND, 9091);
 /// The default `--challenge-listen`.
@@ -59,7 +59,8 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_millis(30_000);
 pub(crate) const DEFAULT_PROXY_PROCESS_NAME: &str = "sbproxy";
 /// The default `--reload-debounce-ms`: the wait after a config file event
 /// before it is read, so an editor's several writes make one reload.
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
 /// The default `--reload-rescan-secs`: the full re-read that catches what
 /// inotify missed (a ConfigMap's `..data` swap on some kernels).
 pub(crate) const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
@@ -97,7 +98,7 @@ impl Flag {
     }
 
     /// The default in words, `None` when there is none.
-    pub fn default_text(&self) -> Option<String> {
+    pub(crate) fn default_text(&self) -> Option<String> {
         self.default.text()
     }
 
@@ -158,7 +159,9 @@ impl Kind {
     /// A value of the right shape for no flag of this kind, for tests that
     /// check each flag is parsed as its kind says; `None` for kinds that
     /// accept any text.
-    pub fn invalid_example(self) -> Option<&'static str> {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn invalid_example(self) -> Option<&'static str> {
         match self {
             Kind::Name => Some("not/a/name"),
             Kind::Ip => Some("10.0.0"),
@@ -190,7 +193,7 @@ pub enum FlagDefault {
 
 impl FlagDefault {
     /// The default in words, `None` for [`FlagDefault::None`].
-    pub fn text(&self) -> Option<String> {
+    pub(crate) fn text(&self) -> Option<String> {
         match self {
             FlagDefault::None => None,
             FlagDefault::Value(value) => Some(value.to_string()),
@@ -729,7 +732,8 @@ fn parse_http_url(text: &str) -> Result<String, String> {
 }
 
 /// Every flag of `run`, in the order `--help` lists them.
-pub const RUN: &[Flag] = &[
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const RUN: &[Flag] = &[
     CONFIG,
     POD_NAME,
     POD_IP,

@@ -14,7 +14,7 @@ pub(crate) const MAX_ID_LEN: usize = 253;
 /// `demo-proxy-0` → `("demo-proxy", 0)`. `None` when the name has no `-`,
 /// an empty StatefulSet part, or an ordinal that is not a plain decimal
 /// number (leading zeros are not an ordinal Kubernetes would write).
-pub fn statefulset_of(pod_name: &str) -> Option<(&str, u32)> {
+pub(crate) fn statefulset_of(pod_name: &str) -> Option<(&str, u32)> {
     let (set, ordinal) = pod_name.rsplit_once('-')?;
     if set.is_empty()
         || ordinal.is_empty()

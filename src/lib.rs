@@ -79,6 +79,22 @@
 //! # }
 //! ```
 
+/// Declares internal modules: crate-private, and public only with the
+/// `testing` feature, through which this workspace's integration tests and
+/// benches reach them. Not part of the API.
+macro_rules! internal_mod {
+    ($($(#[$attr:meta])* $name:ident;)*) => {
+        $(
+            $(#[$attr])*
+            #[cfg(feature = "testing")]
+            pub mod $name;
+            $(#[$attr])*
+            #[cfg(not(feature = "testing"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+
 pub use mesh::{Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning};
 pub use metrics::Metrics;
 pub use node::{Node, NodeConfig, NodeError};
@@ -94,7 +110,7 @@ pub mod keyring;
 pub mod mesh;
 pub mod metrics;
 pub mod node;
-pub mod proxy;
+internal_mod! { proxy; }
 pub mod reload;
 pub mod store;
 pub mod tls;

@@ -383,7 +383,7 @@ impl std::fmt::Debug for NodeCertificate {
 }
 
 /// The certificates a node serves, in unit order.
-pub type NodeCertificates = Arc<Vec<NodeCertificate>>;
+pub(crate) type NodeCertificates = Arc<Vec<NodeCertificate>>;
 
 /// How [`Node::shutdown`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

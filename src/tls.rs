@@ -72,7 +72,7 @@ pub enum TlsError {
 /// A certificate of a set that was not loaded, and why.
 #[derive(Debug, thiserror::Error)]
 #[error("certificate {unit} ({names}): {source}")]
-pub struct LoadError {
+pub(crate) struct LoadError {
     /// Its unit ([`NodeCertificate::unit`]).
     pub unit: String,
     /// Its names, comma-separated.
@@ -83,7 +83,7 @@ pub struct LoadError {
 
 /// A chain (PEM, leaf first) and its private key (PEM; PKCS#8, SEC1 or
 /// PKCS#1) as rustls serves them, signing with aws-lc-rs.
-pub fn certified_key(chain_pem: &str, key_pem: &str) -> Result<CertifiedKey, TlsError> {
+pub(crate) fn certified_key(chain_pem: &str, key_pem: &str) -> Result<CertifiedKey, TlsError> {
     let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::ChainPem(e.to_string()))?;
@@ -126,7 +126,7 @@ impl std::fmt::Debug for CertResolver {
 
 impl CertResolver {
     /// An empty resolver (every handshake refused until a set is loaded).
-    pub fn new(default: DefaultCertificate) -> Self {
+    pub(crate) fn new(default: DefaultCertificate) -> Self {
         Self {
             table: ArcSwap::from_pointee(Table::default()),
             default,
@@ -148,7 +148,7 @@ impl CertResolver {
 
     /// Loads the current value of `certificates` now, then each new one,
     /// in a task on the current Tokio runtime (see [`CertResolver::following`]).
-    pub fn follow(
+    pub(crate) fn follow(
         self: &Arc<Self>,
         mut certificates: watch::Receiver<NodeCertificates>,
     ) -> JoinHandle<()> {
@@ -178,7 +178,7 @@ impl CertResolver {
     /// whole set. A name several certificates carry is served by the
     /// first real one, else the first placeholder. Returns the
     /// certificates that could not be loaded (the others are served).
-    pub fn load(&self, certificates: &[NodeCertificate]) -> Vec<LoadError> {
+    pub(crate) fn load(&self, certificates: &[NodeCertificate]) -> Vec<LoadError> {
         let mut errors = Vec::new();
         let mut loaded: Vec<(&NodeCertificate, Arc<CertifiedKey>)> = Vec::new();
         for cert in certificates {
@@ -231,7 +231,7 @@ impl CertResolver {
     }
 
     /// The names served, sorted.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.table.load().by_name.keys().cloned().collect();
         names.sort();
         names

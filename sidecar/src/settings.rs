@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
-use sbmesh::acme::deliver::{CHAIN_FILE, KEY_FILE};
+use sbmesh::acme::{CHAIN_FILE, KEY_FILE};
 use sbmesh::config::{self, CertApply, EnvLookup, Problem, SbConfig, SidecarPorts};
 use sbmesh::flags::{
     self, DEFAULT_ADMIN_LISTEN, DEFAULT_CHALLENGE_LISTEN, DEFAULT_CLUSTER_DOMAIN,

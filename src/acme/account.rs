@@ -50,6 +50,7 @@ const MAX_ROUNDS: usize = 4;
 
 /// The ACME problem types after which retrying the same request cannot
 /// succeed until someone changes the configuration or the hostname.
+#[cfg(any(test, feature = "testing"))]
 const PERMANENT_PROBLEMS: &[&str] = &[
     "malformed",
     "rejectedIdentifier",
@@ -164,7 +165,7 @@ pub enum AcmeError {
 /// `text` as one line: line breaks and other control characters become
 /// spaces, so an error with a CA's multi-line explanation stays one
 /// record in a line-based log collector.
-pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
     if !text.chars().any(char::is_control) {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -203,7 +204,7 @@ fn hint(problem_type: &str) -> &'static str {
 impl AcmeError {
     /// Maps an instant-acme error from `op`; `capture` holds the
     /// `Retry-After` of the response that caused it.
-    pub fn from_acme(
+    pub(crate) fn from_acme(
         op: &'static str,
         err: instant_acme::Error,
         capture: &RetryAfterCapture,
@@ -262,13 +263,15 @@ impl AcmeError {
     /// Whether the failed request never reached the CA: a newOrder that
     /// could not be sent (no connection, no nonce) did not count against
     /// the CA's limits, nor against the cluster's order budget.
-    pub fn never_reached_ca(&self) -> bool {
+    pub(crate) fn never_reached_ca(&self) -> bool {
         matches!(self, AcmeError::Unreachable { op, .. } if *op == "create the order")
     }
 
     /// Whether retrying later (with backoff) can succeed without a change
     /// of configuration.
-    pub fn is_retryable(&self) -> bool {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             AcmeError::Config(_) => false,
             AcmeError::Refused { problem_type, .. } => {
@@ -279,13 +282,16 @@ impl AcmeError {
     }
 
     /// Whether the CA said this account or hostname hit a rate limit.
-    pub fn is_rate_limited(&self) -> bool {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn is_rate_limited(&self) -> bool {
         matches!(self, AcmeError::Refused { problem_type, status, .. }
             if problem_type == "rateLimited" || *status == Some(429))
     }
 
     /// How long the CA asked to wait before the next attempt, if it did.
-    pub fn retry_after(&self) -> Option<Duration> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             AcmeError::Unreachable { retry_after, .. }
             | AcmeError::Refused { retry_after, .. }
@@ -295,7 +301,8 @@ impl AcmeError {
     }
 
     /// The ACME problem type (without its URN prefix), when the CA sent one.
-    pub fn problem_type(&self) -> Option<&str> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn problem_type(&self) -> Option<&str> {
         match self {
             AcmeError::Refused { problem_type, .. }
             | AcmeError::Validation { problem_type, .. } => Some(problem_type),
@@ -309,8 +316,9 @@ impl AcmeError {
 }
 
 /// What [`load_or_create`] needs to know about the CA and the account.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, PartialEq, Eq)]
-pub struct AccountSettings {
+pub(crate) struct AccountSettings {
     /// The ACME directory URL.
     pub directory_url: String,
     /// A PEM file whose certificates are the only trust anchors for the
@@ -335,7 +343,7 @@ impl fmt::Debug for AccountSettings {
 
 impl AccountSettings {
     /// The settings of `proxy.acme`.
-    pub fn from_config(acme: &AcmeSection) -> Self {
+    pub(crate) fn from_config(acme: &AcmeSection) -> Self {
         Self {
             directory_url: acme.directory_url.trim().to_owned(),
             ca_root: acme.ca_root.clone(),
@@ -345,14 +353,15 @@ impl AccountSettings {
     }
 
     /// [`layout::directory_id`] of the directory URL.
-    pub fn directory_id(&self) -> String {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn directory_id(&self) -> String {
         layout::directory_id(&self.directory_url)
     }
 }
 
 /// What the directory document says beyond its endpoints.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DirectoryInfo {
+pub(crate) struct DirectoryInfo {
     /// The ACME Renewal Information endpoint (RFC 9773), when offered.
     pub renewal_info: Option<String>,
     /// The terms of service the account agrees to.
@@ -385,7 +394,6 @@ struct DirectoryMeta {
 pub struct AcmeAccount {
     account: Account,
     directory_url: String,
-    dir_id: String,
     directory: DirectoryInfo,
 }
 
@@ -401,32 +409,23 @@ impl fmt::Debug for AcmeAccount {
 
 impl AcmeAccount {
     /// The instant-acme account (shares its HTTP client with every clone).
-    pub fn account(&self) -> &Account {
+    pub(crate) fn account(&self) -> &Account {
         &self.account
     }
 
     /// The account URL at the CA.
-    pub fn id(&self) -> &str {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn id(&self) -> &str {
         self.account.id()
     }
 
     /// The directory URL.
-    pub fn directory_url(&self) -> &str {
+    pub(crate) fn directory_url(&self) -> &str {
         &self.directory_url
     }
 
-    /// [`layout::directory_id`] of the directory URL.
-    pub fn directory_id(&self) -> &str {
-        &self.dir_id
-    }
-
-    /// What the directory offers.
-    pub fn directory(&self) -> &DirectoryInfo {
-        &self.directory
-    }
-
     /// Whether the CA offers ACME Renewal Information (RFC 9773).
-    pub fn offers_ari(&self) -> bool {
+    pub(crate) fn offers_ari(&self) -> bool {
         self.directory.renewal_info.is_some()
     }
 }
@@ -451,7 +450,8 @@ struct AccountRecord {
 /// [`AcmeError::Config`] for an unreadable `ca_root`, a bad EAB key, a CA
 /// that requires EAB when none is set, or stored credentials that cannot be
 /// opened with the ring; the CA's and the store's errors otherwise.
-pub async fn load_or_create(
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn load_or_create(
     store: &Arc<dyn Store>,
     ring: Option<&KeyRing>,
     settings: &AccountSettings,
@@ -480,7 +480,6 @@ async fn load_or_create_inner(
     let done = |account: Account| AcmeAccount {
         account,
         directory_url: settings.directory_url.clone(),
-        dir_id: dir_id.clone(),
         directory: directory.clone(),
     };
 
@@ -668,7 +667,7 @@ async fn read_record(
 /// # Errors
 /// The store's; [`StoreError::MissingKey`] when the record is sealed under
 /// a key `ring` lacks.
-pub async fn reseal_account(
+pub(crate) async fn reseal_account(
     store: &dyn Store,
     ring: &KeyRing,
     directory_url: &str,

@@ -8,8 +8,9 @@ use crate::store::StoreError;
 use crate::store::sealed::{open_record, seal_record};
 
 /// The record at [`crate::acme::layout::certificate`]`(host)`.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CertRecord {
+pub(crate) struct CertRecord {
     /// The hostname this record is filed under (lowercase).
     pub host: String,
     /// Every identifier of the certificate, `host` included.
@@ -48,7 +49,8 @@ impl std::fmt::Debug for CertRecord {
 impl CertRecord {
     /// The bytes to store at `store_key`: JSON sealed under the ring's
     /// primary key (plain when there is no cluster key).
-    pub fn encode(&self, ring: Option<&KeyRing>, store_key: &str) -> Result<Vec<u8>, StoreError> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn encode(&self, ring: Option<&KeyRing>, store_key: &str) -> Result<Vec<u8>, StoreError> {
         let json = serde_json::to_vec(self).map_err(|e| StoreError::Corrupt {
             key: store_key.to_owned(),
             message: format!("cannot encode certificate record: {e}"),
@@ -57,7 +59,7 @@ impl CertRecord {
     }
 
     /// Opens and decodes bytes read from `store_key`.
-    pub fn decode(
+    pub(crate) fn decode(
         ring: Option<&KeyRing>,
         store_key: &str,
         bytes: &[u8],
@@ -71,11 +73,12 @@ impl CertRecord {
 }
 
 /// Largest certificate chain or key file read (a chain is a few KiB).
-pub const MAX_PEM_BYTES: usize = 1 << 20;
+pub(crate) const MAX_PEM_BYTES: usize = 1 << 20;
 
 /// What is wrong with a certificate chain or a private key.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, thiserror::Error)]
-pub enum CertError {
+pub(crate) enum CertError {
     /// Nothing that looks like a PEM certificate.
     #[error(
         "no certificate found: expected PEM, leaf first, starting with '-----BEGIN CERTIFICATE-----'"
@@ -123,7 +126,7 @@ pub enum CertError {
 /// One PEM block: its label (`CERTIFICATE`, `PRIVATE KEY`, ...) and the
 /// decoded DER.
 #[derive(Clone, PartialEq, Eq)]
-pub struct PemBlock {
+pub(crate) struct PemBlock {
     /// The word(s) after `BEGIN`.
     pub label: String,
     /// The decoded content.
@@ -141,7 +144,7 @@ impl std::fmt::Debug for PemBlock {
 }
 
 /// Every PEM block of `text`, in order (text outside blocks is ignored).
-pub fn pem_blocks(text: &str) -> Result<Vec<PemBlock>, CertError> {
+pub(crate) fn pem_blocks(text: &str) -> Result<Vec<PemBlock>, CertError> {
     if text.len() > MAX_PEM_BYTES {
         return Err(CertError::TooLarge { len: text.len() });
     }
@@ -163,8 +166,9 @@ pub fn pem_blocks(text: &str) -> Result<Vec<PemBlock>, CertError> {
 
 /// What the scheduler and the status need to know of a certificate (its
 /// leaf).
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CertFacts {
+pub(crate) struct CertFacts {
     /// notBefore, unix seconds (0 if before 1970).
     pub not_before_unix: u64,
     /// notAfter, unix seconds (0 if before 1970).
@@ -222,7 +226,8 @@ fn parse_der(
 
 /// Reads the facts of the leaf (the first PEM block) of `chain_pem`. Every
 /// block must be a certificate that parses.
-pub fn parse_chain(chain_pem: &str) -> Result<CertFacts, CertError> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn parse_chain(chain_pem: &str) -> Result<CertFacts, CertError> {
     let ders = chain_ders(chain_pem)?;
     for (i, der) in ders.iter().enumerate().skip(1) {
         parse_der(i + 1, der)?;
@@ -314,7 +319,7 @@ fn public_key_of(block: &PemBlock) -> Result<Vec<u8>, CertError> {
 /// `RSA PRIVATE KEY` are accepted too) is the private key of the leaf of
 /// `chain_pem`. `Ok(false)` for a well-formed key of another certificate;
 /// an error when either side cannot be read.
-pub fn key_matches(chain_pem: &str, key_pem: &str) -> Result<bool, CertError> {
+pub(crate) fn key_matches(chain_pem: &str, key_pem: &str) -> Result<bool, CertError> {
     let ders = chain_ders(chain_pem)?;
     let leaf = parse_der(1, &ders[0])?;
     let blocks = pem_blocks(key_pem)?;

@@ -38,14 +38,14 @@ use crate::metrics::{Metrics, ResultLabels};
 use crate::store::{Store, StoreError, now_unix_ms};
 
 /// Path prefix of HTTP-01 validation requests (RFC 8555 section 8.3).
-pub const CHALLENGE_PATH_PREFIX: &str = "/.well-known/acme-challenge/";
+pub(crate) const CHALLENGE_PATH_PREFIX: &str = "/.well-known/acme-challenge/";
 
 /// Longest accepted token.
-pub const MAX_TOKEN_LEN: usize = 256;
+pub(crate) const MAX_TOKEN_LEN: usize = 256;
 
 /// How long an unknown token is answered `404` from memory before the
 /// store is asked again.
-pub const MISS_CACHE_TTL: Duration = Duration::from_secs(1);
+pub(crate) const MISS_CACHE_TTL: Duration = Duration::from_secs(1);
 
 /// Longest a record read from the store is kept in memory (its own expiry
 /// applies when sooner). Long enough for a CA's multi-perspective
@@ -105,7 +105,7 @@ impl WarnGate {
 /// The record at [`layout::challenge`]`(token)`: JSON, not sealed (the key
 /// authorization is served to anyone who asks for the token anyway).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ChallengeRecord {
+pub(crate) struct ChallengeRecord {
     /// The identifier (hostname) the token was issued for, lowercase.
     pub host: String,
     /// `<token>.<account key thumbprint>`, the body of the answer.
@@ -113,7 +113,7 @@ pub struct ChallengeRecord {
 }
 
 /// Whether `token` has the form of an ACME token: `[A-Za-z0-9_-]{1,256}`.
-pub fn valid_token(token: &str) -> bool {
+pub(crate) fn valid_token(token: &str) -> bool {
     !token.is_empty()
         && token.len() <= MAX_TOKEN_LEN
         && token
@@ -122,8 +122,10 @@ pub fn valid_token(token: &str) -> bool {
 }
 
 /// The outcome of [`ChallengeBook::lookup`].
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// Known token for this Host: the key authorization to answer.
     Hit(String),
     /// Unknown token (or the store could not be read).
@@ -150,7 +152,8 @@ struct Published {
 
 /// Key authorizations this replica can answer: its own, and those other
 /// replicas published to the shared store.
-pub struct ChallengeBook {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct ChallengeBook {
     store: Arc<dyn Store>,
     entries: RwLock<HashMap<String, Published>>,
     misses: Mutex<HashMap<String, Instant>>,
@@ -242,7 +245,8 @@ fn key_authorization_fits(token: &str, key_authorization: &str) -> bool {
 impl ChallengeBook {
     /// A book answering from memory and from `store` (the store shared by
     /// the replicas), counting into `acme_challenge_requests_total`.
-    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<Self> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<Self> {
         let counter = |result| {
             metrics
                 .acme
@@ -269,7 +273,8 @@ impl ChallengeBook {
     ///
     /// A malformed token, or a key authorization that is not
     /// `<token>.<thumbprint>`, is refused before anything is written.
-    pub async fn publish(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn publish(
         &self,
         token: &str,
         host: &str,
@@ -317,7 +322,8 @@ impl ChallengeBook {
 
     /// Forgets `token`: from memory, and (best effort) from the store. Call
     /// once the order no longer needs it (valid or failed).
-    pub async fn withdraw(&self, token: &str) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn withdraw(&self, token: &str) {
         write(&self.entries).remove(token);
         if !valid_token(token) {
             return;
@@ -330,7 +336,9 @@ impl ChallengeBook {
 
     /// The key authorization to answer for `token` requested under
     /// `host_header`, counted in `acme_challenge_requests_total`.
-    pub async fn lookup(&self, token: &str, host_header: Option<&str>) -> Lookup {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn lookup(&self, token: &str, host_header: Option<&str>) -> Lookup {
         match self.find(token, host_header).await {
             Found::Hit(body) => match std::str::from_utf8(&body) {
                 Ok(s) => Lookup::Hit(s.to_owned()),
@@ -486,7 +494,8 @@ impl ChallengeBook {
 /// `200 text/plain` with the key authorization, or `404`; any other path or
 /// method is `404`. Serve it on `--challenge-listen` (port 80 behind the
 /// proxy), e.g. `axum::serve(listener, challenge_router(book))`.
-pub fn challenge_router(book: Arc<ChallengeBook>) -> Router {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn challenge_router(book: Arc<ChallengeBook>) -> Router {
     Router::new().fallback(respond).with_state(book)
 }
 

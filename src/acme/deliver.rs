@@ -34,9 +34,9 @@ pub const CHAIN_FILE: &str = "tls.crt";
 /// Name of the key file.
 pub const KEY_FILE: &str = "tls.key";
 /// Mode of the key file.
-pub const KEY_MODE: u32 = 0o600;
+pub(crate) const KEY_MODE: u32 = 0o600;
 /// Mode of the chain file (public data).
-pub const CHAIN_MODE: u32 = 0o644;
+pub(crate) const CHAIN_MODE: u32 = 0o644;
 /// Mode of a host's directory.
 const DIR_MODE: u32 = 0o755;
 /// Largest file read back (a chain is a few KiB).
@@ -48,7 +48,7 @@ const TEMP_PREFIX: &str = ".tmp-";
 /// `[a-z0-9_-]` (1 to 63 bytes each, at most 253 in all; a trailing dot
 /// ignored), so it can never name anything outside `cert_dir` (`/`, `..`,
 /// empty labels and wildcards are refused).
-pub fn host_dir_name(host: &str) -> io::Result<String> {
+pub(crate) fn host_dir_name(host: &str) -> io::Result<String> {
     let bad = |why: &str| {
         Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -147,7 +147,7 @@ fn remove_stale_temps(dir: &Path) {
 }
 
 /// The directory holding `host`'s files.
-pub fn host_dir(cert_dir: &Path, host: &str) -> io::Result<PathBuf> {
+pub(crate) fn host_dir(cert_dir: &Path, host: &str) -> io::Result<PathBuf> {
     Ok(cert_dir.join(host_dir_name(host)?))
 }
 
@@ -155,7 +155,7 @@ pub fn host_dir(cert_dir: &Path, host: &str) -> io::Result<PathBuf> {
 /// order), each atomically, creating `dir` when missing; returns whether
 /// anything changed (`false`: both files already held these bytes, nothing
 /// was written).
-pub fn write_pair(dir: &Path, chain_pem: &str, key_pem: &str) -> io::Result<bool> {
+pub(crate) fn write_pair(dir: &Path, chain_pem: &str, key_pem: &str) -> io::Result<bool> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
@@ -171,7 +171,7 @@ pub fn write_pair(dir: &Path, chain_pem: &str, key_pem: &str) -> io::Result<bool
 
 /// What is in `<dir>/tls.crt` and `<dir>/tls.key`: `(chain, key)`, or
 /// `None` when either file is missing, unreadable, oversized or not UTF-8.
-pub fn read_pair(dir: &Path) -> Option<(String, String)> {
+pub(crate) fn read_pair(dir: &Path) -> Option<(String, String)> {
     let chain = read_bounded(&dir.join(CHAIN_FILE)).ok()??;
     let key = read_bounded(&dir.join(KEY_FILE)).ok()??;
     Some((String::from_utf8(chain).ok()?, String::from_utf8(key).ok()?))
@@ -180,7 +180,8 @@ pub fn read_pair(dir: &Path) -> Option<(String, String)> {
 /// Writes `<cert_dir>/<host>/tls.key` then `tls.crt` ([`write_pair`]).
 /// `host` is lowercased; one that is not a DNS name is an `InvalidInput`
 /// error and nothing is touched.
-pub fn write_cert_files(
+#[cfg(test)]
+pub(crate) fn write_cert_files(
     cert_dir: &Path,
     host: &str,
     chain_pem: &str,
@@ -191,7 +192,8 @@ pub fn write_cert_files(
 
 /// What is on disk for `host` ([`read_pair`]); `None` also when `host` is
 /// not a DNS name.
-pub fn read_cert_files(cert_dir: &Path, host: &str) -> Option<(String, String)> {
+#[cfg(test)]
+pub(crate) fn read_cert_files(cert_dir: &Path, host: &str) -> Option<(String, String)> {
     read_pair(&host_dir(cert_dir, host).ok()?)
 }
 

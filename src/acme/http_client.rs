@@ -49,10 +49,10 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
 /// How long one request may take, response body included.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest response body accepted (a certificate chain is a few KiB).
-pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 tokio::task_local! {
     static CAPTURE: Arc<Mutex<Option<SystemTime>>>;
@@ -61,30 +61,30 @@ tokio::task_local! {
 /// The `Retry-After` of the most recent ACME response seen by the futures
 /// run in [`RetryAfterCapture::scope`] (see the module docs).
 #[derive(Clone, Debug, Default)]
-pub struct RetryAfterCapture {
+pub(crate) struct RetryAfterCapture {
     slot: Arc<Mutex<Option<SystemTime>>>,
 }
 
 impl RetryAfterCapture {
     /// An empty capture.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Runs `fut`, recording into this capture the `Retry-After` of every
     /// response it receives through an [`AcmeHttpClient`].
-    pub async fn scope<F: Future>(&self, fut: F) -> F::Output {
+    pub(crate) async fn scope<F: Future>(&self, fut: F) -> F::Output {
         CAPTURE.scope(Arc::clone(&self.slot), fut).await
     }
 
     /// When the last response said to come back, if it said so.
-    pub fn retry_at(&self) -> Option<SystemTime> {
+    pub(crate) fn retry_at(&self) -> Option<SystemTime> {
         *self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// How long from now until [`RetryAfterCapture::retry_at`] (zero when
     /// that is already past).
-    pub fn remaining(&self) -> Option<Duration> {
+    pub(crate) fn remaining(&self) -> Option<Duration> {
         self.retry_at().map(until)
     }
 }
@@ -104,7 +104,7 @@ fn record(slot: Option<&Arc<Mutex<Option<SystemTime>>>>, value: Option<SystemTim
 /// Parses a `Retry-After` header (RFC 9110 section 10.2.3): delay-seconds
 /// or an HTTP-date, as the instant it designates, with `now` the time the
 /// response arrived. Unparseable values are ignored.
-pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<SystemTime> {
+pub(crate) fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<SystemTime> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if value.is_empty() {
         return None;
@@ -120,7 +120,7 @@ pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<SystemT
 /// Why a request through [`AcmeHttpClient`] failed before the CA answered
 /// in full. Carried inside [`instant_acme::Error::Other`].
 #[derive(Debug)]
-pub struct RequestError {
+pub(crate) struct RequestError {
     /// `METHOD uri` of the request.
     pub request: String,
     /// What went wrong.
@@ -129,7 +129,7 @@ pub struct RequestError {
 
 /// The ways a request fails.
 #[derive(Debug)]
-pub enum RequestErrorKind {
+pub(crate) enum RequestErrorKind {
     /// No complete response within the timeout.
     Timeout(Duration),
     /// Connecting, TLS or the HTTP exchange failed (the message includes
@@ -156,7 +156,7 @@ impl fmt::Display for RequestError {
 impl StdError for RequestError {}
 
 /// Renders an error with its chain of causes ("a: b: c").
-pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
+pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -171,8 +171,9 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
 }
 
 /// Why the client could not be built.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, thiserror::Error)]
-pub enum ClientBuildError {
+pub(crate) enum ClientBuildError {
     /// `ca_root` cannot be read or holds no usable certificate.
     #[error("proxy.extensions.sbmesh.acme.ca_root {path}: {message}")]
     CaRoot {
@@ -189,8 +190,9 @@ pub enum ClientBuildError {
 /// An [`instant_acme::HttpClient`] over hyper + rustls (aws-lc-rs) with
 /// the trust, timeout and `Retry-After` capture of the module docs. Cheap
 /// to clone (connections are pooled and shared).
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone)]
-pub struct AcmeHttpClient {
+pub(crate) struct AcmeHttpClient {
     client: Client<HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>,
     timeout: Duration,
 }
@@ -207,7 +209,8 @@ impl AcmeHttpClient {
     /// A client trusting only the certificates in `ca_root` when given,
     /// else the platform's trust store. `http://` URLs are accepted too
     /// (a local test CA); a production directory is `https://`.
-    pub fn new(ca_root: Option<&Path>) -> Result<Self, ClientBuildError> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(ca_root: Option<&Path>) -> Result<Self, ClientBuildError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = hyper_rustls::HttpsConnectorBuilder::new();
         let builder = match ca_root {
@@ -235,16 +238,11 @@ impl AcmeHttpClient {
         })
     }
 
-    /// Uses another per-request timeout (default [`DEFAULT_REQUEST_TIMEOUT`]).
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
     /// Sends `req` and returns the whole response body (bounded, within
     /// the timeout), recording `Retry-After` into the current
     /// [`RetryAfterCapture`] scope.
-    pub async fn send(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn send(
         &self,
         req: Request<BodyWrapper<Bytes>>,
     ) -> Result<(hyper::http::response::Parts, Bytes), instant_acme::Error> {

@@ -34,19 +34,20 @@ use super::http_client::RetryAfterCapture;
 
 /// How long a published key authorization lives in the store: longer than
 /// any order takes, short enough that a crashed replica's tokens vanish.
-pub const CHALLENGE_TTL: Duration = Duration::from_secs(600);
+pub(crate) const CHALLENGE_TTL: Duration = Duration::from_secs(600);
 
 /// The default polling of an order: first look after 100 ms (a CA that
 /// validates at once is seen at once), then 1.5x longer each time, for at
 /// most 2 minutes. A `Retry-After` from the CA replaces the computed delay.
-pub const DEFAULT_POLL: RetryPolicy = RetryPolicy::new()
+pub(crate) const DEFAULT_POLL: RetryPolicy = RetryPolicy::new()
     .initial_delay(Duration::from_millis(100))
     .backoff(1.5)
     .timeout(Duration::from_secs(120));
 
 /// A certificate just issued.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, PartialEq, Eq)]
-pub struct Issued {
+pub(crate) struct Issued {
     /// The identifiers ordered (lowercase, deduplicated, in order).
     pub hosts: Vec<String>,
     /// Leaf first, then the intermediates, PEM.
@@ -68,8 +69,9 @@ impl fmt::Debug for Issued {
 }
 
 /// The CA's suggested renewal window for a certificate (ARI, RFC 9773).
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RenewalWindow {
+pub(crate) struct RenewalWindow {
     /// Start of the window, unix seconds.
     pub start_unix: u64,
     /// End of the window, unix seconds.
@@ -83,7 +85,8 @@ pub struct RenewalWindow {
 /// Orders certificates through the cluster's account, publishing HTTP-01
 /// challenges to a [`ChallengeBook`] that every replica answers from.
 /// Orders may run concurrently.
-pub struct Issuer {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Issuer {
     account: AcmeAccount,
     book: Arc<ChallengeBook>,
     node_id: String,
@@ -103,7 +106,8 @@ impl fmt::Debug for Issuer {
 impl Issuer {
     /// An issuer ordering through `account` and publishing challenges to
     /// `book`; `node_id` names this replica in logs.
-    pub fn new(account: AcmeAccount, book: Arc<ChallengeBook>, node_id: impl Into<String>) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(account: AcmeAccount, book: Arc<ChallengeBook>, node_id: impl Into<String>) -> Self {
         Self {
             account,
             book,
@@ -113,26 +117,10 @@ impl Issuer {
         }
     }
 
-    /// Polls orders with `policy` instead of [`DEFAULT_POLL`].
-    pub fn with_poll_policy(mut self, policy: RetryPolicy) -> Self {
-        self.poll = policy;
-        self
-    }
-
-    /// Keeps published challenges for `ttl` instead of [`CHALLENGE_TTL`].
-    pub fn with_challenge_ttl(mut self, ttl: Duration) -> Self {
-        self.challenge_ttl = ttl;
-        self
-    }
-
-    /// The account orders are placed with.
-    pub fn account(&self) -> &AcmeAccount {
-        &self.account
-    }
-
     /// Whether the CA offers ACME Renewal Information (its directory has
     /// `renewalInfo`).
-    pub fn offers_ari(&self) -> bool {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn offers_ari(&self) -> bool {
         self.account.offers_ari()
     }
 
@@ -143,7 +131,9 @@ impl Issuer {
     /// (e.g. [`crate::store::lock::LeaseKeeper::held`]); when it turns
     /// `false`, or its sender is dropped, the order is abandoned with
     /// [`AcmeError::LeaseLost`].
-    pub async fn order(
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn order(
         &self,
         hosts: &[String],
         lease_held: Option<watch::Receiver<bool>>,
@@ -155,7 +145,7 @@ impl Issuer {
     /// it replaces ([`certificate_identifier`] of the old leaf), sent as
     /// the ARI `replaces` field when the CA offers renewal information
     /// (and left out when it does not: the CA would refuse the order).
-    pub async fn order_replacing(
+    pub(crate) async fn order_replacing(
         &self,
         hosts: &[String],
         lease_held: Option<watch::Receiver<bool>>,
@@ -312,7 +302,9 @@ impl Issuer {
     /// The CA's suggested renewal window for the leaf of `chain_pem`, as
     /// unix seconds; `None` when the CA offers no ARI, or the question
     /// failed (logged; the caller then uses its own schedule).
-    pub async fn renewal_window(&self, chain_pem: &str) -> Option<(u64, u64)> {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn renewal_window(&self, chain_pem: &str) -> Option<(u64, u64)> {
         match self.renewal_info(chain_pem).await {
             Ok(window) => window.map(|w| (w.start_unix, w.end_unix)),
             Err(e) => {
@@ -324,7 +316,8 @@ impl Issuer {
 
     /// Asks the CA for the renewal window of the leaf of `chain_pem` (ARI);
     /// `Ok(None)` when the CA does not offer ARI.
-    pub async fn renewal_info(&self, chain_pem: &str) -> Result<Option<RenewalWindow>, AcmeError> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn renewal_info(&self, chain_pem: &str) -> Result<Option<RenewalWindow>, AcmeError> {
         if !self.offers_ari() {
             return Ok(None);
         }
@@ -420,7 +413,8 @@ fn normalize_hosts(hosts: &[String]) -> Result<Vec<String>, AcmeError> {
 }
 
 /// The ARI identifier (authority key id + serial) of the leaf of `chain_pem`.
-pub fn certificate_identifier(
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn certificate_identifier(
     chain_pem: &str,
 ) -> Result<CertificateIdentifier<'static>, AcmeError> {
     let bad = |message: String| AcmeError::Protocol {

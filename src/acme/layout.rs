@@ -22,78 +22,86 @@
 use crate::config::sha256_hex;
 
 /// Short, stable id of an ACME directory URL (16 hex chars of its sha256).
-pub fn directory_id(directory_url: &str) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn directory_id(directory_url: &str) -> String {
     sha256_hex(directory_url.trim().as_bytes())[..16].to_owned()
 }
 
 /// Account credentials of the cluster at one directory.
-pub fn account(dir_id: &str) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn account(dir_id: &str) -> String {
     format!("acme/{dir_id}/account")
 }
 
 /// Lock held while an account is created.
-pub fn account_lock(dir_id: &str) -> String {
+pub(crate) fn account_lock(dir_id: &str) -> String {
     format!("acme-account-{dir_id}")
 }
 
 /// Issuance history of one hostname set (see [`hostname_set_id`]).
-pub fn issued(dir_id: &str, set_id: &str) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn issued(dir_id: &str, set_id: &str) -> String {
     format!("acme/{dir_id}/issued/{set_id}")
 }
 
 /// The new-order budget of the account.
-pub fn order_budget(dir_id: &str) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn order_budget(dir_id: &str) -> String {
     format!("acme/{dir_id}/budget")
 }
 
 /// What the replicas share about ordering the certificate of one hostname
 /// set (see [`hostname_set_id`]; a per-host unit is the set of its host):
 /// failures and the CA's renewal information.
-pub fn order_state(dir_id: &str, set_id: &str) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn order_state(dir_id: &str, set_id: &str) -> String {
     format!("acme/{dir_id}/state/{set_id}")
 }
 
 /// Pending HTTP-01 challenge of `token`.
-pub fn challenge(token: &str) -> String {
+pub(crate) fn challenge(token: &str) -> String {
     format!("acme/challenges/{token}")
 }
 
 /// Prefix of every certificate record (for listing).
-pub const CERTS_PREFIX: &str = "acme/certs/";
+pub(crate) const CERTS_PREFIX: &str = "acme/certs/";
 
 /// Certificate record of `host` (lowercase).
-pub fn certificate(host: &str) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn certificate(host: &str) -> String {
     format!("{CERTS_PREFIX}{host}")
 }
 
 /// Lock held while `host` is ordered.
-pub fn order_lock(host: &str) -> String {
+pub(crate) fn order_lock(host: &str) -> String {
     format!("acme-order-{host}")
 }
 
 /// Prefix of the SAN certificate records (for listing).
-pub const SAN_PREFIX: &str = "acme/san/";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const SAN_PREFIX: &str = "acme/san/";
 
 /// Certificate record of the SAN certificate for the hostname set `set_id`
 /// ([`hostname_set_id`]).
-pub fn san_certificate(set_id: &str) -> String {
+pub(crate) fn san_certificate(set_id: &str) -> String {
     format!("{SAN_PREFIX}{set_id}")
 }
 
 /// Lock held while the SAN certificate of `set_id` is ordered.
-pub fn san_order_lock(set_id: &str) -> String {
+pub(crate) fn san_order_lock(set_id: &str) -> String {
     format!("acme-order-san-{set_id}")
 }
 
 /// Id of the SAN certificate unit for the hostname set `set_id`: the name
 /// its owner is chosen by (rendezvous hashing) and logged under. Never a
 /// hostname (it has a `:`), so it cannot collide with a per-host unit.
-pub fn san_unit_id(set_id: &str) -> String {
+pub(crate) fn san_unit_id(set_id: &str) -> String {
     format!("san:{set_id}")
 }
 
 /// Id of a set of hostnames: order-independent, case-insensitive.
-pub fn hostname_set_id(hosts: &[String]) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn hostname_set_id(hosts: &[String]) -> String {
     let mut sorted: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
     sorted.sort();
     sorted.dedup();

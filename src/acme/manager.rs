@@ -68,18 +68,19 @@ use crate::store::sealed::AtRestRing;
 use crate::store::{Store, now_unix_ms};
 
 /// Orders one replica runs at once, by default (`--acme-concurrent-orders`).
-pub const DEFAULT_MAX_CONCURRENT_ORDERS: usize = 8;
+pub(crate) const DEFAULT_MAX_CONCURRENT_ORDERS: usize = 8;
 /// New orders the whole cluster may place per account and interval, by
 /// default (`--acme-max-orders`).
-pub const DEFAULT_MAX_ORDERS_PER_INTERVAL: u32 = 300;
+pub(crate) const DEFAULT_MAX_ORDERS_PER_INTERVAL: u32 = 300;
 /// The interval of [`DEFAULT_MAX_ORDERS_PER_INTERVAL`] (`--acme-orders-interval-secs`).
-pub const DEFAULT_ORDER_INTERVAL: Duration = Duration::from_secs(3 * 3600);
+pub(crate) const DEFAULT_ORDER_INTERVAL: Duration = Duration::from_secs(3 * 3600);
 /// The lease of a host's order lock, by default (`--acme-order-lock-ttl-secs`).
-pub const DEFAULT_ORDER_LOCK_TTL: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_ORDER_LOCK_TTL: Duration = Duration::from_secs(60);
 
 /// How the manager behaves; the defaults suit production.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub struct AcmeManagerConfig {
+pub(crate) struct AcmeManagerConfig {
     /// This replica's node id (the mesh's).
     pub node_id: String,
     /// Random per process start: with the node id it makes this process's
@@ -114,7 +115,8 @@ pub struct AcmeManagerConfig {
 
 impl AcmeManagerConfig {
     /// Production defaults for `node_id` writing into `cert_dir`.
-    pub fn new(node_id: impl Into<String>, cert_dir: impl Into<PathBuf>) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(node_id: impl Into<String>, cert_dir: impl Into<PathBuf>) -> Self {
         Self {
             node_id: node_id.into(),
             boot_id: format!("{:016x}", rand::random::<u64>()),
@@ -131,16 +133,17 @@ impl AcmeManagerConfig {
     }
 
     /// The holder id of this process's leases: `<node id>/<boot id>`.
-    pub fn holder_id(&self) -> String {
+    pub(crate) fn holder_id(&self) -> String {
         format!("{}/{}", self.node_id, self.boot_id)
     }
 }
 
 /// What the manager calls after it wrote new certificate files.
-pub type CertificatesChanged = Arc<dyn Fn() + Send + Sync>;
+pub(crate) type CertificatesChanged = Arc<dyn Fn() + Send + Sync>;
 
 /// The manager's inputs.
-pub struct AcmeInputs {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct AcmeInputs {
     /// The shared certificate store.
     pub store: Arc<dyn Store>,
     /// The mesh: alive members decide ownership, peers' metadata announce
@@ -160,7 +163,10 @@ pub struct AcmeInputs {
 
 /// A running manager. Dropping it stops the loop (orders in flight are
 /// abandoned; their leases expire).
-pub struct AcmeManager {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct AcmeManager {
+    /// For tests; the node reads the channel it made itself.
+    #[cfg(any(test, feature = "testing"))]
     status: watch::Receiver<AcmeStatus>,
     task: JoinHandle<()>,
 }
@@ -173,28 +179,31 @@ impl Drop for AcmeManager {
 
 impl AcmeManager {
     /// Starts the loop.
-    pub fn spawn(cfg: AcmeManagerConfig, inputs: AcmeInputs) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn spawn(cfg: AcmeManagerConfig, inputs: AcmeInputs) -> Self {
         Self::spawn_into(cfg, inputs, watch::channel(AcmeStatus::default()).0)
     }
 
     /// Starts the loop, publishing its status into `status` (a channel the
     /// caller made before the manager could start, e.g. before the store
     /// opened).
-    pub fn spawn_into(
+    pub(crate) fn spawn_into(
         cfg: AcmeManagerConfig,
         inputs: AcmeInputs,
         status: watch::Sender<AcmeStatus>,
     ) -> Self {
-        let receiver = status.subscribe();
-        let task = tokio::spawn(Runner::new(cfg, inputs, status).run());
         Self {
-            status: receiver,
-            task,
+            #[cfg(any(test, feature = "testing"))]
+            status: status.subscribe(),
+            task: tokio::spawn(Runner::new(cfg, inputs, status).run()),
         }
     }
 
     /// This node's certificates and ACME state, updated as they change.
-    pub fn status(&self) -> watch::Receiver<AcmeStatus> {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn status(&self) -> watch::Receiver<AcmeStatus> {
         self.status.clone()
     }
 }

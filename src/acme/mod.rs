@@ -9,20 +9,21 @@
 //! Every record lives under the keys built by [`layout`], so one store can be
 //! shared by the replicas of a cluster without any other coordination.
 
-pub mod layout;
+internal_mod! { layout; }
 
-pub mod account;
-pub mod certs;
-pub mod challenge;
-pub mod deliver;
-pub mod http_client;
-pub mod issuer;
-pub mod manager;
+internal_mod! { account; }
+internal_mod! { certs; }
+internal_mod! { challenge; }
+internal_mod! { deliver; }
+pub use deliver::{CHAIN_FILE, KEY_FILE};
+internal_mod! { http_client; }
+internal_mod! { issuer; }
+internal_mod! { manager; }
 pub(crate) mod order;
-pub mod outcome;
-pub mod ownership;
-pub mod placeholder;
-pub mod plan;
-pub mod schedule;
-pub mod unit;
+internal_mod! { outcome; }
+internal_mod! { ownership; }
+internal_mod! { placeholder; }
+internal_mod! { plan; }
+internal_mod! { schedule; }
+internal_mod! { unit; }
 pub(crate) mod unit_files;

@@ -18,7 +18,7 @@ use crate::store::StoreError;
 
 /// How an order task ended.
 #[derive(Debug)]
-pub enum OrderOutcome {
+pub(crate) enum OrderOutcome {
     /// A certificate was issued and stored.
     Issued(Box<CertRecord>),
     /// The store already held a valid certificate (another replica's).
@@ -52,7 +52,7 @@ pub enum OrderOutcome {
 /// The cluster-wide limit that deferred an order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Deferral {
+pub(crate) enum Deferral {
     /// The hostname set was issued [`DUPLICATE_LIMIT`] times in the last
     /// 7 days (the CA's duplicate limit).
     DuplicateLimit,
@@ -83,7 +83,7 @@ impl fmt::Display for Deferral {
 /// `Retry-After` ([`OrderError::retry_after_secs`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum OrderError {
+pub(crate) enum OrderError {
     /// The machine ordered without an `acme` section (they disagree).
     #[error("no acme section in the configuration")]
     NoAcmeSection,
@@ -125,7 +125,8 @@ impl OrderError {
     /// Whether trying again later (with backoff) can succeed without a
     /// change of configuration: not without an `acme` section, nor after a
     /// CA's permanent refusal ([`AcmeError::is_retryable`]).
-    pub fn is_retryable(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             OrderError::NoAcmeSection => false,
             OrderError::Account(e) | OrderError::Order(e) => e.is_retryable(),
@@ -134,7 +135,7 @@ impl OrderError {
     }
 
     /// How long the CA asked to wait (its `Retry-After`), in seconds.
-    pub fn retry_after_secs(&self) -> Option<u64> {
+    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
         match self {
             OrderError::Account(e) | OrderError::Order(e) => e.retry_after().map(|d| d.as_secs()),
             _ => None,
@@ -145,7 +146,7 @@ impl OrderError {
 /// Why a placeholder could not be written for a unit.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum PlaceholderError {
+pub(crate) enum PlaceholderError {
     /// The self-signed certificate could not be made.
     #[error(transparent)]
     Make(CertError),

@@ -14,18 +14,19 @@
 use crate::acme::certs::{CertError, pem_blocks};
 
 /// Common name of every placeholder's subject and issuer.
-pub const PLACEHOLDER_CN: &str = "sbmesh placeholder (not issued by a CA)";
+pub(crate) const PLACEHOLDER_CN: &str = "sbmesh placeholder (not issued by a CA)";
 /// Organization of every placeholder's subject and issuer.
-pub const PLACEHOLDER_ORG: &str = "sbmesh";
+pub(crate) const PLACEHOLDER_ORG: &str = "sbmesh";
 /// How long a placeholder is valid.
-pub const PLACEHOLDER_VALIDITY_SECS: u64 = 7 * 24 * 3600;
+pub(crate) const PLACEHOLDER_VALIDITY_SECS: u64 = 7 * 24 * 3600;
 /// A placeholder this close to its notAfter is written anew.
-pub const PLACEHOLDER_REFRESH_SECS: u64 = 24 * 3600;
+pub(crate) const PLACEHOLDER_REFRESH_SECS: u64 = 24 * 3600;
 
 /// A placeholder for `names` valid from an hour before `now_unix` for
 /// [`PLACEHOLDER_VALIDITY_SECS`]: `(chain_pem, key_pem)`, the key PKCS#8
 /// PEM as the CA's certificates are written.
-pub fn generate(names: &[String], now_unix: u64) -> Result<(String, String), CertError> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn generate(names: &[String], now_unix: u64) -> Result<(String, String), CertError> {
     use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
     let fail = |e: rcgen::Error| CertError::Key(format!("cannot make a placeholder: {e}"));
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(fail)?;
@@ -50,7 +51,8 @@ pub fn generate(names: &[String], now_unix: u64) -> Result<(String, String), Cer
 /// Whether the leaf of `chain_pem` is a placeholder of ours: self-signed
 /// (subject = issuer) with the placeholder's name. `false` for anything
 /// that does not parse.
-pub fn is_placeholder(chain_pem: &str) -> bool {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn is_placeholder(chain_pem: &str) -> bool {
     let Ok(blocks) = pem_blocks(chain_pem) else {
         return false;
     };

@@ -48,18 +48,18 @@ use crate::mesh::CertificateInfo;
 use crate::store::StoreError;
 
 /// How long the set of alive members must hold still before orders start.
-pub const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
+pub(crate) const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
 
 /// How often the owner of a unit asks the CA for its renewal window when
 /// the directory offers ARI (RFC 9773 suggests a few times a day).
-pub const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
+pub(crate) const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
 
 /// Pause before a unit's store record is read again after a failed read.
-pub const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+pub(crate) const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
 
 /// Why a host is not ordered now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hold {
+pub(crate) enum Hold {
     /// Its certificate is valid until the renewal time (unix seconds).
     Valid(u64),
     /// Failures: the next attempt is at this time (unix seconds).
@@ -77,7 +77,7 @@ pub enum Hold {
 
 /// What the scheduler knows of one host.
 #[derive(Clone, Debug, Default)]
-pub struct HostView {
+pub(crate) struct HostView {
     /// The certificate in the store, when one was read.
     pub stored: Option<StoredCert>,
     /// Whether the store was read at least once since the host appeared.
@@ -93,7 +93,7 @@ pub struct HostView {
 
 /// Facts of a stored certificate the scheduler needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredCert {
+pub(crate) struct StoredCert {
     /// Serial, lowercase hex.
     pub serial: String,
     /// Validity.
@@ -104,7 +104,7 @@ pub struct StoredCert {
 
 /// Whether `host` should be ordered by this replica at `now`: `Ok(())` to
 /// order, else why not. `is_owner` is the rendezvous verdict.
-pub fn due_for_order(
+pub(crate) fn due_for_order(
     host: &str,
     view: &HostView,
     is_owner: bool,
@@ -155,7 +155,7 @@ pub(crate) fn jitter(host: &str, serial: &str) -> f64 {
 /// machine's timers, the wall-clock time is compared with certificate
 /// times, lock waits and backoffs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Now {
+pub(crate) struct Now {
     /// Monotonic time.
     pub mono: Instant,
     /// Wall-clock time, unix milliseconds.
@@ -164,14 +164,14 @@ pub struct Now {
 
 impl Now {
     /// The wall-clock time in unix seconds.
-    pub fn unix(&self) -> u64 {
+    pub(crate) fn unix(&self) -> u64 {
         self.unix_ms / 1000
     }
 }
 
 /// The machine's fixed settings.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// This replica's node id, as the mesh lists it among the members.
     pub node_id: String,
     /// Orders this replica runs at once.
@@ -190,14 +190,14 @@ pub struct Settings {
 
 /// The ACME part of the configuration the machine needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ordering {
+pub(crate) struct Ordering {
     /// `renew_before_days` of the `acme` section.
     pub renew_before_days: Option<u32>,
 }
 
 /// An input of the machine.
 #[derive(Debug)]
-pub enum Input {
+pub(crate) enum Input {
     /// The configuration (re)read: the units it asks for, each with what
     /// is on disk for it (used for units not known yet), the wildcards
     /// that are not eligible, and whether (and how) to order at all.
@@ -274,7 +274,7 @@ pub enum Input {
 
 /// Something a step reports, for logs and metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Report {
+pub(crate) enum Report {
     /// A unit left the configuration: its certificate is not renewed.
     UnitRemoved(CertUnit),
     /// A unit appeared.
@@ -317,7 +317,7 @@ pub enum Report {
 
 /// What the shell must do after a step.
 #[derive(Clone, Debug)]
-pub enum Action {
+pub(crate) enum Action {
     /// Record this (logs, metrics).
     Report(Report),
     /// Read the unit's record from the store; answer with
@@ -415,7 +415,7 @@ impl UnitState {
 
 /// The scheduling state machine. See the module documentation.
 #[derive(Clone, Debug)]
-pub struct Machine {
+pub(crate) struct Machine {
     settings: Settings,
     /// By unit id.
     units: BTreeMap<String, UnitState>,
@@ -439,12 +439,12 @@ pub struct Machine {
 
 impl Machine {
     /// Whether the configuration asks for no certificate at all.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.units.is_empty()
     }
 
     /// A machine started at `now`, knowing no unit and no member yet.
-    pub fn new(settings: Settings, now: Now) -> Self {
+    pub(crate) fn new(settings: Settings, now: Now) -> Self {
         Self {
             settings,
             units: BTreeMap::new(),
@@ -464,7 +464,8 @@ impl Machine {
     }
 
     /// The failures a unit's backoff goes by (for tests and diagnostics).
-    pub fn failures(&self, id: &str) -> Option<&Failures> {
+    #[cfg(test)]
+    pub(crate) fn failures(&self, id: &str) -> Option<&Failures> {
         self.units.get(id).map(|s| &s.view.failures)
     }
 
@@ -473,7 +474,7 @@ impl Machine {
     /// questions, orders) is decided at [`Input::Tick`], once per pass of
     /// the shell over a batch of inputs, so that thousands of answers do
     /// not cost thousands of passes over every unit.
-    pub fn step(&mut self, input: Input, now: Now) -> Vec<Action> {
+    pub(crate) fn step(&mut self, input: Input, now: Now) -> Vec<Action> {
         let mut out = Vec::new();
         match input {
             Input::ConfigChanged {
@@ -553,7 +554,7 @@ impl Machine {
     }
 
     /// The status of what is on disk now.
-    pub fn status(&self) -> AcmeStatus {
+    pub(crate) fn status(&self) -> AcmeStatus {
         let certificates = self
             .units
             .values()

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 /// Validity of a certificate, unix seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CertTimes {
+pub(crate) struct CertTimes {
     /// notBefore.
     pub not_before_unix: u64,
     /// notAfter.
@@ -27,8 +27,9 @@ pub struct CertTimes {
 
 /// A renewal window suggested by the CA (ACME Renewal Information,
 /// RFC 9773 `suggestedWindow`), unix seconds.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AriWindow {
+pub(crate) struct AriWindow {
     /// `suggestedWindow.start`.
     pub start_unix: u64,
     /// `suggestedWindow.end`.
@@ -72,7 +73,7 @@ fn fraction(x: u64, f: f64) -> u64 {
 ///    third earlier by jitter (90-day certificate: between day 57 and 60).
 ///
 /// Never earlier than notBefore. `jitter` is clamped to `[0, 1]` (NaN: 0).
-pub fn renew_at(
+pub(crate) fn renew_at(
     cert: CertTimes,
     renew_before_days: Option<u32>,
     ari: Option<AriWindow>,
@@ -103,28 +104,30 @@ pub fn renew_at(
 /// condition): the margin is at least half the lifetime, so the one-third
 /// rule applies instead. The manager warns when it does, once per
 /// certificate. `false` without `renew_before_days`.
-pub fn renew_before_ignored(cert: CertTimes, renew_before_days: Option<u32>) -> bool {
+pub(crate) fn renew_before_ignored(cert: CertTimes, renew_before_days: Option<u32>) -> bool {
     let lifetime = cert.not_after_unix.saturating_sub(cert.not_before_unix);
     renew_before_days.is_some_and(|days| u64::from(days) * DAY >= lifetime / 2)
 }
 
 /// Seconds to wait from `now` until `renew_at` (0 when due).
-pub fn renew_delay_secs(renew_at: u64, now: u64) -> u64 {
+#[cfg(test)]
+pub(crate) fn renew_delay_secs(renew_at: u64, now: u64) -> u64 {
     renew_at.saturating_sub(now)
 }
 
 /// First retry delay after a failure.
-pub const BACKOFF_INITIAL_SECS: u64 = 60;
+pub(crate) const BACKOFF_INITIAL_SECS: u64 = 60;
 /// Longest retry delay.
-pub const BACKOFF_MAX_SECS: u64 = 6 * 3600;
+pub(crate) const BACKOFF_MAX_SECS: u64 = 6 * 3600;
 /// Longest `Retry-After` honoured: a larger value (a broken or hostile
 /// answer) is treated as this.
-pub const RETRY_AFTER_MAX_SECS: u64 = 7 * DAY;
+pub(crate) const RETRY_AFTER_MAX_SECS: u64 = 7 * DAY;
 
 /// Consecutive failed attempts for one hostname (or the account), and when
 /// to try again.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Failures {
+pub(crate) struct Failures {
     /// Consecutive failures since the last success.
     pub count: u32,
     /// When the last one happened, unix seconds.
@@ -136,7 +139,7 @@ pub struct Failures {
 impl Failures {
     /// Records a failure at `now`, with the CA's `Retry-After` (seconds)
     /// when it sent one (capped at [`RETRY_AFTER_MAX_SECS`]).
-    pub fn record(&mut self, now: u64, retry_after_secs: Option<u64>) {
+    pub(crate) fn record(&mut self, now: u64, retry_after_secs: Option<u64>) {
         self.count = self.count.saturating_add(1);
         self.last_failure_unix = now;
         self.retry_after_unix =
@@ -145,7 +148,7 @@ impl Failures {
 
     /// The current backoff: 60 s after the first failure, doubling with each
     /// further one, at most 6 h; 0 without failures.
-    pub fn backoff_secs(&self) -> u64 {
+    pub(crate) fn backoff_secs(&self) -> u64 {
         match self.count {
             0 => 0,
             n => {
@@ -159,7 +162,8 @@ impl Failures {
     /// The earliest time of the next attempt: the last failure plus the
     /// backoff, and never before `Retry-After`. 0 (any time) without
     /// failures.
-    pub fn next_attempt_unix(&self) -> u64 {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn next_attempt_unix(&self) -> u64 {
         if self.count == 0 {
             return 0;
         }
@@ -168,25 +172,25 @@ impl Failures {
     }
 
     /// Forgets every failure (after a success).
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         *self = Self::default();
     }
 }
 
 /// How often the CA's renewal information is asked for when it sends no
 /// `Retry-After` (RFC 9773 suggests a few times a day).
-pub const ARI_DEFAULT_SECS: u64 = 6 * 3600;
+pub(crate) const ARI_DEFAULT_SECS: u64 = 6 * 3600;
 /// Shortest wait before asking again, whatever `Retry-After` says: a CA
 /// that answers 0 must not make us ask in a loop.
-pub const ARI_MIN_SECS: u64 = 60;
+pub(crate) const ARI_MIN_SECS: u64 = 60;
 /// Longest wait honoured: the window of a short-lived certificate (or an
 /// early renewal asked before a revocation) must not go unseen for days.
-pub const ARI_MAX_SECS: u64 = 24 * 3600;
+pub(crate) const ARI_MAX_SECS: u64 = 24 * 3600;
 
 /// When to ask the CA for renewal information again after an answer at
 /// `now` that carried `retry_after_secs` (RFC 9773 section 4.3: not before
 /// `Retry-After`), within [`ARI_MIN_SECS`]..=[`ARI_MAX_SECS`].
-pub fn ari_next_check(now: u64, retry_after_secs: Option<u64>) -> u64 {
+pub(crate) fn ari_next_check(now: u64, retry_after_secs: Option<u64>) -> u64 {
     let wait = retry_after_secs
         .unwrap_or(ARI_DEFAULT_SECS)
         .clamp(ARI_MIN_SECS, ARI_MAX_SECS);
@@ -194,8 +198,9 @@ pub fn ari_next_check(now: u64, retry_after_secs: Option<u64>) -> u64 {
 }
 
 /// The CA's last renewal-information answer for one certificate.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AriCheck {
+pub(crate) struct AriCheck {
     /// The certificate it is about (serial, lowercase hex).
     pub serial: String,
     /// The suggested window; `None` when the question failed.
@@ -209,8 +214,9 @@ pub struct AriCheck {
 /// consecutive failures, so the backoff survives a restart and an
 /// ownership change, and the CA's renewal information with its
 /// `Retry-After`, so the next owner does not ask again at once.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnitOrderState {
+pub(crate) struct UnitOrderState {
     /// Failures since the last success.
     #[serde(default)]
     pub failures: Failures,
@@ -221,7 +227,7 @@ pub struct UnitOrderState {
 
 impl UnitOrderState {
     /// `Err(t)` while the failures say not to order before `t`.
-    pub fn backing_off(&self, now: u64) -> Result<(), u64> {
+    pub(crate) fn backing_off(&self, now: u64) -> Result<(), u64> {
         let next = self.failures.next_attempt_unix();
         if self.failures.count > 0 && now < next {
             Err(next)
@@ -231,7 +237,7 @@ impl UnitOrderState {
     }
 
     /// The stored renewal information for `serial`, while it is fresh.
-    pub fn fresh_ari(&self, serial: &str, now: u64) -> Option<&AriCheck> {
+    pub(crate) fn fresh_ari(&self, serial: &str, now: u64) -> Option<&AriCheck> {
         self.ari
             .as_ref()
             .filter(|a| a.serial == serial && now < a.next_check_unix)
@@ -240,15 +246,16 @@ impl UnitOrderState {
 
 /// Most certificates for the same set of hostnames in
 /// [`DUPLICATE_WINDOW_SECS`] (Let's Encrypt: 5 per 7 days).
-pub const DUPLICATE_LIMIT: usize = 5;
+pub(crate) const DUPLICATE_LIMIT: usize = 5;
 /// The sliding window of [`DUPLICATE_LIMIT`].
-pub const DUPLICATE_WINDOW_SECS: u64 = 7 * 24 * 3600;
+pub(crate) const DUPLICATE_WINDOW_SECS: u64 = 7 * 24 * 3600;
 
 /// When certificates for one hostname set were issued (stored at
 /// [`crate::acme::layout::issued`]), to stay under the CA's duplicate limit
 /// whichever replica orders.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IssuanceHistory {
+pub(crate) struct IssuanceHistory {
     /// Issuance times, unix seconds, oldest first.
     pub issued_unix: Vec<u64>,
 }
@@ -257,7 +264,7 @@ impl IssuanceHistory {
     /// `Ok` when one more issuance at `now` stays within the limit, else
     /// `Err(t)`: the earliest time it would (when enough of the issuances
     /// in the window have left it).
-    pub fn allows(&self, now: u64) -> Result<(), u64> {
+    pub(crate) fn allows(&self, now: u64) -> Result<(), u64> {
         let mut recent: Vec<u64> = self
             .issued_unix
             .iter()
@@ -274,7 +281,7 @@ impl IssuanceHistory {
     }
 
     /// Records an issuance at `now` and drops those that left the window.
-    pub fn record(&mut self, now: u64) {
+    pub(crate) fn record(&mut self, now: u64) {
         self.issued_unix.push(now);
         self.issued_unix
             .retain(|t| t.saturating_add(DUPLICATE_WINDOW_SECS) > now);
@@ -287,8 +294,9 @@ impl IssuanceHistory {
 /// previous one ended). Stored at [`crate::acme::layout::order_budget`] so
 /// the cap holds for the whole cluster. `max_orders = 0` refuses every
 /// order.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OrderBudget {
+pub(crate) struct OrderBudget {
     /// Orders allowed per interval.
     pub max_orders: u32,
     /// Length of an interval, seconds.
@@ -301,7 +309,7 @@ pub struct OrderBudget {
 
 impl OrderBudget {
     /// A fresh budget (its first interval starts with its first order).
-    pub fn new(max_orders: u32, interval_secs: u64) -> Self {
+    pub(crate) fn new(max_orders: u32, interval_secs: u64) -> Self {
         Self {
             max_orders,
             interval_secs,
@@ -311,14 +319,14 @@ impl OrderBudget {
     }
 
     /// When the current interval ends.
-    pub fn window_end_unix(&self) -> u64 {
+    pub(crate) fn window_end_unix(&self) -> u64 {
         self.window_start_unix.saturating_add(self.interval_secs)
     }
 
     /// Takes one order at `now`: `Ok`, or `Err(t)` with the time the
     /// interval resets. A clock that went back stays in the current
     /// interval.
-    pub fn try_take(&mut self, now: u64) -> Result<(), u64> {
+    pub(crate) fn try_take(&mut self, now: u64) -> Result<(), u64> {
         if now >= self.window_end_unix() {
             self.window_start_unix = now;
             self.used = 0;

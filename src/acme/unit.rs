@@ -24,8 +24,9 @@ use crate::config::{CertificateMode, SbConfig};
 use crate::mesh::CertificateInfo;
 
 /// Where a unit's files go.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum UnitFiles {
+pub(crate) enum UnitFiles {
     /// `<cert-dir>/<host>/tls.{crt,key}` (`certificates: per_host`).
     Host(String),
     /// `<cert-dir>/tls.{crt,key}` (`certificates: san`).
@@ -33,8 +34,9 @@ pub enum UnitFiles {
 }
 
 /// One certificate the manager keeps ordered, stored and on disk.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CertUnit {
+pub(crate) struct CertUnit {
     /// Stable id: the hostname (per host) or [`layout::san_unit_id`] of the
     /// name set (san). Ownership (rendezvous hashing), the renewal jitter
     /// and the manager's bookkeeping go by it.
@@ -48,7 +50,8 @@ pub struct CertUnit {
 
 impl CertUnit {
     /// The unit of one host (`certificates: per_host`).
-    pub fn per_host(host: &str) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn per_host(host: &str) -> Self {
         Self {
             id: host.to_owned(),
             names: vec![host.to_owned()],
@@ -58,7 +61,7 @@ impl CertUnit {
 
     /// The SAN unit of `names` (sorted and deduplicated here); `None` when
     /// there are none.
-    pub fn san(names: impl IntoIterator<Item = String>) -> Option<Self> {
+    pub(crate) fn san(names: impl IntoIterator<Item = String>) -> Option<Self> {
         let names: Vec<String> = names
             .into_iter()
             .map(|n| n.to_ascii_lowercase())
@@ -77,12 +80,13 @@ impl CertUnit {
 
     /// The name its store record is filed under ([`CertRecord::host`]) and
     /// status lists as `host`: the host, or the first of the SAN names.
-    pub fn record_host(&self) -> &str {
+    pub(crate) fn record_host(&self) -> &str {
         &self.names[0]
     }
 
     /// Its certificate record in the store.
-    pub fn store_key(&self) -> String {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn store_key(&self) -> String {
         match &self.files {
             UnitFiles::Host(host) => layout::certificate(host),
             UnitFiles::San => layout::san_certificate(&layout::hostname_set_id(&self.names)),
@@ -90,7 +94,8 @@ impl CertUnit {
     }
 
     /// Its order lock.
-    pub fn lock_name(&self) -> String {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn lock_name(&self) -> String {
         match &self.files {
             UnitFiles::Host(host) => layout::order_lock(host),
             UnitFiles::San => layout::san_order_lock(&layout::hostname_set_id(&self.names)),
@@ -98,7 +103,7 @@ impl CertUnit {
     }
 
     /// The directory of its `tls.crt` and `tls.key`.
-    pub fn dir(&self, cert_dir: &Path) -> std::io::Result<PathBuf> {
+    pub(crate) fn dir(&self, cert_dir: &Path) -> std::io::Result<PathBuf> {
         match &self.files {
             UnitFiles::Host(host) => host_dir(cert_dir, host),
             UnitFiles::San => Ok(cert_dir.to_owned()),
@@ -108,7 +113,7 @@ impl CertUnit {
     /// Whether a certificate naming `dns_names` serves this unit: one that
     /// names the host (per host), or exactly the unit's names (san: a
     /// certificate of another origin set is the old one, to replace).
-    pub fn names_fit(&self, dns_names: &[String]) -> bool {
+    pub(crate) fn names_fit(&self, dns_names: &[String]) -> bool {
         match &self.files {
             UnitFiles::Host(host) => dns_names.iter().any(|n| n.eq_ignore_ascii_case(host)),
             UnitFiles::San => {
@@ -121,7 +126,7 @@ impl CertUnit {
 
     /// Whether a peer's status entry announces a certificate of this unit
     /// (a placeholder never does).
-    pub fn announced_by(&self, info: &CertificateInfo) -> bool {
+    pub(crate) fn announced_by(&self, info: &CertificateInfo) -> bool {
         if info.placeholder {
             return false;
         }
@@ -139,7 +144,7 @@ impl CertUnit {
 /// one unit per eligible origin (`per_host`), or one for all of them
 /// (`san`; none when there is no eligible origin). The config layer
 /// refuses more than [`crate::config::MAX_SAN_NAMES`] names for `san`.
-pub fn wanted_units(config: &SbConfig) -> (Vec<CertUnit>, Vec<String>) {
+pub(crate) fn wanted_units(config: &SbConfig) -> (Vec<CertUnit>, Vec<String>) {
     let (mut hosts, wildcards) = config.acme_hostnames();
     // In name order, whatever the file's order, as every replica sees them.
     hosts.sort();
@@ -152,7 +157,7 @@ pub fn wanted_units(config: &SbConfig) -> (Vec<CertUnit>, Vec<String>) {
 
 /// The certificate on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Local {
+pub(crate) struct Local {
     /// Serial, lowercase hex.
     pub serial: String,
     /// End of validity, unix seconds.
@@ -166,7 +171,7 @@ pub struct Local {
 impl Local {
     /// Whether this is a real certificate for `unit`'s names (not a
     /// placeholder, not the certificate of an older SAN set).
-    pub fn is_real_for(&self, unit: &CertUnit) -> bool {
+    pub(crate) fn is_real_for(&self, unit: &CertUnit) -> bool {
         !self.placeholder && unit.names_fit(&self.names)
     }
 }
@@ -175,7 +180,7 @@ impl Local {
 /// (`local`) at `now`: when nothing is, or when a placeholder is there for
 /// other names or about to expire. Never over a real certificate, even one
 /// for another origin set (it is served until the new one arrives).
-pub fn needs_placeholder(unit: &CertUnit, local: Option<&Local>, now: u64) -> bool {
+pub(crate) fn needs_placeholder(unit: &CertUnit, local: Option<&Local>, now: u64) -> bool {
     match local {
         None => true,
         Some(l) if l.placeholder => {
@@ -224,7 +229,7 @@ pub struct AcmeStatus {
 }
 
 /// Why this node must not order with this store, if it must not.
-pub fn local_store_refusal(backend: &str, shared: bool, has_peers: bool) -> Option<String> {
+pub(crate) fn local_store_refusal(backend: &str, shared: bool, has_peers: bool) -> Option<String> {
     (!shared && has_peers).then(|| {
         format!(
             "not ordering certificates: this node has peers in the mesh but storage_backend \

@@ -17,7 +17,7 @@ use crate::config::SbConfig;
 use crate::store::now_unix_ms;
 
 /// Reads what is on disk for `unit`: `None` when nothing readable is.
-pub fn read_local(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
+pub(crate) fn read_local(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
     let (chain, _key) = read_pair(&unit.dir(cert_dir).ok()?)?;
     let facts = parse_chain(&chain).ok()?;
     Some(Local {
@@ -30,7 +30,11 @@ pub fn read_local(unit: &CertUnit, cert_dir: &Path) -> Option<Local> {
 
 /// Writes `record`'s certificate as `unit`'s files: what is on disk then,
 /// and whether the files changed.
-pub fn install(unit: &CertUnit, cert_dir: &Path, record: &CertRecord) -> io::Result<(Local, bool)> {
+pub(crate) fn install(
+    unit: &CertUnit,
+    cert_dir: &Path,
+    record: &CertRecord,
+) -> io::Result<(Local, bool)> {
     let changed = write_pair(&unit.dir(cert_dir)?, &record.chain_pem, &record.key_pem)?;
     let local = Local {
         serial: record.serial.clone(),
@@ -42,7 +46,7 @@ pub fn install(unit: &CertUnit, cert_dir: &Path, record: &CertRecord) -> io::Res
 }
 
 /// Writes a self-signed placeholder for `unit` into `cert_dir`.
-pub fn write_placeholder(
+pub(crate) fn write_placeholder(
     unit: &CertUnit,
     cert_dir: &Path,
     now: u64,
@@ -66,7 +70,10 @@ pub fn write_placeholder(
 /// are still on their way. The manager does the same later for new
 /// origins. Returns the units written, or the first error (`<unit id>:
 /// <why>`, for the start-up log).
-pub fn write_startup_placeholders(config: &SbConfig, cert_dir: &Path) -> Result<usize, String> {
+pub(crate) fn write_startup_placeholders(
+    config: &SbConfig,
+    cert_dir: &Path,
+) -> Result<usize, String> {
     let now = now_unix_ms() / 1000;
     let mut written = 0;
     for unit in wanted_units(config).0 {

@@ -108,10 +108,6 @@ pub(crate) const STRICT_BLOCKS: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// Names under `proxy.extensions` that are the proxy's own extensions.
-pub const RESERVED_EXTENSIONS: &[&str] =
-    &["tls_fingerprint", "agent_detect", "page_shield", "upstream"];
-
 /// A key sbproxy 1.13 refuses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownKey {

@@ -38,11 +38,6 @@ impl AdminAuth {
         Self { expected }
     }
 
-    /// Whether credentials are configured.
-    pub fn is_configured(&self) -> bool {
-        self.expected.is_some()
-    }
-
     pub(crate) fn check(&self, given: Option<&HeaderValue>, peer: IpAddr) -> Verdict {
         let Some(expected) = &self.expected else {
             return if peer.is_loopback() || peer.to_canonical().is_loopback() {

@@ -28,7 +28,8 @@ use crate::metrics::{ListenerLabels, Metrics};
 /// from its opening or the end of the previous response: a slowloris
 /// connection and an idle keep-alive one are closed after this long.
 /// Probes and the CA send their request at once; Prometheus reconnects.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// On shutdown, how long a connection without a request in flight may take
 /// to close by itself before it is dropped.
@@ -45,7 +46,8 @@ pub(crate) fn max_connections() -> usize {
 }
 
 /// What [`serve`] is given.
-pub struct Listener {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Listener {
     /// `admin` or `challenge`: the `listener` label and the log field.
     pub name: &'static str,
     /// Open connections kept at most (see [`max_connections`]).
@@ -62,7 +64,8 @@ struct Conn {
 
 /// Serves `router` (with `ConnectInfo<SocketAddr>`) on `listener` until
 /// `stop` turns true, then lets connections finish their current request.
-pub async fn serve(
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Listener,

@@ -5,7 +5,7 @@
 //! (`negotiate.rs`: OpenMetrics or the Prometheus text format, by `Accept`).
 
 mod auth;
-pub mod listener;
+internal_mod! { listener; }
 mod negotiate;
 pub mod passthrough;
 

@@ -131,7 +131,8 @@ impl Upstream {
     }
 
     /// `host:port`.
-    pub fn authority(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn authority(&self) -> &str {
         self.authority.as_str()
     }
 }
@@ -205,20 +206,19 @@ impl Passthrough {
     }
 
     /// Another wait for the response head than [`RESPONSE_TIMEOUT`].
-    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn with_response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
     /// Another request body limit than [`MAX_REQUEST_BODY_BYTES`].
-    pub fn with_max_request_body(mut self, bytes: usize) -> Self {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn with_max_request_body(mut self, bytes: usize) -> Self {
         self.max_request_body = bytes;
         self
-    }
-
-    /// Where requests go.
-    pub fn upstream(&self) -> &Upstream {
-        &self.upstream
     }
 
     /// Passes `req` to the proxy and returns its answer, or `502` when it

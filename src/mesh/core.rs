@@ -917,7 +917,8 @@ impl MeshCore {
 
     /// How many peers this node sees in each state, by node id; cheaper
     /// than [`MeshCore::status`] for the simulator's checks.
-    pub fn peer_state(&self, node_id: &str) -> Option<MemberState> {
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn peer_state(&self, node_id: &str) -> Option<MemberState> {
         self.peers()
             .find(|m| &*m.id().node_id == node_id)
             .map(|m| m.state().into())

@@ -5,16 +5,17 @@
 //! leave gracefully with [`Mesh::leave`].
 
 mod core;
-pub mod discovery;
+internal_mod! { discovery; }
 mod intern;
-pub mod member;
-pub mod meta;
+internal_mod! { member; }
+internal_mod! { meta; }
 mod ring;
 mod runtime;
-pub mod seal;
+internal_mod! { seal; }
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 mod suspicion;
-pub mod view;
+internal_mod! { view; }
 mod wire;
 
 pub use self::core::SwimTuning;

@@ -262,7 +262,7 @@ impl Mesh {
     /// Joined a cluster, or alone for 5 s with no peer answering (a node
     /// that hears only packets rejected for clock skew is not alone: see
     /// [`Mesh::clock_skew_isolation`]).
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Relaxed)
     }
 
@@ -280,7 +280,7 @@ impl Mesh {
     }
 
     /// Whether any peer is alive or suspect.
-    pub fn has_peers(&self) -> bool {
+    pub(crate) fn has_peers(&self) -> bool {
         self.shared.has_peers.load(Ordering::Relaxed)
     }
 
@@ -291,7 +291,8 @@ impl Mesh {
     /// polls [`Mesh::status`] for members, states and records can skip
     /// building it while the count holds (at N = 512 a build parses 511
     /// records: about half a millisecond).
-    pub fn view_changes(&self) -> u64 {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn view_changes(&self) -> u64 {
         self.shared.view_changes.load(Ordering::Acquire)
     }
 
@@ -311,7 +312,8 @@ impl Mesh {
     }
 
     /// Publishes new metadata for this node (at most 64 KiB as JSON).
-    pub async fn set_meta(&self, meta: NodeMeta) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn set_meta(&self, meta: NodeMeta) {
         let _ = self.cmd.send(Command::SetMeta(meta)).await;
     }
 

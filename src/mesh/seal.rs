@@ -82,21 +82,25 @@ use crate::keyring::KeyRing;
 
 pub(crate) use peer_keys::PeerKeys;
 use replay::ReplayCache;
-pub use skew::{Isolation, SKEW_REMEMBER, SKEW_WINDOW, SkewWarning, SkewWatch, SkewedPeer};
+pub use skew::{Isolation, SkewWatch, SkewedPeer};
+#[cfg(feature = "testing")]
+pub use skew::{SKEW_REMEMBER, SKEW_WINDOW, SkewWarning};
 
 /// Version byte of the wire format this module writes and reads.
 pub(crate) const FORMAT_VERSION: u8 = 1;
 
 /// Largest sealed UDP packet accepted (and produced), in bytes. A UDP
 /// payload may be at most `MAX_DATAGRAM - Sealer::overhead()` bytes.
-pub const MAX_DATAGRAM: usize = 1500;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const MAX_DATAGRAM: usize = 1500;
 
 /// Largest sealed TCP frame accepted (and produced), in bytes.
 pub(crate) const MAX_FRAME: usize = 16 << 20;
 
 /// A packet whose sender time differs from ours by more than this is a
 /// [`Reject::ClockSkew`]; nonces are remembered for as long.
-pub const REPLAY_WINDOW_MS: u64 = 30_000;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const REPLAY_WINDOW_MS: u64 = 30_000;
 
 /// Most nonces the replay cache holds (one per accepted packet still inside
 /// the window).
@@ -127,8 +131,9 @@ const CLUSTER_TAG_DOMAIN: &[u8] = b"sbmesh-cluster\0";
 /// The transport a packet travels on. It is authenticated with the packet,
 /// so a UDP datagram replayed into a TCP stream (or the reverse) fails to
 /// open.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Channel {
+pub(crate) enum Channel {
     /// SWIM datagrams on the gossip port.
     Udp,
     /// Frames on the transport port (full-state exchange, large metadata).
@@ -146,7 +151,8 @@ impl Channel {
 
     /// Largest payload that [`Sealer::seal`] accepts for this channel (for
     /// UDP, the foca `max_packet_size` to configure).
-    pub fn max_payload(self) -> usize {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn max_payload(self) -> usize {
         self.max_packet() - OVERHEAD
     }
 
@@ -212,7 +218,8 @@ pub enum Reject {
 impl Reject {
     /// Every reason (the clock skew one with a zero offset), for
     /// registering metric series up front.
-    pub const ALL: [Reject; 6] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [Reject; 6] = [
         Reject::Decrypt,
         Reject::Cluster,
         Reject::Replay,
@@ -235,9 +242,10 @@ impl Reject {
 }
 
 /// Errors sealing a packet (the ring's own are [`crate::keyring::KeyRingError`]).
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum SealError {
+pub(crate) enum SealError {
     /// The payload does not fit one sealed packet on this channel.
     #[error(
         "a {len}-byte payload does not fit one sealed {channel} packet: at most {max} payload \
@@ -264,7 +272,8 @@ pub enum SealError {
 /// `Send + Sync`: share one in an `Arc` between the UDP and TCP tasks. The
 /// key ring can be swapped at run time ([`Sealer::set_ring`]); the replay
 /// cache is shared by both channels and survives rotations.
-pub struct Sealer {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Sealer {
     cluster_id: String,
     cluster_tag: [u8; CLUSTER_TAG_LEN],
     ring: RwLock<Arc<KeyRing>>,
@@ -273,7 +282,8 @@ pub struct Sealer {
 
 impl Sealer {
     /// A sealer for `cluster_id` with the given keys.
-    pub fn new(cluster_id: &str, ring: KeyRing) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(cluster_id: &str, ring: KeyRing) -> Self {
         Self::with_replay_capacity(cluster_id, ring, REPLAY_CACHE_CAPACITY)
     }
 
@@ -297,13 +307,9 @@ impl Sealer {
     }
 
     /// The current key ring.
-    pub fn ring(&self) -> KeyRing {
+    #[cfg(test)]
+    pub(crate) fn ring(&self) -> KeyRing {
         KeyRing::clone(&self.current_ring())
-    }
-
-    /// The cluster id bound into every packet.
-    pub fn cluster_id(&self) -> &str {
-        &self.cluster_id
     }
 
     /// Bytes [`Sealer::seal`] adds to a payload: 25 header, 8 timestamp, 16 tag.
@@ -347,7 +353,9 @@ impl Sealer {
     /// [`Channel::max_payload`]; [`SealError::Random`] if the OS random
     /// number generator fails; [`SealError::Crypto`] if aws-lc-rs fails.
     /// On error `out` is left as it was.
-    pub fn seal(
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn seal(
         &self,
         channel: Channel,
         payload: &[u8],
@@ -426,7 +434,9 @@ impl Sealer {
     ///
     /// # Errors
     /// The [`Reject`] of the first check that failed.
-    pub fn unseal(
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn unseal(
         &self,
         channel: Channel,
         packet: &[u8],

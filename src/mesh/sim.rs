@@ -7,6 +7,10 @@
 //! For the benchmark (`benches/mesh_sim.rs`) and the core's tests; not
 //! part of a running sidecar.
 
+// Built only for tests and benches (the `testing` feature); some of its
+// probes serve only its own tests.
+#![allow(dead_code)]
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -36,8 +40,9 @@ const BASE_UNIX_MS: u64 = 1_800_000_000_000;
 const FRAME_LEN_BYTES: usize = 4;
 
 /// How the pods come up.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// All at t = 0.
     Burst,
     /// One every so often (a Parallel StatefulSet as the kubelet gets to it).
@@ -49,8 +54,9 @@ pub enum Start {
 }
 
 /// What a node resolves its seeds to.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Seeds {
+pub(crate) enum Seeds {
     /// The headless Service: every started pod that has not died.
     Service,
     /// A fixed list of every pod's address, started or not (what a static
@@ -61,8 +67,9 @@ pub enum Seeds {
 }
 
 /// A simulation's parameters.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub struct SimConfig {
+pub(crate) struct SimConfig {
     /// How many pods.
     pub nodes: usize,
     /// Seeds the simulator's RNG and every node's.
@@ -254,7 +261,8 @@ impl Calendar {
 }
 
 /// N mesh cores on one virtual clock.
-pub struct Sim {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Sim {
     cfg: SimConfig,
     base: Instant,
     now: Duration,
@@ -286,7 +294,8 @@ pub struct Sim {
 impl Sim {
     /// A cluster of pods that are not started yet; the start pattern is
     /// queued.
-    pub fn new(cfg: SimConfig) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(cfg: SimConfig) -> Self {
         let rng = StdRng::seed_from_u64(cfg.seed);
         let mut nodes = Vec::with_capacity(cfg.nodes);
         let mut by_addr = HashMap::with_capacity(cfg.nodes);
@@ -357,87 +366,96 @@ impl Sim {
     }
 
     /// Virtual time since the start.
-    pub fn now(&self) -> Duration {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn now(&self) -> Duration {
         self.now
     }
 
     /// Events processed so far.
-    pub fn events(&self) -> u64 {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn events(&self) -> u64 {
         self.events
     }
 
     /// A hash of every event processed so far: equal runs, equal hashes.
-    pub fn trace_hash(&self) -> u64 {
+    pub(crate) fn trace_hash(&self) -> u64 {
         self.trace.finish()
     }
 
     /// How many times a node saw a member go down, over all nodes.
-    pub fn downs(&self) -> u64 {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn downs(&self) -> u64 {
         self.downs
     }
 
     /// How many pods.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.nodes.len()
     }
 
     /// Whether there are no pods.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
 
     /// Pod `i`'s node id.
-    pub fn node_id(&self, i: usize) -> &str {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn node_id(&self, i: usize) -> &str {
         &self.nodes[i].id.node_id
     }
 
     /// When pod `i` last started.
-    pub fn started_at(&self, i: usize) -> Option<Duration> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn started_at(&self, i: usize) -> Option<Duration> {
         self.nodes[i].started_at
     }
 
     /// Whether pod `i` is up (started, not killed, not left).
-    pub fn is_up(&self, i: usize) -> bool {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn is_up(&self, i: usize) -> bool {
         self.nodes[i].life == Life::Up
     }
 
     /// Whether pod `i` would answer `/readyz`.
-    pub fn is_running(&self, i: usize) -> bool {
+    pub(crate) fn is_running(&self, i: usize) -> bool {
         self.nodes[i].core.as_ref().is_some_and(MeshCore::running)
     }
 
     /// Bytes pod `i` sent, datagrams and transport frames, sealed.
-    pub fn bytes_sent(&self, i: usize) -> u64 {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_bytes
     }
 
     /// Of [`Sim::bytes_sent`], transport frames.
-    pub fn tcp_bytes_sent(&self, i: usize) -> u64 {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn tcp_bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_tcp
     }
 
     /// The largest transport frame pod `i` sent since the last call.
-    pub fn take_largest_frame(&mut self, i: usize) -> u64 {
+    pub(crate) fn take_largest_frame(&mut self, i: usize) -> u64 {
         std::mem::take(&mut self.nodes[i].largest_frame)
     }
 
     /// The most metadata fetches pod `i` had out at once.
-    pub fn most_fetches_out(&self, i: usize) -> usize {
+    pub(crate) fn most_fetches_out(&self, i: usize) -> usize {
         self.nodes[i].most_fetches_out
     }
 
     /// How many metadata fetches pod `i` started in all.
-    pub fn fetches(&self, i: usize) -> u64 {
+    pub(crate) fn fetches(&self, i: usize) -> u64 {
         self.nodes[i].fetches
     }
 
     /// How often pod `i` woke for its timers.
-    pub fn timer_wakes(&self, i: usize) -> u64 {
+    pub(crate) fn timer_wakes(&self, i: usize) -> u64 {
         self.nodes[i].timer_wakes
     }
 
     /// Pod `i`'s `/admin/cluster/status`.
-    pub fn status(&self, i: usize) -> Option<ClusterStatus> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn status(&self, i: usize) -> Option<ClusterStatus> {
         let unix_ms = BASE_UNIX_MS + self.now.as_millis() as u64;
         self.nodes[i]
             .core
@@ -446,7 +464,8 @@ impl Sim {
     }
 
     /// How pod `i` sees pod `j`.
-    pub fn sees(&self, i: usize, j: usize) -> Option<MemberState> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn sees(&self, i: usize, j: usize) -> Option<MemberState> {
         let core = self.nodes[i].core.as_ref()?;
         core.peer_state(&self.nodes[j].id.node_id)
     }
@@ -454,7 +473,8 @@ impl Sim {
     /// Whether every pod that is up counts every other pod that is up as
     /// alive or suspect, and no more (what `total_nodes` shows). Cheap: kept
     /// from events; [`Sim::converged_exactly`] checks the cores themselves.
-    pub fn converged(&self) -> bool {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn converged(&self) -> bool {
         if !self.all_started() {
             return false;
         }
@@ -469,7 +489,8 @@ impl Sim {
 
     /// Pods that are up but do not count every other pod that is up yet,
     /// with how many peers each counts.
-    pub fn lagging(&self) -> Vec<(usize, usize)> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn lagging(&self) -> Vec<(usize, usize)> {
         let up = self.nodes.iter().filter(|n| n.life == Life::Up).count();
         self.nodes
             .iter()
@@ -480,7 +501,8 @@ impl Sim {
     }
 
     /// [`Sim::converged`] asked of every core (O(N²)).
-    pub fn converged_exactly(&self) -> bool {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn converged_exactly(&self) -> bool {
         if !self.all_started() {
             return false;
         }
@@ -496,14 +518,15 @@ impl Sim {
     }
 
     /// Whether no start is queued or waiting for readiness.
-    pub fn all_started(&self) -> bool {
+    pub(crate) fn all_started(&self) -> bool {
         self.pending_starts == 0
             && (self.cfg.start != Start::Ordered || self.next_ordered >= self.nodes.len())
     }
 
     /// Whether every pod that is up has seen the watched pod go down (kept
     /// from events).
-    pub fn watched_down_everywhere(&self) -> bool {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn watched_down_everywhere(&self) -> bool {
         // Every survivor flipped its mark since the watch began, so fewer
         // flips than survivors (all pods up but perhaps the watched) cannot
         // be all: O(1) for the simulator's per-event checks.
@@ -519,19 +542,20 @@ impl Sim {
 
     /// Starts pod `i` now (again, if it was gone: a restarted pod, same
     /// name and address, a newer generation).
-    pub fn start(&mut self, i: usize) {
+    pub(crate) fn start(&mut self, i: usize) {
         self.push(self.now, Ev::Start { node: i });
     }
 
     /// Kills pod `i` without a word (kill -9, node lost); the others watch
     /// for it to go down.
-    pub fn kill(&mut self, i: usize) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn kill(&mut self, i: usize) {
         self.watch(i);
         self.gone(i);
     }
 
     /// SIGTERM: pod `i` leaves the cluster gracefully.
-    pub fn terminate(&mut self, i: usize) {
+    pub(crate) fn terminate(&mut self, i: usize) {
         self.watch(i);
         let now = self.base + self.now;
         if let Some(core) = self.nodes[i].core.as_mut() {
@@ -543,31 +567,32 @@ impl Sim {
 
     /// Starves pod `i` of CPU for `d` (SIGSTOP): its inputs and timers wait,
     /// then all run at once.
-    pub fn stall(&mut self, i: usize, d: Duration) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn stall(&mut self, i: usize, d: Duration) {
         let until = self.now + d;
         self.nodes[i].stalled_until = Some(until);
         self.push(until, Ev::StallEnd { node: i });
     }
 
     /// How many times pod `i` has asked for its seeds.
-    pub fn resolves(&self, i: usize) -> u64 {
+    pub(crate) fn resolves(&self, i: usize) -> u64 {
         self.nodes[i].resolves
     }
 
     /// The longest time pod `i`'s core found its timers late (it was not
     /// running), as it reported it.
-    pub fn longest_stall(&self, i: usize) -> Duration {
+    pub(crate) fn longest_stall(&self, i: usize) -> Duration {
         self.nodes[i].longest_stall
     }
 
     /// How many stalls pod `i`'s core reported.
-    pub fn stalls(&self, i: usize) -> u32 {
+    pub(crate) fn stalls(&self, i: usize) -> u32 {
         self.nodes[i].stalls
     }
 
     /// Tells pod `i`'s core its gossip socket dropped `dropped` datagrams
     /// (as the shell does once a second).
-    pub fn report_drops(&mut self, i: usize, dropped: u64) {
+    pub(crate) fn report_drops(&mut self, i: usize, dropped: u64) {
         let now = self.base + self.now;
         if let Some(core) = self.nodes[i].core.as_mut() {
             core.handle_receive_drops(dropped, now);
@@ -578,23 +603,24 @@ impl Sim {
 
     /// Puts pod `i` in network group `g`: pods in different groups cannot
     /// reach each other. Everyone in group 0 is one network again.
-    pub fn set_group(&mut self, i: usize, g: u8) {
+    pub(crate) fn set_group(&mut self, i: usize, g: u8) {
         self.nodes[i].group = g;
     }
 
     /// Cuts the link between pods `i` and `j`, both ways: each still
     /// reaches everyone else.
-    pub fn cut_link(&mut self, i: usize, j: usize) {
+    pub(crate) fn cut_link(&mut self, i: usize, j: usize) {
         self.cut.insert((i.min(j), i.max(j)));
     }
 
     /// Changes the datagram loss from now on.
-    pub fn set_loss(&mut self, loss: f64) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn set_loss(&mut self, loss: f64) {
         self.cfg.loss = loss;
     }
 
     /// Publishes new metadata on pod `i`.
-    pub fn set_meta(&mut self, i: usize, meta: &NodeMeta) {
+    pub(crate) fn set_meta(&mut self, i: usize, meta: &NodeMeta) {
         let now = self.base + self.now;
         if let Some(core) = self.nodes[i].core.as_mut() {
             core.set_local_meta(meta, now);
@@ -604,7 +630,8 @@ impl Sim {
     }
 
     /// Runs events up to virtual time `t`; the clock ends at `t`.
-    pub fn run_until(&mut self, t: Duration) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn run_until(&mut self, t: Duration) {
         while self.queue.next_at().is_some_and(|at| at <= t) {
             self.step();
         }
@@ -613,7 +640,8 @@ impl Sim {
 
     /// Runs until `done` holds (checked after every event) or virtual time
     /// `limit`; returns when it held.
-    pub fn run_while_not(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn run_while_not(
         &mut self,
         limit: Duration,
         mut done: impl FnMut(&Sim) -> bool,

@@ -70,7 +70,8 @@ impl AcmeMetrics {
     }
 
     /// Counts one challenge request: `hit`, `miss` or `rejected`.
-    pub fn challenge(&self, result: &'static str) {
+    #[cfg(test)]
+    pub(crate) fn challenge(&self, result: &'static str) {
         self.challenge_requests
             .get_or_create(&ResultLabels { result })
             .inc();

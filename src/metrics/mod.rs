@@ -105,7 +105,7 @@ impl Metrics {
     }
 
     /// The registry in the given exposition format.
-    pub fn encode_as(&self, format: Exposition) -> String {
+    pub(crate) fn encode_as(&self, format: Exposition) -> String {
         let mut out = String::with_capacity(4096);
         // Writing into a String cannot fail.
         let _ = match format {
@@ -128,7 +128,7 @@ impl Metrics {
 /// a request gets is the admin router's content negotiation
 /// (`crate::http`, from the `Accept` header).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Exposition {
+pub(crate) enum Exposition {
     /// OpenMetrics 1.0.0 text.
     OpenMetrics,
     /// Prometheus text format 0.0.4.
@@ -137,7 +137,7 @@ pub enum Exposition {
 
 impl Exposition {
     /// The `Content-Type` of a response in this format.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Exposition::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Exposition::PrometheusText => {

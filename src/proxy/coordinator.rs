@@ -24,10 +24,12 @@ use crate::store::lock::{LeaseKeeper, LeaseLock};
 use crate::store::{Store, now_unix_ms};
 
 /// Name of the fleet-wide restart lease (`locks/proxy-restart`).
-pub const RESTART_LEASE: &str = "proxy-restart";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const RESTART_LEASE: &str = "proxy-restart";
 
 /// The fleet-wide restart lease in `store`.
-pub fn restart_lease(store: Arc<dyn Store>) -> LeaseLock {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn restart_lease(store: Arc<dyn Store>) -> LeaseLock {
     LeaseLock::new(store, RESTART_LEASE)
 }
 
@@ -36,8 +38,9 @@ pub fn restart_lease(store: Arc<dyn Store>) -> LeaseLock {
 const LEASE_WAIT: Duration = Duration::from_secs(30);
 
 /// Settings of the restart coordinator.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub struct RestartConfig {
+pub(crate) struct RestartConfig {
     /// This node's id: the lease holder.
     pub node_id: String,
     /// The proxy's `/proc/<pid>/comm` (`--proxy-process-name`).
@@ -61,7 +64,8 @@ pub struct RestartConfig {
 
 impl RestartConfig {
     /// The defaults (docs/reference.md#sidecar-flags) for a node, a process name and a health URL.
-    pub fn new(node_id: &str, process_name: &str, health_url: &str) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(node_id: &str, process_name: &str, health_url: &str) -> Self {
         Self {
             node_id: node_id.to_owned(),
             process_name: process_name.to_owned(),
@@ -77,8 +81,9 @@ impl RestartConfig {
 }
 
 /// What the coordinator shows: status (`nodes[].proxy`) and `/readyz`.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProxyStatus {
+pub(crate) struct ProxyStatus {
     /// Restarts signalled since start.
     pub restarts: u64,
     /// When the last one was signalled, unix ms.
@@ -89,7 +94,8 @@ pub struct ProxyStatus {
 
 impl ProxyStatus {
     /// The part that goes into node metadata.
-    pub fn info(&self) -> ProxyInfo {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn info(&self) -> ProxyInfo {
         ProxyInfo {
             restarts: self.restarts,
             last_restart_unix_ms: self.last_restart_unix_ms,
@@ -98,7 +104,8 @@ impl ProxyStatus {
 }
 
 /// A readiness check failing while `status` carries a problem.
-pub fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> ReadinessCheck {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> ReadinessCheck {
     Arc::new(move || {
         status
             .borrow()
@@ -109,9 +116,10 @@ pub fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> ReadinessCheck
 }
 
 /// Why the coordinator cannot start.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RestartError {
+pub(crate) enum RestartError {
     /// The health URL is not a plain `http://host[:port]/path`.
     #[error("invalid proxy health URL {url:?}: {reason}")]
     InvalidHealthUrl {
@@ -129,9 +137,12 @@ struct Requests {
 
 /// The running coordinator; stops when dropped (a lease still held then
 /// expires after its TTL).
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug)]
-pub struct RestartCoordinator {
+pub(crate) struct RestartCoordinator {
     requests: Arc<Requests>,
+    /// For tests; the node reads the channel it made itself.
+    #[cfg(any(test, feature = "testing"))]
     status: watch::Receiver<ProxyStatus>,
     task: JoinHandle<()>,
 }
@@ -147,7 +158,9 @@ impl std::fmt::Debug for Requests {
 impl RestartCoordinator {
     /// Starts the coordinator: restarts the proxy after each
     /// [`RestartCoordinator::request`], as docs/reference.md#certificate-files says.
-    pub fn spawn(
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn spawn(
         cfg: RestartConfig,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
@@ -174,6 +187,7 @@ impl RestartCoordinator {
             pending: AtomicBool::new(false),
             notify: Notify::new(),
         });
+        #[cfg(any(test, feature = "testing"))]
         let status = tx.subscribe();
         let lock = restart_lease(store).with_metrics(Arc::clone(&metrics));
         let shell = Shell {
@@ -190,6 +204,7 @@ impl RestartCoordinator {
         let task = tokio::spawn(shell.run());
         Ok(Self {
             requests,
+            #[cfg(any(test, feature = "testing"))]
             status,
             task,
         })
@@ -197,19 +212,24 @@ impl RestartCoordinator {
 
     /// New certificate files were written: restart the proxy (when the
     /// rate limit and the fleet lease allow).
-    pub fn request(&self) {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn request(&self) {
         self.requests.request();
     }
 
     /// [`RestartCoordinator::request`] as the callback the ACME manager and
     /// the `--watch-tls` watcher take.
-    pub fn requester(&self) -> Arc<dyn Fn() + Send + Sync> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn requester(&self) -> Arc<dyn Fn() + Send + Sync> {
         let requests = Arc::clone(&self.requests);
         Arc::new(move || requests.request())
     }
 
     /// The coordinator's status.
-    pub fn status(&self) -> watch::Receiver<ProxyStatus> {
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn status(&self) -> watch::Receiver<ProxyStatus> {
         self.status.clone()
     }
 }

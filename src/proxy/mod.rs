@@ -18,13 +18,17 @@
 //! [`ProxyStatus::info`] as [`crate::mesh::NodeMeta::proxy`]; add
 //! [`restart_readiness`] and [`watch_tls_readiness`] to `/readyz`.
 
-pub mod coordinator;
-pub mod procs;
-pub mod restart;
-pub mod watch_tls;
+internal_mod! { coordinator; }
+internal_mod! { procs; }
+internal_mod! { restart; }
+internal_mod! { watch_tls; }
 
-pub use coordinator::{
-    ProxyStatus, RESTART_LEASE, RestartConfig, RestartCoordinator, RestartError, restart_lease,
-    restart_readiness,
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use coordinator::{
+    ProxyStatus, RestartConfig, RestartCoordinator, restart_readiness,
 };
-pub use watch_tls::{TlsWatcher, WatchTlsConfig, watch_tls_readiness};
+// Only the tests use these through this path.
+#[cfg(feature = "testing")]
+pub use coordinator::{RESTART_LEASE, RestartError, restart_lease};
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use watch_tls::{TlsWatcher, WatchTlsConfig, watch_tls_readiness};

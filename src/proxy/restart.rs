@@ -126,7 +126,7 @@ impl RestartCore {
 
     /// Whether a requested restart has not started yet.
     #[cfg(test)]
-    pub fn pending(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         self.wanted
     }
 
@@ -147,7 +147,7 @@ impl RestartCore {
 
     /// Whether the shell should hold the lease now (for its bookkeeping).
     #[cfg(test)]
-    pub fn holds_lease(&self) -> bool {
+    pub(crate) fn holds_lease(&self) -> bool {
         matches!(
             self.phase,
             Phase::Holding | Phase::Waiting { .. } | Phase::Releasing { .. }

@@ -148,7 +148,7 @@ impl TlsDirState {
 
     /// sha256 of the pair last applied (or recorded at start).
     #[cfg(test)]
-    pub fn applied(&self) -> Option<&str> {
+    pub(crate) fn applied(&self) -> Option<&str> {
         self.applied.as_deref()
     }
 
@@ -238,8 +238,9 @@ pub(crate) fn read_pair(dir: &Path) -> PairRead {
 }
 
 /// Settings of one `--watch-tls` directory.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub struct WatchTlsConfig {
+pub(crate) struct WatchTlsConfig {
     /// The mounted Secret directory.
     pub dir: PathBuf,
     /// Full re-read interval (30 s).
@@ -251,7 +252,8 @@ pub struct WatchTlsConfig {
 
 impl WatchTlsConfig {
     /// The defaults for `dir`.
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
             rescan: Duration::from_secs(30),
@@ -261,8 +263,9 @@ impl WatchTlsConfig {
 }
 
 /// A running watch of one directory; stops when dropped.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug)]
-pub struct TlsWatcher {
+pub(crate) struct TlsWatcher {
     problem: watch::Receiver<Option<String>>,
     task: JoinHandle<()>,
 }
@@ -270,7 +273,8 @@ pub struct TlsWatcher {
 impl TlsWatcher {
     /// Starts watching. The pair present now is recorded as applied
     /// (read before this returns); each later valid change calls `apply`.
-    pub fn spawn(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn spawn(
         cfg: WatchTlsConfig,
         apply: Arc<dyn Fn() + Send + Sync>,
         metrics: Arc<Metrics>,
@@ -312,7 +316,8 @@ impl TlsWatcher {
     }
 
     /// Why the directory's current pair is not applied (`None`: fine).
-    pub fn problem(&self) -> watch::Receiver<Option<String>> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn problem(&self) -> watch::Receiver<Option<String>> {
         self.problem.clone()
     }
 }
@@ -324,7 +329,8 @@ impl Drop for TlsWatcher {
 }
 
 /// A readiness check failing while any of the watchers reports a problem.
-pub fn watch_tls_readiness(problems: Vec<watch::Receiver<Option<String>>>) -> ReadinessCheck {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn watch_tls_readiness(problems: Vec<watch::Receiver<Option<String>>>) -> ReadinessCheck {
     Arc::new(move || {
         let all: Vec<String> = problems.iter().filter_map(|p| p.borrow().clone()).collect();
         (!all.is_empty()).then(|| all.join("; "))

@@ -129,19 +129,19 @@ impl Machine {
 
     /// The content the proxy is known to run.
     #[cfg(test)]
-    pub fn delivered(&self) -> Option<&str> {
+    pub(crate) fn delivered(&self) -> Option<&str> {
         self.delivered.as_deref()
     }
 
     /// The content being POSTed right now.
     #[cfg(test)]
-    pub fn in_flight(&self) -> Option<&str> {
+    pub(crate) fn in_flight(&self) -> Option<&str> {
         self.in_flight.as_ref().map(|(sha, _)| sha.as_str())
     }
 
     /// The content refused by the proxy (`400`), when it is still current.
     #[cfg(test)]
-    pub fn refused(&self) -> Option<&str> {
+    pub(crate) fn refused(&self) -> Option<&str> {
         self.refused.as_deref()
     }
 

@@ -26,9 +26,9 @@
 //! # }
 //! ```
 
-pub mod machine;
-pub mod post;
-pub mod watcher;
+internal_mod! { machine; }
+internal_mod! { post; }
+internal_mod! { watcher; }
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -150,7 +150,8 @@ pub struct ReloaderHandle {
 }
 
 impl ReloaderHandle {
-    /// See [`ReloadTrigger::certificates_changed`].
+    /// Re-reads the config and POSTs a reload now: after new certificate
+    /// files were written (the proxy reads them on reload).
     pub fn certificates_changed(&self) {
         self.trigger.certificates_changed();
     }

@@ -31,7 +31,8 @@ pub(crate) const OPS: [&str; 8] = [
 ];
 
 /// Counts the operations of the store it wraps.
-pub struct Instrumented<S: ?Sized> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Instrumented<S: ?Sized> {
     inner: Arc<S>,
     metrics: Arc<Metrics>,
 }
@@ -39,7 +40,8 @@ pub struct Instrumented<S: ?Sized> {
 impl<S: Store + ?Sized> Instrumented<S> {
     /// Wraps `inner`; the `ok` and `error` series of every operation of this
     /// backend are created at zero, so a scrape shows them before any use.
-    pub fn new(inner: Arc<S>, metrics: Arc<Metrics>) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(inner: Arc<S>, metrics: Arc<Metrics>) -> Self {
         let backend = inner.backend();
         for op in OPS {
             for result in ["ok", "error"] {
@@ -58,11 +60,6 @@ impl<S: Store + ?Sized> Instrumented<S> {
             .lock_acquired
             .get_or_create(&crate::metrics::BackendLabels { backend });
         Self { inner, metrics }
-    }
-
-    /// The wrapped store.
-    pub fn inner(&self) -> &Arc<S> {
-        &self.inner
     }
 
     fn count<T>(

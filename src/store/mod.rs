@@ -15,16 +15,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-pub mod clock;
+internal_mod! { clock; }
 pub mod file;
-pub mod instrumented;
+internal_mod! { instrumented; }
 pub mod lock;
 pub mod memory;
 pub mod object;
-pub mod open;
+internal_mod! { open; }
 pub mod redb;
 pub mod redis;
-pub mod sealed;
+internal_mod! { sealed; }
 
 /// An opaque version of a stored value: compare-and-swap succeeds only
 /// against the version the caller read.
@@ -215,7 +215,7 @@ pub trait Store: Send + Sync + fmt::Debug {
 }
 
 /// Checks a key against the accepted form (see the module docs).
-pub fn validate_key(key: &str) -> Result<(), StoreError> {
+pub(crate) fn validate_key(key: &str) -> Result<(), StoreError> {
     let bad = |reason| {
         Err(StoreError::InvalidKey {
             key: key.chars().take(80).collect(),
@@ -246,7 +246,7 @@ pub fn validate_key(key: &str) -> Result<(), StoreError> {
 }
 
 /// Checks a list prefix: empty, or a key prefix (may end in `/`).
-pub fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
     if prefix.is_empty() {
         return Ok(());
     }
@@ -254,7 +254,7 @@ pub fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
 }
 
 /// Checks a value's size.
-pub fn validate_value(key: &str, value: &[u8]) -> Result<(), StoreError> {
+pub(crate) fn validate_value(key: &str, value: &[u8]) -> Result<(), StoreError> {
     if value.len() > MAX_VALUE_BYTES {
         return Err(StoreError::TooLarge {
             key: key.to_owned(),
@@ -273,7 +273,7 @@ pub fn now_unix_ms() -> u64 {
 }
 
 /// The absolute expiry for a TTL starting now.
-pub fn expiry_from(ttl: Option<Duration>) -> Option<u64> {
+pub(crate) fn expiry_from(ttl: Option<Duration>) -> Option<u64> {
     ttl.map(|t| now_unix_ms().saturating_add(t.as_millis() as u64))
 }
 

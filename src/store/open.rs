@@ -35,7 +35,8 @@ pub(crate) const PROBE_KEY: &str = "sbmesh/readyz-probe";
 /// an unreachable server is an error of the first operation (see [`probe`]),
 /// not of this call; a malformed `storage_path` is a
 /// [`StoreError::Config`] here.
-pub async fn open_store(
+#[cfg(test)]
+pub(crate) async fn open_store(
     backend: StorageBackend,
     storage_path: &str,
     state_dir: &Path,

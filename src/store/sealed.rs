@@ -89,8 +89,9 @@ pub(crate) const MISSING_KEY_WARN_EVERY: Duration = Duration::from_secs(60);
 /// ring that changes (the mesh's, `Mesh::key_rings`) so that a rotation of
 /// the key file reaches the store too. Cheap to clone; clones share the
 /// ring and the warn rate limit.
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Default)]
-pub struct AtRestRing {
+pub(crate) struct AtRestRing {
     ring: Option<watch::Receiver<Arc<KeyRing>>>,
     warned: Arc<Mutex<WarnLimit>>,
 }
@@ -102,7 +103,8 @@ impl AtRestRing {
     }
 
     /// Always `ring` (an embedder's fixed key, tests).
-    pub fn fixed(ring: KeyRing) -> Self {
+    #[cfg(test)]
+    pub(crate) fn fixed(ring: KeyRing) -> Self {
         // The sender is dropped: the receiver keeps the last value.
         let (_, rx) = watch::channel(Arc::new(ring));
         Self::following(rx)
@@ -192,7 +194,8 @@ impl WarnLimit {
 /// # Errors
 /// [`StoreError::Backend`] only if the crypto primitive (HKDF, the RNG)
 /// fails.
-pub fn seal_record(
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn seal_record(
     ring: Option<&KeyRing>,
     key_name: &str,
     plaintext: &[u8],
@@ -232,7 +235,8 @@ pub fn seal_record(
 ///   sealed while `ring` is `None`;
 /// - [`StoreError::Corrupt`]: empty, unknown format, truncated, or the
 ///   authentication failed (altered, or moved from another store key).
-pub fn open_record(
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn open_record(
     ring: Option<&KeyRing>,
     key_name: &str,
     bytes: &[u8],
