@@ -231,7 +231,7 @@ impl CertResolver {
     }
 
     /// The names served, sorted.
-    pub(crate) fn names(&self) -> Vec<String> {
+    pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.table.load().by_name.keys().cloned().collect();
         names.sort();
         names

@@ -262,7 +262,7 @@ impl Mesh {
     /// Joined a cluster, or alone for 5 s with no peer answering (a node
     /// that hears only packets rejected for clock skew is not alone: see
     /// [`Mesh::clock_skew_isolation`]).
-    pub(crate) fn is_running(&self) -> bool {
+    pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Relaxed)
     }
 
@@ -280,7 +280,7 @@ impl Mesh {
     }
 
     /// Whether any peer is alive or suspect.
-    pub(crate) fn has_peers(&self) -> bool {
+    pub fn has_peers(&self) -> bool {
         self.shared.has_peers.load(Ordering::Relaxed)
     }
 

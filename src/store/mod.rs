@@ -215,7 +215,7 @@ pub trait Store: Send + Sync + fmt::Debug {
 }
 
 /// Checks a key against the accepted form (see the module docs).
-pub(crate) fn validate_key(key: &str) -> Result<(), StoreError> {
+pub fn validate_key(key: &str) -> Result<(), StoreError> {
     let bad = |reason| {
         Err(StoreError::InvalidKey {
             key: key.chars().take(80).collect(),
@@ -246,7 +246,7 @@ pub(crate) fn validate_key(key: &str) -> Result<(), StoreError> {
 }
 
 /// Checks a list prefix: empty, or a key prefix (may end in `/`).
-pub(crate) fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
+pub fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
     if prefix.is_empty() {
         return Ok(());
     }
@@ -254,7 +254,7 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
 }
 
 /// Checks a value's size.
-pub(crate) fn validate_value(key: &str, value: &[u8]) -> Result<(), StoreError> {
+pub fn validate_value(key: &str, value: &[u8]) -> Result<(), StoreError> {
     if value.len() > MAX_VALUE_BYTES {
         return Err(StoreError::TooLarge {
             key: key.to_owned(),
