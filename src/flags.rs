@@ -28,10 +28,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::acme::manager::{
-    DEFAULT_MAX_CONCURRENT_ORDERS, DEFAULT_MAX_ORDERS_PER_INTERVAL, DEFAULT_ORDER_INTERVAL,
-    DEFAULT_ORDER_LOCK_TTL,
-};
 use crate::config::{
     CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT,
 };
@@ -64,6 +60,17 @@ pub(crate) const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(200);
 /// The default `--reload-rescan-secs`: the full re-read that catches what
 /// inotify missed (a ConfigMap's `..data` swap on some kernels).
 pub(crate) const DEFAULT_RESCAN: Duration = Duration::from_secs(30);
+/// The default `--acme-concurrent-orders`: orders one replica runs at once.
+pub(crate) const DEFAULT_ACME_CONCURRENT_ORDERS: usize = 8;
+/// The default `--acme-max-orders`: new orders the whole cluster may place
+/// per account and interval (well under Let's Encrypt's 300 per 3 hours).
+pub(crate) const DEFAULT_ACME_MAX_ORDERS: u32 = 300;
+/// The default `--acme-orders-interval-secs`: the interval of
+/// [`DEFAULT_ACME_MAX_ORDERS`].
+pub(crate) const DEFAULT_ACME_ORDERS_INTERVAL: Duration = Duration::from_secs(3 * 3600);
+/// The default `--acme-order-lock-ttl-secs`: a replica that dies mid-order
+/// blocks the host for at most this long.
+pub(crate) const DEFAULT_ACME_ORDER_LOCK_TTL: Duration = Duration::from_secs(60);
 /// The default `--proxy-restart-interval-secs`: at most one restart per pod
 /// per 10 minutes.
 pub(crate) const DEFAULT_PROXY_RESTART_INTERVAL: Duration = Duration::from_secs(600);
@@ -509,7 +516,7 @@ pub const ACME_ORDER_LOCK_TTL_SECS: Flag = Flag {
     env: "SBMESH_ACME_ORDER_LOCK_TTL_SECS",
     value_name: "SECS",
     kind: Kind::Secs,
-    default: FlagDefault::Value(&Secs(DEFAULT_ORDER_LOCK_TTL)),
+    default: FlagDefault::Value(&Secs(DEFAULT_ACME_ORDER_LOCK_TTL)),
     help: "Lease of a hostname's order lock, in seconds: a replica that dies mid-order holds \
            the hostname back at most this long",
 };
@@ -519,7 +526,7 @@ pub const ACME_MAX_ORDERS: Flag = Flag {
     env: "SBMESH_ACME_MAX_ORDERS",
     value_name: "N",
     kind: Kind::Count,
-    default: FlagDefault::Value(&DEFAULT_MAX_ORDERS_PER_INTERVAL),
+    default: FlagDefault::Value(&DEFAULT_ACME_MAX_ORDERS),
     help: "New ACME orders the whole cluster may place per account and interval \
            (see --acme-orders-interval-secs)",
 };
@@ -529,7 +536,7 @@ pub const ACME_ORDERS_INTERVAL_SECS: Flag = Flag {
     env: "SBMESH_ACME_ORDERS_INTERVAL_SECS",
     value_name: "SECS",
     kind: Kind::Secs,
-    default: FlagDefault::Value(&Secs(DEFAULT_ORDER_INTERVAL)),
+    default: FlagDefault::Value(&Secs(DEFAULT_ACME_ORDERS_INTERVAL)),
     help: "The interval of --acme-max-orders, in seconds",
 };
 /// `--acme-concurrent-orders`.
@@ -538,7 +545,7 @@ pub const ACME_CONCURRENT_ORDERS: Flag = Flag {
     env: "SBMESH_ACME_CONCURRENT_ORDERS",
     value_name: "N",
     kind: Kind::Count,
-    default: FlagDefault::Value(&DEFAULT_MAX_CONCURRENT_ORDERS),
+    default: FlagDefault::Value(&DEFAULT_ACME_CONCURRENT_ORDERS),
     help: "Orders this replica runs at once",
 };
 /// `--proxy-cert-apply`.

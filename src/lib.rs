@@ -45,28 +45,15 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
-//! use sbmesh::metrics::Metrics;
+//! use sbmesh::{Mesh, MeshConfig, Metrics, NodeMeta};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let key = [7u8; 32]; // in production: `sbmesh-sidecar keygen`, from a Secret
+//! // 0.0.0.0, UDP 7946 and TCP 8946, the default SWIM timing.
+//! let mut cfg = MeshConfig::new("demo-proxy-0", "demo", vec![key]);
+//! cfg.seeds.mesh_service = Some("demo-mesh.default.svc.cluster.local".into());
 //! let mesh = Mesh::start(
-//!     MeshConfig {
-//!         node_id: "demo-proxy-0".into(),
-//!         cluster_id: "demo".into(),
-//!         bind: "0.0.0.0".parse()?,
-//!         gossip_port: 7946,
-//!         transport_port: 8946,
-//!         advertise: None,
-//!         seeds: SeedSource {
-//!             seeds: vec![],
-//!             mesh_service: Some("demo-mesh.default.svc.cluster.local".into()),
-//!             gossip_port: 7946,
-//!         },
-//!         keys: vec![key],
-//!         key_file: None,
-//!         tuning: SwimTuning::default(),
-//!     },
+//!     cfg,
 //!     Arc::new(Metrics::new()),
 //!     NodeMeta { version: "0.1.0".into(), ready: true, ..Default::default() },
 //! )

@@ -34,7 +34,9 @@ use tracing::{info, warn};
 use crate::acme::certs::{key_matches, parse_chain};
 use crate::acme::challenge::{ChallengeBook, challenge_router};
 use crate::acme::deliver::read_pair;
-use crate::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig, CertificatesChanged};
+use crate::acme::manager::{
+    AcmeInputs, AcmeLimits, AcmeManager, AcmeManagerConfig, CertificatesChanged,
+};
 use crate::acme::placeholder::is_placeholder;
 use crate::acme::unit::{AcmeStatus, wanted_units};
 use crate::config::DEFAULT_PROXY_ADMIN_PORT;
@@ -51,7 +53,8 @@ use crate::proxy::{
     watch_tls_readiness,
 };
 use crate::reload::{
-    ReloadError, ReloadStatus, ReloadTrigger, Reloader, ReloaderConfig, ReloaderHandle,
+    ReloadError, ReloadStatus, ReloadTiming, ReloadTrigger, Reloader, ReloaderConfig,
+    ReloaderHandle,
 };
 use crate::store::Store;
 use crate::store::open::{open_cluster_store, probe};
@@ -63,11 +66,23 @@ const MAX_CERTS_IN_META: usize = 400;
 
 /// Where and how reloads are POSTed to a proxy in another process.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ProxyReload {
     /// `http://…/admin/reload` (`--proxy-reload-url`).
     pub url: String,
     /// The full `Authorization` header value (`--proxy-authorization`).
     pub authorization: Option<String>,
+}
+
+impl ProxyReload {
+    /// POSTs to `url` (`http://…/admin/reload`), with this `Authorization`
+    /// header value when set.
+    pub fn new(url: impl Into<String>, authorization: Option<String>) -> Self {
+        Self {
+            url: url.into(),
+            authorization,
+        }
+    }
 }
 
 impl std::fmt::Debug for ProxyReload {
@@ -84,6 +99,7 @@ impl std::fmt::Debug for ProxyReload {
 
 /// How a restarted proxy is found and awaited (`cert_apply: Restart`).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ProxyRestart {
     /// The proxy's `/proc/<pid>/comm` (`--proxy-process-name`).
     pub process_name: String,
@@ -109,6 +125,7 @@ impl Default for ProxyRestart {
 /// [`NodeConfig::from_file`]) fills in the defaults of docs/reference.md#sidecar-flags; change the
 /// public fields after that.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct NodeConfig {
     /// This member's name in the mesh.
     pub node_id: String,
@@ -159,35 +176,49 @@ pub struct NodeConfig {
     /// passes every request outside `/.well-known/acme-challenge/`
     /// ([`crate::http::passthrough`]); `None`: those get `404`.
     pub challenge_passthrough: Option<Upstream>,
-    /// The proxy to POST reloads to. `None` (an embedding process): the
-    /// config file is still followed ([`Node::config`]) but nobody is
-    /// POSTed.
-    pub proxy_reload: Option<ProxyReload>,
-    /// Wait after a config file event before reading it.
-    pub reload_debounce: Duration,
-    /// Full re-read interval of the config file.
-    pub reload_rescan: Duration,
+    /// When the config file is read again.
+    pub reload: ReloadTiming,
     /// Where certificate files are written (docs/reference.md#certificate-files).
     pub cert_dir: PathBuf,
     /// Local state (e.g. the redb store).
     pub state_dir: PathBuf,
-    /// How a new certificate reaches a proxy in another process. An
+    /// A proxy in another process: reload POSTs and certificate hand-off.
+    pub proxy: ProxySettings,
+    /// How much ordering the fleet may do.
+    pub acme: AcmeLimits,
+}
+
+/// The proxy beside the node, in another process: where its reloads are
+/// POSTed and how new certificates reach it (the `--proxy-*` and
+/// `--watch-tls` flags). The default is an embedding process's: no POST,
+/// [`CertApply::None`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ProxySettings {
+    /// The proxy to POST reloads to. `None` (an embedding process): the
+    /// config file is still followed ([`Node::config`]) but nobody is
+    /// POSTed.
+    pub reload: Option<ProxyReload>,
+    /// How a new certificate reaches the proxy (`--proxy-cert-apply`). An
     /// embedding process serving [`Node::certificates`] wants
-    /// [`CertApply::None`] (the default of [`NodeConfig::new`]).
+    /// [`CertApply::None`].
     pub cert_apply: CertApply,
     /// Used when `cert_apply` is [`CertApply::Restart`].
-    pub proxy_restart: ProxyRestart,
+    pub restart: ProxyRestart,
     /// Directories with a `tls.crt` / `tls.key` pair to hand to the proxy
     /// when they change (`--watch-tls`).
     pub watch_tls: Vec<PathBuf>,
-    /// Orders this node runs at once.
-    pub acme_concurrent_orders: usize,
-    /// New orders the whole cluster may place per interval.
-    pub acme_max_orders: u32,
-    /// The interval of `acme_max_orders`.
-    pub acme_orders_interval: Duration,
-    /// Lease of a host's order lock.
-    pub acme_order_lock_ttl: Duration,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            reload: None,
+            cert_apply: CertApply::None,
+            restart: ProxyRestart::default(),
+            watch_tls: Vec::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -222,18 +253,11 @@ impl std::fmt::Debug for NodeConfig {
             .field("admin_password", &redacted(self.admin_password.is_some()))
             .field("challenge_listen", &self.challenge_listen)
             .field("challenge_passthrough", &self.challenge_passthrough)
-            .field("proxy_reload", &self.proxy_reload)
-            .field("reload_debounce", &self.reload_debounce)
-            .field("reload_rescan", &self.reload_rescan)
+            .field("reload", &self.reload)
             .field("cert_dir", &self.cert_dir)
             .field("state_dir", &self.state_dir)
-            .field("cert_apply", &self.cert_apply)
-            .field("proxy_restart", &self.proxy_restart)
-            .field("watch_tls", &self.watch_tls)
-            .field("acme_concurrent_orders", &self.acme_concurrent_orders)
-            .field("acme_max_orders", &self.acme_max_orders)
-            .field("acme_orders_interval", &self.acme_orders_interval)
-            .field("acme_order_lock_ttl", &self.acme_order_lock_ttl)
+            .field("proxy", &self.proxy)
+            .field("acme", &self.acme)
             .finish()
     }
 }
@@ -249,7 +273,6 @@ impl NodeConfig {
         cluster_id: impl Into<String>,
         config: SbConfig,
     ) -> Self {
-        let acme = AcmeManagerConfig::new("", "");
         Self {
             node_id: node_id.into(),
             cluster_id: cluster_id.into(),
@@ -271,18 +294,11 @@ impl NodeConfig {
             admin_password: None,
             challenge_listen: None,
             challenge_passthrough: None,
-            proxy_reload: None,
-            reload_debounce: crate::flags::DEFAULT_DEBOUNCE,
-            reload_rescan: crate::flags::DEFAULT_RESCAN,
+            reload: ReloadTiming::default(),
             cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            cert_apply: CertApply::None,
-            proxy_restart: ProxyRestart::default(),
-            watch_tls: Vec::new(),
-            acme_concurrent_orders: acme.max_concurrent_orders,
-            acme_max_orders: acme.max_orders_per_interval,
-            acme_orders_interval: acme.order_interval,
-            acme_order_lock_ttl: acme.order_lock_ttl,
+            proxy: ProxySettings::default(),
+            acme: AcmeLimits::default(),
         }
     }
 
@@ -478,28 +494,9 @@ impl Node {
         let mesh = Mesh::start(mesh_cfg, metrics.clone(), meta.clone()).await?;
 
         let (store_rx, store_check) = probe_store(&cfg, &metrics, &mut follow_tasks, &stop_rx);
-        // How new certificates reach the proxy (cert_apply): one callback
-        // for the ACME manager and every watch_tls directory, set once its
-        // target exists (a restart needs the store).
-        let apply = Arc::new(ApplySlot::default());
-        let (proxy_tx, proxy_rx) = watch::channel(ProxyStatus::default());
-        let tls_watchers: Vec<TlsWatcher> = cfg
-            .watch_tls
-            .iter()
-            .map(|dir| {
-                info!(dir = %dir.display(), apply = cfg.cert_apply.as_str(), "watching a certificate directory");
-                TlsWatcher::spawn(WatchTlsConfig::new(dir), apply.caller(), metrics.clone())
-            })
-            .collect();
+        let hand_off = HandOff::start(&cfg.proxy, reload_trigger, &metrics);
         let mut readiness = vec![mesh_running(mesh.clone()), store_check];
-        if cfg.cert_apply == CertApply::Restart {
-            readiness.push(restart_readiness(proxy_rx.clone()));
-        }
-        if !tls_watchers.is_empty() {
-            readiness.push(watch_tls_readiness(
-                tls_watchers.iter().map(TlsWatcher::problem).collect(),
-            ));
-        }
+        readiness.extend(hand_off.readiness(cfg.proxy.cert_apply));
         let state = AdminState {
             mesh: mesh.clone(),
             metrics: metrics.clone(),
@@ -509,46 +506,17 @@ impl Node {
 
         // The HTTP-01 responder needs the store; until the store is open
         // it answers 404 for every path, as it does for unknown tokens.
-        // Other paths go to the proxy from the start, when passed through.
         let responder: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
-        let challenge = match &cfg.challenge_passthrough {
-            Some(upstream) => {
-                info!(upstream = %upstream, "the challenge listener passes other requests to the proxy");
-                with_passthrough(
-                    deferred_router(responder.clone()),
-                    Arc::new(Passthrough::new(upstream.clone(), &metrics)),
-                )
-            }
-            None => deferred_router(responder.clone()),
-        };
+        let challenge = challenge_router_of(&cfg, responder.clone(), &metrics);
         let mut listeners = Vec::new();
-        if let Some(listener) = admin_listener {
-            listeners.push(tokio::spawn(serve(
-                listener,
-                "admin",
-                admin_router(state.clone()),
-                metrics.clone(),
-                stop_rx.clone(),
-            )));
-        }
-        if let Some(listener) = challenge_listener {
-            listeners.push(tokio::spawn(serve(
-                listener,
-                "challenge",
-                challenge.clone(),
-                metrics.clone(),
-                stop_rx.clone(),
-            )));
-        }
-
-        match (cfg.cert_apply, reload_trigger) {
-            (CertApply::Reload, Some(reload)) => {
-                apply.set(Arc::new(move || reload.certificates_changed()));
+        for (listener, name, router) in [
+            (admin_listener, "admin", admin_router(state.clone())),
+            (challenge_listener, "challenge", challenge.clone()),
+        ] {
+            if let Some(listener) = listener {
+                let (metrics, stop) = (metrics.clone(), stop_rx.clone());
+                listeners.push(tokio::spawn(serve(listener, name, router, metrics, stop)));
             }
-            // Set once the store is open (run_acme).
-            (CertApply::Restart, _) => {}
-            // No proxy to POST to: the files (and Node::certificates) are it.
-            (CertApply::Reload | CertApply::None, _) => apply.set(Arc::new(|| {})),
         }
 
         // ACME: hostnames follow the config file as it is read; the
@@ -562,21 +530,22 @@ impl Node {
             stop_rx.clone(),
         ));
         let changed: CertificatesChanged = {
-            let (apply, feed) = (apply.clone(), feed.clone());
+            let (apply, feed) = (hand_off.apply.clone(), feed.clone());
             Arc::new(move || {
                 apply.call();
                 feed.wake.notify_one();
             })
         };
         let acme_task = tokio::spawn(run_acme(
-            AcmeSettings::of(&cfg),
+            acme_manager_config(&cfg, &mesh),
+            restart_config(&cfg),
             AcmeParts {
                 mesh: mesh.clone(),
                 metrics: metrics.clone(),
                 config: config_rx.clone(),
-                apply: apply.clone(),
+                apply: hand_off.apply,
                 certificates_changed: changed,
-                proxy_status: proxy_tx,
+                proxy_status: hand_off.proxy_status,
                 store: store_rx,
                 responder,
                 status: acme_tx,
@@ -588,7 +557,7 @@ impl Node {
             meta,
             reload_rx.clone(),
             acme_rx.clone(),
-            proxy_rx,
+            hand_off.proxy_rx,
             stop_rx,
         )));
         Ok(Node {
@@ -604,7 +573,7 @@ impl Node {
             certificates: feed,
             running: Some(Running {
                 stop: stop_tx,
-                tls_watchers,
+                tls_watchers: hand_off.tls_watchers,
                 acme_task,
                 reloader,
                 _fixed_config: fixed_config,
@@ -904,12 +873,12 @@ fn follow_config(cfg: &NodeConfig, metrics: &Arc<Metrics>) -> Result<FollowedCon
     let mut tasks = Vec::new();
     let mut fixed = None;
     let mut reloader = None;
-    let (config, reload, trigger) = match (&cfg.config_path, &cfg.proxy_reload) {
+    let (config, reload, trigger) = match (&cfg.config_path, &cfg.proxy.reload) {
         (Some(path), Some(proxy)) => {
             let reload_cfg = ReloaderConfig {
                 authorization: proxy.authorization.clone(),
-                debounce: cfg.reload_debounce,
-                rescan: cfg.reload_rescan,
+                debounce: cfg.reload.debounce,
+                rescan: cfg.reload.rescan,
                 assume_delivered: cfg.config_sha256.clone(),
                 initial_config: Arc::new(cfg.config.clone()),
                 sidecar_ports,
@@ -929,8 +898,8 @@ fn follow_config(cfg: &NodeConfig, metrics: &Arc<Metrics>) -> Result<FollowedCon
             let (content_tx, content_rx) = mpsc::channel(16);
             tasks.push(tokio::spawn(crate::reload::watcher::run(
                 path.clone(),
-                cfg.reload_debounce,
-                cfg.reload_rescan,
+                cfg.reload.debounce,
+                cfg.reload.rescan,
                 true,
                 sidecar_ports,
                 content_tx,
@@ -1108,33 +1077,105 @@ impl ApplySlot {
     }
 }
 
-/// The parts of [`NodeConfig`] the ACME task reads.
-struct AcmeSettings {
-    node_id: String,
-    cert_dir: PathBuf,
-    has_cluster_key: bool,
-    cert_apply: CertApply,
-    proxy_restart: ProxyRestart,
-    concurrent_orders: usize,
-    max_orders: u32,
-    orders_interval: Duration,
-    order_lock_ttl: Duration,
+/// How new certificates reach the proxy (`cert_apply`): one callback for
+/// the ACME manager and every `--watch-tls` directory, set once its target
+/// exists (a restart needs the store: `run_acme` sets it).
+struct HandOff {
+    apply: Arc<ApplySlot>,
+    tls_watchers: Vec<TlsWatcher>,
+    proxy_status: watch::Sender<ProxyStatus>,
+    proxy_rx: watch::Receiver<ProxyStatus>,
 }
 
-impl AcmeSettings {
-    fn of(cfg: &NodeConfig) -> Self {
+impl HandOff {
+    fn start(proxy: &ProxySettings, reload: Option<ReloadTrigger>, metrics: &Arc<Metrics>) -> Self {
+        let apply = Arc::new(ApplySlot::default());
+        let (proxy_status, proxy_rx) = watch::channel(ProxyStatus::default());
+        let tls_watchers = proxy
+            .watch_tls
+            .iter()
+            .map(|dir| {
+                info!(dir = %dir.display(), apply = proxy.cert_apply.as_str(), "watching a certificate directory");
+                TlsWatcher::spawn(WatchTlsConfig::new(dir), apply.caller(), metrics.clone())
+            })
+            .collect();
+        match (proxy.cert_apply, reload) {
+            (CertApply::Reload, Some(reload)) => {
+                apply.set(Arc::new(move || reload.certificates_changed()));
+            }
+            // Set once the store is open (run_acme).
+            (CertApply::Restart, _) => {}
+            // No proxy to POST to: the files (and Node::certificates) are it.
+            (CertApply::Reload | CertApply::None, _) => apply.set(Arc::new(|| {})),
+        }
         Self {
-            node_id: cfg.node_id.clone(),
-            cert_dir: cfg.cert_dir.clone(),
-            has_cluster_key: cfg.cluster_key.is_some(),
-            cert_apply: cfg.cert_apply,
-            proxy_restart: cfg.proxy_restart.clone(),
-            concurrent_orders: cfg.acme_concurrent_orders,
-            max_orders: cfg.acme_max_orders,
-            orders_interval: cfg.acme_orders_interval,
-            order_lock_ttl: cfg.acme_order_lock_ttl,
+            apply,
+            tls_watchers,
+            proxy_status,
+            proxy_rx,
         }
     }
+
+    /// What `/readyz` checks of the hand-off: the restarts, the watched
+    /// directories.
+    fn readiness(&self, cert_apply: CertApply) -> Vec<ReadinessCheck> {
+        let mut checks = Vec::new();
+        if cert_apply == CertApply::Restart {
+            checks.push(restart_readiness(self.proxy_rx.clone()));
+        }
+        if !self.tls_watchers.is_empty() {
+            checks.push(watch_tls_readiness(
+                self.tls_watchers.iter().map(TlsWatcher::problem).collect(),
+            ));
+        }
+        checks
+    }
+}
+
+/// The challenge listener's router: the HTTP-01 responder, and every other
+/// path passed to the proxy from the start when `challenge_passthrough` is
+/// set.
+fn challenge_router_of(
+    cfg: &NodeConfig,
+    responder: Arc<OnceLock<Router>>,
+    metrics: &Metrics,
+) -> Router {
+    match &cfg.challenge_passthrough {
+        Some(upstream) => {
+            info!(upstream = %upstream, "the challenge listener passes other requests to the proxy");
+            with_passthrough(
+                deferred_router(responder),
+                Arc::new(Passthrough::new(upstream.clone(), metrics)),
+            )
+        }
+        None => deferred_router(responder),
+    }
+}
+
+/// The ACME manager's settings: the node's limits, and an at-rest ring that
+/// follows the mesh's (which the key file rotates) when there is a cluster
+/// key.
+fn acme_manager_config(cfg: &NodeConfig, mesh: &Mesh) -> AcmeManagerConfig {
+    let key_ring = if cfg.cluster_key.is_some() {
+        AtRestRing::following(mesh.key_rings())
+    } else {
+        AtRestRing::plain()
+    };
+    AcmeManagerConfig {
+        key_ring,
+        limits: cfg.acme.clone(),
+        ..AcmeManagerConfig::new(cfg.node_id.clone(), cfg.cert_dir.clone())
+    }
+}
+
+/// The proxy restarts' settings when certificates are applied by
+/// restarting the proxy.
+fn restart_config(cfg: &NodeConfig) -> Option<RestartConfig> {
+    let restart = &cfg.proxy.restart;
+    (cfg.proxy.cert_apply == CertApply::Restart).then(|| RestartConfig {
+        min_interval: restart.min_interval,
+        ..RestartConfig::new(&cfg.node_id, &restart.process_name, &restart.health_url)
+    })
 }
 
 /// What the ACME task needs from the rest of the node.
@@ -1152,7 +1193,12 @@ struct AcmeParts {
 
 /// Waits for the store, then serves challenges from it and runs the ACME
 /// manager, whose status goes into the node metadata.
-async fn run_acme(settings: AcmeSettings, mut parts: AcmeParts, mut stop: watch::Receiver<bool>) {
+async fn run_acme(
+    manager: AcmeManagerConfig,
+    restart: Option<RestartConfig>,
+    mut parts: AcmeParts,
+    mut stop: watch::Receiver<bool>,
+) {
     let store = tokio::select! {
         s = parts.store.wait_for(Option::is_some) => match s {
             Ok(s) => match s.clone() {
@@ -1166,15 +1212,7 @@ async fn run_acme(settings: AcmeSettings, mut parts: AcmeParts, mut stop: watch:
     let book = ChallengeBook::new(store.clone(), parts.metrics.clone());
     let _ = parts.responder.set(challenge_router(book.clone()));
     // apply: restart needs the store for its fleet-wide lease.
-    let _coordinator = if settings.cert_apply == CertApply::Restart {
-        let cfg = RestartConfig {
-            min_interval: settings.proxy_restart.min_interval,
-            ..RestartConfig::new(
-                &settings.node_id,
-                &settings.proxy_restart.process_name,
-                &settings.proxy_restart.health_url,
-            )
-        };
+    let _coordinator = if let Some(cfg) = restart {
         match RestartCoordinator::spawn_into(
             cfg,
             store.clone(),
@@ -1193,22 +1231,8 @@ async fn run_acme(settings: AcmeSettings, mut parts: AcmeParts, mut stop: watch:
     } else {
         None
     };
-    // The at-rest ring follows the mesh's, which the key file rotates.
-    let key_ring = if settings.has_cluster_key {
-        AtRestRing::following(parts.mesh.key_rings())
-    } else {
-        AtRestRing::plain()
-    };
-    let cfg = AcmeManagerConfig {
-        key_ring,
-        max_concurrent_orders: settings.concurrent_orders,
-        max_orders_per_interval: settings.max_orders,
-        order_interval: settings.orders_interval,
-        order_lock_ttl: settings.order_lock_ttl,
-        ..AcmeManagerConfig::new(settings.node_id.clone(), settings.cert_dir.clone())
-    };
     let _manager = AcmeManager::spawn_into(
-        cfg,
+        manager,
         AcmeInputs {
             store,
             mesh: parts.mesh,

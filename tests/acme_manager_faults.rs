@@ -35,7 +35,7 @@ use sbmesh::acme::placeholder::is_placeholder;
 use sbmesh::acme::schedule::{OrderBudget, UnitOrderState};
 use sbmesh::acme::unit::CertUnit;
 use sbmesh::config::SbConfig;
-use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
+use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta};
 use sbmesh::metrics::Metrics;
 use sbmesh::store::Store;
 use sbmesh::store::instrumented::Instrumented;
@@ -61,28 +61,12 @@ fn config(directory: &str, ca_root: &Path, origins: &[String]) -> Arc<SbConfig> 
 }
 
 async fn alone(node: &str, ip: Ipv4Addr, metrics: &Arc<Metrics>) -> Mesh {
-    Mesh::start(
-        MeshConfig {
-            node_id: node.into(),
-            cluster_id: format!("faults-{node}"),
-            bind: ip.into(),
-            gossip_port: 0,
-            transport_port: 0,
-            advertise: None,
-            seeds: SeedSource {
-                seeds: Vec::new(),
-                mesh_service: None,
-                gossip_port: 0,
-            },
-            keys: vec![[0x43; 32]],
-            key_file: None,
-            tuning: SwimTuning::default(),
-        },
-        metrics.clone(),
-        NodeMeta::default(),
-    )
-    .await
-    .expect("mesh starts")
+    let mut cfg = MeshConfig::new(node, format!("faults-{node}"), vec![[0x43; 32]]);
+    cfg.bind = ip.into();
+    (cfg.gossip_port, cfg.transport_port, cfg.seeds.gossip_port) = (0, 0, 0);
+    Mesh::start(cfg, metrics.clone(), NodeMeta::default())
+        .await
+        .expect("mesh starts")
 }
 
 /// One replica: its manager, mesh and metrics.
@@ -109,7 +93,7 @@ impl Replica {
         let (_tx, config_rx) = watch::channel(config);
         let mut cfg = AcmeManagerConfig::new(node, certs.path());
         cfg.settle = Duration::from_millis(300);
-        cfg.order_lock_ttl = Duration::from_secs(20);
+        cfg.limits.order_lock_ttl = Duration::from_secs(20);
         let manager = AcmeManager::spawn(
             cfg,
             AcmeInputs {

@@ -37,7 +37,7 @@ use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
 use sbmesh::acme::placeholder::is_placeholder;
 use sbmesh::acme::schedule::IssuanceHistory;
 use sbmesh::config::SbConfig;
-use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning};
+use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta};
 use sbmesh::metrics::Metrics;
 use sbmesh::store::Store;
 use sbmesh::store::memory::MemoryStore;
@@ -69,28 +69,12 @@ fn config_in(pebble: &Pebble, origins: &[String], mode: &str) -> Arc<SbConfig> {
 }
 
 async fn alone(node: &str, ip: Ipv4Addr, metrics: &Arc<Metrics>) -> Mesh {
-    Mesh::start(
-        MeshConfig {
-            node_id: node.into(),
-            cluster_id: "san-test".into(),
-            bind: ip.into(),
-            gossip_port: 0,
-            transport_port: 0,
-            advertise: None,
-            seeds: SeedSource {
-                seeds: Vec::new(),
-                mesh_service: None,
-                gossip_port: 0,
-            },
-            keys: vec![[0x24; 32]],
-            key_file: None,
-            tuning: SwimTuning::default(),
-        },
-        metrics.clone(),
-        NodeMeta::default(),
-    )
-    .await
-    .expect("mesh starts")
+    let mut cfg = MeshConfig::new(node, "san-test", vec![[0x24; 32]]);
+    cfg.bind = ip.into();
+    (cfg.gossip_port, cfg.transport_port, cfg.seeds.gossip_port) = (0, 0, 0);
+    Mesh::start(cfg, metrics.clone(), NodeMeta::default())
+        .await
+        .expect("mesh starts")
 }
 
 /// The names of the certificate in `<dir>/tls.crt`, sorted, and whether it

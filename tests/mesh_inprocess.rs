@@ -5,9 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sbmesh::mesh::{
-    ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta, SeedSource, SwimTuning,
-};
+use sbmesh::mesh::{ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta, SeedSource};
 use sbmesh::metrics::Metrics;
 
 const KEY: [u8; 32] = [0x42; 32];
@@ -19,23 +17,16 @@ async fn node(
     keys: Vec<[u8; 32]>,
 ) -> (Mesh, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new());
+    let mut cfg = MeshConfig::new(name, "inproc", keys);
+    cfg.bind = ip.parse().unwrap();
+    (cfg.gossip_port, cfg.transport_port) = (0, 0);
+    cfg.seeds = SeedSource {
+        seeds,
+        mesh_service: None,
+        gossip_port: 0,
+    };
     let mesh = Mesh::start(
-        MeshConfig {
-            node_id: name.into(),
-            cluster_id: "inproc".into(),
-            bind: ip.parse().unwrap(),
-            gossip_port: 0,
-            transport_port: 0,
-            advertise: None,
-            seeds: SeedSource {
-                seeds,
-                mesh_service: None,
-                gossip_port: 0,
-            },
-            keys,
-            key_file: None,
-            tuning: SwimTuning::default(),
-        },
+        cfg,
         metrics.clone(),
         NodeMeta {
             version: "test".into(),

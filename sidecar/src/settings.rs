@@ -156,37 +156,37 @@ pub fn resolve(
     r.set(
         &flags::RELOAD_DEBOUNCE_MS,
         reload_debounce,
-        &mut node.reload_debounce,
+        &mut node.reload.debounce,
     );
     let reload_rescan = args.reload_rescan_secs.as_deref();
     r.set(
         &flags::RELOAD_RESCAN_SECS,
         reload_rescan,
-        &mut node.reload_rescan,
+        &mut node.reload.rescan,
     );
     let lock_ttl = args.acme_order_lock_ttl_secs.as_deref();
     r.set(
         &flags::ACME_ORDER_LOCK_TTL_SECS,
         lock_ttl,
-        &mut node.acme_order_lock_ttl,
+        &mut node.acme.order_lock_ttl,
     );
     let max_orders = args.acme_max_orders.as_deref();
     r.set(
         &flags::ACME_MAX_ORDERS,
         max_orders,
-        &mut node.acme_max_orders,
+        &mut node.acme.max_orders,
     );
     let interval = args.acme_orders_interval_secs.as_deref();
     r.set(
         &flags::ACME_ORDERS_INTERVAL_SECS,
         interval,
-        &mut node.acme_orders_interval,
+        &mut node.acme.orders_interval,
     );
     let concurrent = args.acme_concurrent_orders.as_deref();
     r.set(
         &flags::ACME_CONCURRENT_ORDERS,
         concurrent,
-        &mut node.acme_concurrent_orders,
+        &mut node.acme.concurrent_orders,
     );
 
     let mut log_format = if std::io::stderr().is_terminal() {
@@ -260,12 +260,10 @@ fn resolve_identity(r: &mut Resolver<'_>, args: &RunArgs, hostname: &str) -> (No
     }
     let node_id = resolve_node_id(r, args, cluster, pod_name.as_deref(), hostname);
     let cluster_id = resolve_cluster_id(r, args, cluster, pod_name.as_deref());
-    let node = NodeConfig {
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-        config_path: Some(config_path),
-        config_sha256: Some(config_sha256),
-        ..NodeConfig::new(node_id, cluster_id, config)
-    };
+    let mut node = NodeConfig::new(node_id, cluster_id, config);
+    node.version = env!("CARGO_PKG_VERSION").to_owned();
+    node.config_path = Some(config_path);
+    node.config_sha256 = Some(config_sha256);
     (node, pod)
 }
 
@@ -409,12 +407,12 @@ fn resolve_proxy(
             let (user, password) = credentials?;
             Some(basic_authorization(user, password))
         });
-    node.proxy_reload = Some(ProxyReload { url, authorization });
+    node.proxy.reload = Some(ProxyReload::new(url, authorization));
 
-    node.cert_apply = node.config.acme().and_then(|a| a.apply).unwrap_or_default();
+    node.proxy.cert_apply = node.config.acme().and_then(|a| a.apply).unwrap_or_default();
     let apply = args.proxy_cert_apply.as_deref();
-    r.set(&flags::PROXY_CERT_APPLY, apply, &mut node.cert_apply);
-    let restart = &mut node.proxy_restart;
+    r.set(&flags::PROXY_CERT_APPLY, apply, &mut node.proxy.cert_apply);
+    let restart = &mut node.proxy.restart;
     if let Some(name) = r.parsed(
         &flags::PROXY_PROCESS_NAME,
         args.proxy_process_name.as_deref(),
@@ -431,7 +429,7 @@ fn resolve_proxy(
         interval,
         &mut restart.min_interval,
     );
-    node.watch_tls = if args.watch_tls.is_empty() {
+    node.proxy.watch_tls = if args.watch_tls.is_empty() {
         // The environment holds a comma-separated list.
         r.text(&flags::WATCH_TLS, None)
             .map(|list| {
@@ -445,7 +443,7 @@ fn resolve_proxy(
     } else {
         args.watch_tls.clone()
     };
-    if node.cert_apply == CertApply::Restart
+    if node.proxy.cert_apply == CertApply::Restart
         && args.proxy_health_url.is_none()
         && (r.env)(flags::PROXY_HEALTH_URL.env).is_none()
         && !node.config.proxy.admin.enabled
@@ -855,7 +853,8 @@ mod tests {
     /// Where the settings POST reloads (always set for the sidecar).
     fn reload(s: &Settings) -> &ProxyReload {
         s.node
-            .proxy_reload
+            .proxy
+            .reload
             .as_ref()
             .expect("the sidecar POSTs reloads")
     }
@@ -935,7 +934,7 @@ origins: { api.example.com: {} }
         );
         assert_eq!(reload(&s).url, "http://127.0.4.5:9300/admin/reload");
         assert_eq!(
-            s.node.proxy_restart.health_url,
+            s.node.proxy.restart.health_url,
             "http://127.0.4.5:9300/health"
         );
         let s = Case::new("proxy:\n  admin: { enabled: true, bind: 0.0.0.0 }\n").ok();
@@ -966,17 +965,21 @@ origins: { api.example.com: {} }
     #[test]
     fn cert_apply_comes_from_the_flag_the_env_the_block_then_reload() {
         let yml = "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory, apply: restart }\n";
-        assert_eq!(Case::new(yml).ok().node.cert_apply, CertApply::Restart);
+        assert_eq!(
+            Case::new(yml).ok().node.proxy.cert_apply,
+            CertApply::Restart
+        );
         assert_eq!(
             Case::new(yml)
                 .env("SBMESH_PROXY_CERT_APPLY", "none")
                 .ok()
                 .node
+                .proxy
                 .cert_apply,
             CertApply::None
         );
         assert_eq!(
-            Case::new("origins: {}\n").ok().node.cert_apply,
+            Case::new("origins: {}\n").ok().node.proxy.cert_apply,
             CertApply::Reload
         );
         let problems = Case::new("origins: {}\n")
@@ -999,7 +1002,7 @@ origins: { api.example.com: {} }
             .env("SBMESH_WATCH_TLS", "/etc/tls/a, /etc/tls/b")
             .ok();
         assert_eq!(
-            s.node.watch_tls,
+            s.node.proxy.watch_tls,
             [PathBuf::from("/etc/tls/a"), PathBuf::from("/etc/tls/b")]
         );
     }
@@ -1036,20 +1039,20 @@ origins: { api.example.com: {} }
         assert_eq!(s.node.cert_dir, Path::new("/var/lib/sbproxy/certs"));
         assert_eq!(s.node.state_dir, Path::new("/var/lib/sbproxy/sidecar"));
         assert_eq!(s.shutdown_grace, Duration::from_secs(30));
-        assert_eq!(s.node.reload_debounce, Duration::from_millis(200));
-        assert_eq!(s.node.reload_rescan, Duration::from_secs(30));
-        assert_eq!(s.node.acme_order_lock_ttl, Duration::from_secs(60));
-        assert_eq!(s.node.acme_max_orders, 300);
-        assert_eq!(s.node.acme_orders_interval, Duration::from_secs(3 * 3600));
-        assert_eq!(s.node.acme_concurrent_orders, 8);
-        assert_eq!(s.node.cert_apply, CertApply::Reload);
-        assert_eq!(s.node.proxy_restart.process_name, "sbproxy");
+        assert_eq!(s.node.reload.debounce, Duration::from_millis(200));
+        assert_eq!(s.node.reload.rescan, Duration::from_secs(30));
+        assert_eq!(s.node.acme.order_lock_ttl, Duration::from_secs(60));
+        assert_eq!(s.node.acme.max_orders, 300);
+        assert_eq!(s.node.acme.orders_interval, Duration::from_secs(3 * 3600));
+        assert_eq!(s.node.acme.concurrent_orders, 8);
+        assert_eq!(s.node.proxy.cert_apply, CertApply::Reload);
+        assert_eq!(s.node.proxy.restart.process_name, "sbproxy");
         assert_eq!(
-            s.node.proxy_restart.health_url,
+            s.node.proxy.restart.health_url,
             "http://127.0.0.1:9090/health"
         );
-        assert_eq!(s.node.proxy_restart.min_interval, Duration::from_secs(600));
-        assert!(s.node.watch_tls.is_empty());
+        assert_eq!(s.node.proxy.restart.min_interval, Duration::from_secs(600));
+        assert!(s.node.proxy.watch_tls.is_empty());
         let expected_format = if std::io::stderr().is_terminal() {
             LogFormat::Text
         } else {

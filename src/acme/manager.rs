@@ -61,21 +61,40 @@ use crate::acme::schedule::Failures;
 use crate::acme::unit::{AcmeStatus, CertUnit, UnitFiles, wanted_units};
 use crate::acme::unit_files::{self, read_local, write_placeholder};
 use crate::config::{AcmeSection, SbConfig};
+use crate::flags;
 use crate::keyring::KeyRing;
 use crate::mesh::{MemberState, Mesh};
 use crate::metrics::Metrics;
 use crate::store::sealed::AtRestRing;
 use crate::store::{Store, now_unix_ms};
 
-/// Orders one replica runs at once, by default (`--acme-concurrent-orders`).
-pub(crate) const DEFAULT_MAX_CONCURRENT_ORDERS: usize = 8;
-/// New orders the whole cluster may place per account and interval, by
-/// default (`--acme-max-orders`).
-pub(crate) const DEFAULT_MAX_ORDERS_PER_INTERVAL: u32 = 300;
-/// The interval of [`DEFAULT_MAX_ORDERS_PER_INTERVAL`] (`--acme-orders-interval-secs`).
-pub(crate) const DEFAULT_ORDER_INTERVAL: Duration = Duration::from_secs(3 * 3600);
-/// The lease of a host's order lock, by default (`--acme-order-lock-ttl-secs`).
-pub(crate) const DEFAULT_ORDER_LOCK_TTL: Duration = Duration::from_secs(60);
+/// How much ordering a fleet may do: the four `--acme-*` limits of the
+/// sidecar, whose defaults are the flag table's ([`crate::flags`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AcmeLimits {
+    /// Orders this replica runs at once (`--acme-concurrent-orders`).
+    pub concurrent_orders: usize,
+    /// New orders the whole cluster may place per account and interval
+    /// (`--acme-max-orders`).
+    pub max_orders: u32,
+    /// The interval of `max_orders` (`--acme-orders-interval-secs`).
+    pub orders_interval: Duration,
+    /// Lease of a host's order lock; a replica that dies mid-order blocks
+    /// the host for at most this long (`--acme-order-lock-ttl-secs`).
+    pub order_lock_ttl: Duration,
+}
+
+impl Default for AcmeLimits {
+    fn default() -> Self {
+        Self {
+            concurrent_orders: flags::DEFAULT_ACME_CONCURRENT_ORDERS,
+            max_orders: flags::DEFAULT_ACME_MAX_ORDERS,
+            orders_interval: flags::DEFAULT_ACME_ORDERS_INTERVAL,
+            order_lock_ttl: flags::DEFAULT_ACME_ORDER_LOCK_TTL,
+        }
+    }
+}
 
 /// How the manager behaves; the defaults suit production.
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -93,15 +112,8 @@ pub(crate) struct AcmeManagerConfig {
     /// are sealed with a key derived from it. It follows the mesh's ring
     /// (the key file) when built with [`AtRestRing::following`].
     pub key_ring: AtRestRing,
-    /// Orders this replica runs at once.
-    pub max_concurrent_orders: usize,
-    /// New orders the whole cluster may place per account and interval.
-    pub max_orders_per_interval: u32,
-    /// The interval of `max_orders_per_interval`.
-    pub order_interval: Duration,
-    /// Lease of a host's order lock; a replica that dies mid-order blocks
-    /// the host for at most this long.
-    pub order_lock_ttl: Duration,
+    /// How much ordering the fleet may do.
+    pub limits: AcmeLimits,
     /// Pause after start before a node with no peer orders alone, so the
     /// mesh view (and with it ownership) has formed. With peers, orders
     /// start once the set of alive members has held still for 1 s.
@@ -122,10 +134,7 @@ impl AcmeManagerConfig {
             boot_id: format!("{:016x}", rand::random::<u64>()),
             cert_dir: cert_dir.into(),
             key_ring: AtRestRing::plain(),
-            max_concurrent_orders: DEFAULT_MAX_CONCURRENT_ORDERS,
-            max_orders_per_interval: DEFAULT_MAX_ORDERS_PER_INTERVAL,
-            order_interval: DEFAULT_ORDER_INTERVAL,
-            order_lock_ttl: DEFAULT_ORDER_LOCK_TTL,
+            limits: AcmeLimits::default(),
             settle: Duration::from_secs(3),
             full_check_every: Duration::from_secs(60),
             missing_check_every: Duration::from_secs(2),
@@ -356,7 +365,7 @@ impl Runner {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let settings = Settings {
             node_id: cfg.node_id.clone(),
-            max_concurrent_orders: cfg.max_concurrent_orders.max(1),
+            max_concurrent_orders: cfg.limits.concurrent_orders.max(1),
             settle: cfg.settle,
             full_check_every: cfg.full_check_every,
             missing_check_every: cfg.missing_check_every,
@@ -748,9 +757,9 @@ impl Runner {
             store: self.store.clone(),
             metrics: self.metrics.clone(),
             ring: self.cfg.key_ring.clone(),
-            lock_ttl: self.cfg.order_lock_ttl,
-            max_orders_per_interval: self.cfg.max_orders_per_interval,
-            order_interval: self.cfg.order_interval,
+            lock_ttl: self.cfg.limits.order_lock_ttl,
+            max_orders: self.cfg.limits.max_orders,
+            orders_interval: self.cfg.limits.orders_interval,
             renew_before_days,
             acme,
             issuer: self.issuer.clone(),
@@ -816,7 +825,7 @@ impl Runner {
         // Any replica that can reseal does (the owner's key file may lag),
         // under this process's holder id so that this node's own orders
         // recognise the lease; paced, so a rotation is a trickle.
-        let (holder, lock_ttl) = (self.cfg.holder_id(), self.cfg.order_lock_ttl);
+        let (holder, lock_ttl) = (self.cfg.holder_id(), self.cfg.limits.order_lock_ttl);
         let reseals = self.reseals.clone();
         tokio::spawn(async move {
             let current = ring.current();

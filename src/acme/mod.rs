@@ -19,6 +19,7 @@ pub use deliver::{CHAIN_FILE, KEY_FILE};
 internal_mod! { http_client; }
 internal_mod! { issuer; }
 internal_mod! { manager; }
+pub use manager::AcmeLimits;
 pub(crate) mod order;
 internal_mod! { outcome; }
 internal_mod! { ownership; }

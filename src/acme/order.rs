@@ -79,9 +79,9 @@ pub(crate) struct OrderJob {
     pub(crate) ring: AtRestRing,
     pub(crate) lock_ttl: Duration,
     /// New orders the whole cluster may place per account and interval.
-    pub(crate) max_orders_per_interval: u32,
-    /// The interval of `max_orders_per_interval`.
-    pub(crate) order_interval: Duration,
+    pub(crate) max_orders: u32,
+    /// The interval of `max_orders`.
+    pub(crate) orders_interval: Duration,
     pub(crate) renew_before_days: Option<u32>,
     /// The certificate the scheduler saw when it decided to order.
     pub(crate) known: Option<StoredCert>,
@@ -337,13 +337,13 @@ impl OrderJob {
     /// interval it was taken from (to give it back).
     async fn spend_budget(&self, now: u64) -> Step<u64> {
         let key = layout::order_budget(&self.dir_id());
-        let limit = (self.max_orders_per_interval, self.order_interval);
+        let limit = (self.max_orders, self.orders_interval);
         match take_budget(self.store.as_ref(), &key, limit, now).await {
             Ok(Budget::Taken { window_start }) => Ok(window_start),
             Ok(Budget::Spent { until }) => Err(deferred(
                 until,
                 Deferral::BudgetSpent {
-                    max_orders: self.max_orders_per_interval,
+                    max_orders: self.max_orders,
                 },
             )),
             Err(e) => Err(failed(OrderError::Budget(e))),

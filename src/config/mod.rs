@@ -35,9 +35,9 @@
 //! blocks are [`conflicts`].
 
 mod conflict;
-pub mod hostname;
+mod hostname;
 mod interpolate;
-pub mod key;
+mod key;
 mod parse;
 pub mod sbproxy;
 

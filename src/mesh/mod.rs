@@ -12,8 +12,11 @@ internal_mod! { meta; }
 mod ring;
 mod runtime;
 internal_mod! { seal; }
-#[cfg(any(test, feature = "testing"))]
-pub mod sim;
+internal_mod! {
+    /// Built only for tests and benches.
+    #[cfg(any(test, feature = "testing"))]
+    sim;
+}
 mod suspicion;
 internal_mod! { view; }
 mod wire;
@@ -24,4 +27,3 @@ pub use member::NodeIdentity;
 pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta, ProxyInfo};
 pub use runtime::{Mesh, MeshConfig, MeshError};
 pub use view::{ClusterStatus, MemberInfo, MemberState, NodeStatus, Summary};
-pub use wire::WireError;

@@ -43,8 +43,10 @@ const MAX_BACKLOG_READ: usize = 256;
 /// `down` of this node.
 const STALL_WARNING: Duration = Duration::from_secs(1);
 
-/// What a mesh node needs to start.
+/// What a mesh node needs to start. [`MeshConfig::new`] fills in the
+/// defaults; change the public fields after that.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct MeshConfig {
     /// This member's name.
     pub node_id: String,
@@ -67,6 +69,34 @@ pub struct MeshConfig {
     pub key_file: Option<PathBuf>,
     /// SWIM timing.
     pub tuning: SwimTuning,
+}
+
+impl MeshConfig {
+    /// A member named `node_id` of `cluster_id` sealing with `keys`
+    /// (primary first): both sockets on `0.0.0.0` at the default ports
+    /// (7946 UDP, 8946 TCP), no seeds, the default SWIM timing.
+    pub fn new(
+        node_id: impl Into<String>,
+        cluster_id: impl Into<String>,
+        keys: Vec<[u8; 32]>,
+    ) -> Self {
+        Self {
+            node_id: node_id.into(),
+            cluster_id: cluster_id.into(),
+            bind: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            gossip_port: crate::config::DEFAULT_GOSSIP_PORT,
+            transport_port: crate::config::DEFAULT_TRANSPORT_PORT,
+            advertise: None,
+            seeds: SeedSource {
+                seeds: Vec::new(),
+                mesh_service: None,
+                gossip_port: crate::config::DEFAULT_GOSSIP_PORT,
+            },
+            keys,
+            key_file: None,
+            tuning: SwimTuning::default(),
+        }
+    }
 }
 
 /// Errors starting the mesh.

@@ -66,6 +66,26 @@ pub enum ReloadError {
     InvalidAuthorization,
 }
 
+/// When the config file is read again: the `--reload-*` flags, whose
+/// defaults are the flag table's ([`crate::flags`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReloadTiming {
+    /// Wait after a file event before reading (`--reload-debounce-ms`).
+    pub debounce: Duration,
+    /// Full re-read interval (`--reload-rescan-secs`).
+    pub rescan: Duration,
+}
+
+impl Default for ReloadTiming {
+    fn default() -> Self {
+        Self {
+            debounce: DEFAULT_DEBOUNCE,
+            rescan: DEFAULT_RESCAN,
+        }
+    }
+}
+
 /// What the reloader needs.
 #[derive(Clone, Debug)]
 pub struct ReloaderConfig {
