@@ -59,14 +59,13 @@ fn quantiles(label: &str, mut v: Vec<f64>) {
 fn tuning() -> SwimTuning {
     let d = SwimTuning::default();
     let ms = |name: &str, d: Duration| Duration::from_millis(env(name, d.as_millis() as u64));
-    SwimTuning {
-        suspect_to_down_after: ms("SBMESH_DETECT_SUSPECT_MS", d.suspect_to_down_after),
-        probe_rtt: ms("SBMESH_DETECT_RTT_MS", d.probe_rtt),
-        probe_period: ms("SBMESH_DETECT_PERIOD_MS", d.probe_period),
-        random_probe_period: ms("SBMESH_DETECT_RANDOM_PERIOD_MS", d.random_probe_period),
-        gossip_interval: ms("SBMESH_DETECT_GOSSIP_MS", d.gossip_interval),
-        ..d
-    }
+    let mut t = d.clone();
+    t.suspect_to_down_after = ms("SBMESH_DETECT_SUSPECT_MS", d.suspect_to_down_after);
+    t.probe_rtt = ms("SBMESH_DETECT_RTT_MS", d.probe_rtt);
+    t.probe_period = ms("SBMESH_DETECT_PERIOD_MS", d.probe_period);
+    t.random_probe_period = ms("SBMESH_DETECT_RANDOM_PERIOD_MS", d.random_probe_period);
+    t.gossip_interval = ms("SBMESH_DETECT_GOSSIP_MS", d.gossip_interval);
+    t
 }
 
 /// 32 pods (the loss and starvation size), converged and settled.

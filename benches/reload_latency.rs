@@ -93,10 +93,8 @@ async fn main() {
     let seen = Arc::new(Mutex::new(Seen::default()));
     tokio::spawn(proxy(listener, file.clone(), seen.clone()));
 
-    let cfg = ReloaderConfig {
-        assume_delivered: Some(sha(content(0).as_bytes())),
-        ..ReloaderConfig::new(file.clone(), url)
-    };
+    let mut cfg = ReloaderConfig::new(file.clone(), url);
+    cfg.assume_delivered = Some(sha(content(0).as_bytes()));
     let _reloader = Reloader::spawn(cfg, Arc::new(Metrics::new())).expect("reloader");
     tokio::time::sleep(Duration::from_millis(300)).await;
 

@@ -66,6 +66,8 @@
 //! # }
 //! ```
 
+#![warn(clippy::too_many_lines)]
+
 /// Declares internal modules: crate-private, and public only with the
 /// `testing` feature, through which this workspace's integration tests and
 /// benches reach them. Not part of the API.

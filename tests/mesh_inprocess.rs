@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sbmesh::mesh::{ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta, SeedSource};
+use sbmesh::mesh::{ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta};
 use sbmesh::metrics::Metrics;
 
 const KEY: [u8; 32] = [0x42; 32];
@@ -20,11 +20,7 @@ async fn node(
     let mut cfg = MeshConfig::new(name, "inproc", keys);
     cfg.bind = ip.parse().unwrap();
     (cfg.gossip_port, cfg.transport_port) = (0, 0);
-    cfg.seeds = SeedSource {
-        seeds,
-        mesh_service: None,
-        gossip_port: 0,
-    };
+    (cfg.seeds.seeds, cfg.seeds.gossip_port) = (seeds, 0);
     let mesh = Mesh::start(
         cfg,
         metrics.clone(),

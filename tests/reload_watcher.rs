@@ -147,13 +147,12 @@ fn write_rename_over(path: &Path, text: &str) {
 }
 
 fn reloader(path: &Path, url: &str) -> ReloaderConfig {
-    ReloaderConfig {
-        authorization: Some(AUTH.into()),
-        debounce: Duration::from_millis(100),
-        rescan: Duration::from_secs(3600),
-        post_timeout: Duration::from_secs(5),
-        ..ReloaderConfig::new(path, url)
-    }
+    let mut c = ReloaderConfig::new(path, url);
+    c.authorization = Some(AUTH.into());
+    c.debounce = Duration::from_millis(100);
+    c.rescan = Duration::from_secs(3600);
+    c.post_timeout = Duration::from_secs(5);
+    c
 }
 
 fn spawn(config: ReloaderConfig, metrics: &Arc<Metrics>) -> ReloaderHandle {
@@ -287,10 +286,8 @@ async fn changes_during_a_slow_post_collapse_into_one_post_of_the_newest() {
     std::fs::write(&path, valid(0)).unwrap();
     let proxy = Proxy::start(&path, &[], Duration::from_millis(1000)).await;
     let metrics = Arc::new(Metrics::new());
-    let config = ReloaderConfig {
-        debounce: Duration::from_millis(10),
-        ..reloader(&path, &proxy.url())
-    };
+    let mut config = reloader(&path, &proxy.url());
+    config.debounce = Duration::from_millis(10);
     let handle = spawn(config, &metrics);
     wait_delivered(&proxy, &handle, &valid(0)).await;
 
@@ -340,11 +337,9 @@ async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
     std::fs::write(&path, valid(0)).unwrap();
     let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
     let metrics = Arc::new(Metrics::new());
-    let config = ReloaderConfig {
-        authorization: Some(AUTH.into()),
-        rescan: Duration::from_secs(3600),
-        ..ReloaderConfig::new(&path, proxy.url())
-    };
+    let mut config = ReloaderConfig::new(&path, proxy.url());
+    config.authorization = Some(AUTH.into());
+    config.rescan = Duration::from_secs(3600);
     assert_eq!(config.debounce, sbmesh::flags::DEFAULT_DEBOUNCE);
     let handle = spawn(config, &metrics);
     wait_delivered(&proxy, &handle, &valid(0)).await;
@@ -450,11 +445,9 @@ async fn refused_content_is_not_retried_until_it_changes() {
     std::fs::write(&path, valid(1)).unwrap();
     let proxy = Proxy::start(&path, &[400], Duration::ZERO).await;
     let metrics = Arc::new(Metrics::new());
-    let config = ReloaderConfig {
-        // Frequent re-reads give a wrong retry every chance to happen.
-        rescan: Duration::from_millis(200),
-        ..reloader(&path, &proxy.url())
-    };
+    let mut config = reloader(&path, &proxy.url());
+    // Frequent re-reads give a wrong retry every chance to happen.
+    config.rescan = Duration::from_millis(200);
     let handle = spawn(config, &metrics);
     wait_for("the refusal", || {
         delivered(&handle).last_result.map(|r| r.result).as_deref() == Some("refused")
@@ -510,11 +503,9 @@ async fn rescan_delivers_with_the_watcher_disabled() {
     std::fs::write(&path, valid(1)).unwrap();
     let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
     let metrics = Arc::new(Metrics::new());
-    let config = ReloaderConfig {
-        watch: false,
-        rescan: Duration::from_secs(1),
-        ..reloader(&path, &proxy.url())
-    };
+    let mut config = reloader(&path, &proxy.url());
+    config.watch = false;
+    config.rescan = Duration::from_secs(1);
     let handle = spawn(config, &metrics);
     wait_delivered(&proxy, &handle, &valid(1)).await;
 
@@ -545,10 +536,8 @@ async fn assumed_delivered_content_is_not_posted_at_start() {
     std::fs::write(&path, valid(1)).unwrap();
     let proxy = Proxy::start(&path, &[], Duration::ZERO).await;
     let metrics = Arc::new(Metrics::new());
-    let config = ReloaderConfig {
-        assume_delivered: Some(sha(&valid(1))),
-        ..reloader(&path, &proxy.url())
-    };
+    let mut config = reloader(&path, &proxy.url());
+    config.assume_delivered = Some(sha(&valid(1)));
     let handle = spawn(config, &metrics);
     write_rename_over(&path, &valid(2));
     wait_delivered(&proxy, &handle, &valid(2)).await;

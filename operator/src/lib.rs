@@ -8,6 +8,8 @@
 //! the objects for both the `render` command and the controller, so what a
 //! user previews is what is applied.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod cli;
 pub mod crd;
 pub mod inject;

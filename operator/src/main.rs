@@ -1,5 +1,7 @@
 //! `sbmesh-operator`: see `sbmesh-operator --help` and docs/reference.md#operator-commands.
 
+#![warn(clippy::too_many_lines)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

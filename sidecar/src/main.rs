@@ -1,6 +1,8 @@
 //! `sbmesh-sidecar`: runs next to an sbproxy container and gives it a mesh,
 //! ACME certificates and config reloads. See `sbmesh-sidecar --help`.
 
+#![warn(clippy::too_many_lines)]
+
 mod cli;
 mod commands;
 mod memory;

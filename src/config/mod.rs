@@ -103,6 +103,7 @@ pub enum Severity {
 /// Displays as `<path>: <message>`, the format `validate` prints.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error("{path}: {message}")]
+#[non_exhaustive]
 pub struct Problem {
     /// Where: a YAML path (`proxy.cluster.seeds[1]`), a flag (`--gossip-port`),
     /// `line L, column C` for interpolation, `(yaml)` for syntax errors,
@@ -146,6 +147,7 @@ impl Problem {
 /// every problem with its path.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct SbConfig {
     /// The proxy's own keys the sidecar reads, and the sidecar's block.
     pub proxy: ProxySection,
@@ -265,6 +267,7 @@ pub(crate) const MIGRATION_MESSAGE: &str = "not found, and the sidecar no longer
 /// block under `proxy.extensions`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct ProxySection {
     /// `proxy.admin`: the proxy's admin API, where reloads are POSTed.
     pub admin: AdminSection,
@@ -286,6 +289,7 @@ pub struct ProxySection {
 /// `proxy.admin`, with sbproxy 1.13's defaults.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct AdminSection {
     /// `enabled`, default `false`.
     pub enabled: bool,
@@ -401,6 +405,7 @@ pub fn resolve_field(
 
 /// `proxy.cluster`: the proxy's own mesh, which binds these ports itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProxyCluster {
     /// `proxy.cluster.gossip_port` (UDP), default [`DEFAULT_GOSSIP_PORT`].
     pub gossip_port: u16,
@@ -410,6 +415,7 @@ pub struct ProxyCluster {
 
 /// `proxy.acme`: the proxy's own ACME client.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProxyAcme {
     /// `proxy.acme.enabled`.
     pub enabled: bool,
@@ -422,6 +428,7 @@ pub struct ProxyAcme {
 /// over each one.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct SbmeshSection {
     /// `cluster_id`: packets from another cluster id are dropped.
     pub cluster_id: Option<String>,
@@ -464,6 +471,7 @@ impl fmt::Debug for SbmeshSection {
 /// `proxy.extensions.sbmesh.acme`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[non_exhaustive]
 pub struct AcmeSection {
     /// `enabled`, default `false`.
     pub enabled: bool,
@@ -579,6 +587,7 @@ impl CertApply {
 
 /// `acme.eab`: external account binding credentials from the CA.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Eab {
     /// `kid`: the key identifier.
     pub kid: String,
@@ -699,6 +708,7 @@ pub fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<P
 
 /// A configuration file as read from disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Loaded {
     /// The parsed configuration.
     pub config: SbConfig,

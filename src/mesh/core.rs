@@ -100,6 +100,7 @@ const MAX_INLINE_IN_STATE: usize = 256 << 10;
 /// SWIM timing. The defaults were chosen from measurements (BENCHMARKS.md):
 /// fast failure detection on a LAN without false downs at 10 % loss.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct SwimTuning {
     /// How often each member probes its successor on the monitoring ring
     /// (`ring.rs`): every member is probed once per period.

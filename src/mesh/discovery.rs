@@ -12,6 +12,7 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Where seeds come from.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct SeedSource {
     /// `host:port` entries; a bare host gets the gossip port.
     pub seeds: Vec<String>,

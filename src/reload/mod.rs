@@ -88,6 +88,7 @@ impl Default for ReloadTiming {
 
 /// What the reloader needs.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ReloaderConfig {
     /// The proxy's config file (`--config`).
     pub config_path: PathBuf,

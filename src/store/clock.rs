@@ -10,6 +10,16 @@
 //! fall at other sub-second phases) and uses its midpoint. When a reading
 //! does not overlap the bounds kept so far (a clock was stepped), it starts
 //! over from that reading.
+//!
+//! The offset is to the local *wall* clock, which can be stepped (NTP, a
+//! resumed VM, an operator) while the cached offset is still young. Each
+//! use therefore checks the wall clock against the monotonic clock since
+//! the offset was confirmed: a step of more than [`STEP_TOLERANCE_MS`] moves
+//! the offset the other way by as much (the monotonic clock measures the
+//! step to the millisecond, so no reading is needed). Without it, a node whose
+//! clock jumped 60 s ahead saw another replica's fresh lease as expired
+//! and took it over: two orders for one name (the chaos soak's seed
+//! 3758827632676915).
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,12 +35,44 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(30);
 /// bounds are not narrowed with readings this far apart (clocks drift).
 pub(crate) const STALE: Duration = Duration::from_secs(300);
 
-/// Bounds on the offset (server minus local, ms), and when last confirmed.
+/// More than this between how far the wall clock moved and how far the
+/// monotonic clock did, since the offset was confirmed, is a step of the
+/// wall clock rather than drift (which the [`REFRESH`] reading absorbs).
+pub(crate) const STEP_TOLERANCE_MS: i64 = 250;
+
+/// Bounds on the offset (server minus local, ms), and when last confirmed:
+/// at the monotonic `at`, when the wall clock read `wall_ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Bounds {
     lo: i64,
     hi: i64,
     at: Instant,
+    wall_ms: u64,
+}
+
+impl Bounds {
+    /// How far the wall clock (now `wall_now`) was stepped since the
+    /// bounds were confirmed: what it moved beyond the monotonic clock.
+    fn wall_step(&self, wall_now: u64) -> i64 {
+        let elapsed = i64::try_from(self.at.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let moved = i64::try_from(wall_now)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(self.wall_ms).unwrap_or(i64::MAX));
+        moved.saturating_sub(elapsed)
+    }
+
+    /// The same bounds after the wall clock was stepped by `step` ms: the
+    /// server did not move, so the offset moves the other way.
+    fn shift(&mut self, step: i64) {
+        self.lo = self.lo.saturating_sub(step);
+        self.hi = self.hi.saturating_sub(step);
+        self.wall_ms = u64::try_from(
+            i64::try_from(self.wall_ms)
+                .unwrap_or(i64::MAX)
+                .saturating_add(step),
+        )
+        .unwrap_or(0);
+    }
 }
 
 /// After a failed reading, how long the last offset is used before the
@@ -81,7 +123,28 @@ impl ClockSync {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Reading, StoreError>>,
     {
+        self.offset_on(backend, read, now_unix_ms).await
+    }
+
+    /// [`ClockSync::offset`] against the wall clock `wall` (tests step it).
+    async fn offset_on<F, Fut>(
+        &self,
+        backend: &'static str,
+        read: F,
+        wall: impl Fn() -> u64,
+    ) -> Result<i64, StoreError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<Reading, StoreError>>,
+    {
         let mut state = self.state.lock().await;
+        if let Some(b) = state.bounds.as_mut() {
+            let step = b.wall_step(wall());
+            if step.abs() > STEP_TOLERANCE_MS {
+                tracing::info!(backend, step_ms = step, "the local wall clock was stepped; the store's clock offset follows");
+                b.shift(step);
+            }
+        }
         if let Some(b) = state.bounds {
             let usable = b.at.elapsed() < STALE;
             let resting = state.failed_at.is_some_and(|at| at.elapsed() < RETRY);
@@ -89,9 +152,9 @@ impl ClockSync {
                 return Ok(midpoint(b));
             }
         }
-        let before = now_unix_ms();
+        let before = wall();
         let reading = read().await;
-        let after = now_unix_ms();
+        let after = wall();
         match reading {
             Ok(reading) => {
                 let bounds = narrow(state.bounds, reading, before, after, Instant::now());
@@ -133,12 +196,19 @@ fn narrow(
     let hi = server
         .saturating_add(resolution)
         .saturating_sub(local(before));
-    let fresh = Bounds { lo, hi, at: now };
+    let wall_ms = after.max(before);
+    let fresh = Bounds {
+        lo,
+        hi,
+        at: now,
+        wall_ms,
+    };
     match previous {
         Some(p) if now.duration_since(p.at) < STALE && p.lo <= hi && lo <= p.hi => Bounds {
             lo: p.lo.max(lo),
             hi: p.hi.min(hi),
             at: now,
+            wall_ms,
         },
         _ => fresh,
     }
@@ -225,5 +295,40 @@ mod tests {
                 .await
                 .is_err()
         );
+    }
+
+    #[tokio::test]
+    async fn a_stepped_wall_clock_moves_the_offset_the_other_way() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let wall = AtomicU64::new(1_000_000);
+        let clock = || wall.load(Ordering::Relaxed);
+        let sync = ClockSync::new();
+        // The store is 5 s ahead.
+        let first = sync.offset_on(
+            "test",
+            || async {
+                Ok(Reading {
+                    server_ms: 1_005_000,
+                    resolution_ms: 1,
+                })
+            },
+            clock,
+        );
+        assert_eq!(first.await.unwrap(), 5_000);
+        async fn cached(sync: &ClockSync, wall: &AtomicU64) -> i64 {
+            let read = || async { panic!("read while the offset is fresh") };
+            let clock = || wall.load(Ordering::Relaxed);
+            sync.offset_on("test", read, clock).await.unwrap()
+        }
+        // The wall clock jumps 60 s ahead; the store's did not move. (A
+        // lease judged on the old offset would look 60 s older.)
+        wall.fetch_add(60_000, Ordering::Relaxed);
+        assert_eq!(cached(&sync, &wall).await, -55_000);
+        // And back.
+        wall.fetch_sub(60_000, Ordering::Relaxed);
+        assert_eq!(cached(&sync, &wall).await, 5_000);
+        // Within the tolerance it is drift, left to the next reading.
+        wall.fetch_add(100, Ordering::Relaxed);
+        assert_eq!(cached(&sync, &wall).await, 5_000);
     }
 }

@@ -988,6 +988,7 @@ fn fenced(key: &str, fence: u64, newest: u64) -> StoreError {
 
 /// When a [`LeaseKeeper`] renews and when it gives up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeeperTiming {
     /// Pause after a confirmed renewal before the next one.
     pub renew_every: Duration,
