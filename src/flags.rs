@@ -2,9 +2,9 @@
 //! variable, value name, kind, default and meaning, written once.
 //!
 //! Everything that names a flag reads it from here: the sidecar's command
-//! line (clap is built from [`RUN`]), its settings resolution (a problem
+//! line (clap is built from `RUN`), its settings resolution (a problem
 //! names `--flag` and `ENV` from the entry), its tests (they iterate
-//! [`RUN`]), the operator (the environment it gives the sidecar container)
+//! `RUN`), the operator (the environment it gives the sidecar container)
 //! and the documentation ([`markdown_table`], which a test compares with
 //! `docs/reference.md`). Precedence is the sidecar's: flag > environment >
 //! `sb.yml` > default; a default here is the last of those.
@@ -791,7 +791,7 @@ pub fn by_env(env: &str) -> Option<&'static Flag> {
     RUN.iter().find(|flag| flag.env == env)
 }
 
-/// [`RUN`] as a Markdown table, one row per flag:
+/// `RUN` as a Markdown table, one row per flag:
 /// `| flag | environment | default | meaning |`. A fixed default is
 /// written as code, one worked out from other inputs in words, none as `—`.
 pub fn markdown_table() -> String {

@@ -84,7 +84,7 @@ pub enum IdError {
         /// `node id` or `cluster id`.
         kind: &'static str,
     },
-    /// The id is longer than [`MAX_ID_LEN`].
+    /// The id is longer than `MAX_ID_LEN`.
     #[error("{kind} is {len} characters long; expected at most 253")]
     TooLong {
         /// `node id` or `cluster id`.

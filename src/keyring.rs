@@ -2,12 +2,12 @@
 //! derived from them.
 //!
 //! Below the mesh, the store and ACME, which all use it: the mesh seals its
-//! packets under the ring ([`crate::mesh::seal`]), the store seals records
-//! at rest under a key derived from it ([`crate::store::sealed`]), and ACME
+//! packets under the ring (`crate::mesh::seal`), the store seals records
+//! at rest under a key derived from it (`crate::store::sealed`), and ACME
 //! seals its account and certificate keys through the store's sealing. It
 //! imports nothing from any of them. Where a ring comes from (a file, an environment
 //! variable, `sb.yml`) and how it is written is configuration
-//! ([`crate::config::key`]).
+//! (`crate::config::key`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,7 +32,7 @@ const KEY_ID_DOMAIN: &[u8] = b"sbmesh-key-id\0";
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyRingError {
-    /// [`KeyRing::new`] was given no keys.
+    /// `KeyRing::new` was given no keys.
     #[error("the mesh key ring is empty: configure at least one 32-byte key")]
     EmptyRing,
     /// Two ring keys have the same id.
@@ -41,12 +41,12 @@ pub enum KeyRingError {
          (if the keys differ, their ids collide by chance; generate a new key)"
     )]
     DuplicateKey {
-        /// Position of the second key in the list given to [`KeyRing::new`].
+        /// Position of the second key in the list given to `KeyRing::new`.
         index: usize,
         /// The shared key id.
         id: u32,
     },
-    /// [`KeyRing::derive`] was asked for a key id the ring does not hold.
+    /// `KeyRing::derive` was asked for a key id the ring does not hold.
     #[error("key id {id:08x} is not in the mesh key ring")]
     UnknownKey {
         /// The key id asked for.
@@ -152,7 +152,7 @@ impl KeyRing {
         1 + self.keys.rest.len()
     }
 
-    /// Always `false`: [`KeyRing::new`] refuses an empty ring.
+    /// Always `false`: `KeyRing::new` refuses an empty ring.
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -184,7 +184,7 @@ impl KeyRing {
         hkdf_expand(&key.raw, label)
     }
 
-    /// [`KeyRing::derive`] with the primary key.
+    /// `KeyRing::derive` with the primary key.
     ///
     /// # Errors
     /// [`KeyRingError::Crypto`] if the key derivation primitive fails.
@@ -224,7 +224,7 @@ impl fmt::Debug for KeyRing {
 /// 32-byte key. What each node's `key_id` in `/admin/cluster/status` and the
 /// operator's `status.clusterKey.keyId` show, so a rotation can be followed
 /// from either (`xxd -r -p <<< "$KEY" | sha256sum | cut -c1-8`). Not the id
-/// in a sealed packet's header ([`KeyRing::ids`], domain-separated).
+/// in a sealed packet's header (`KeyRing::ids`, domain-separated).
 pub fn display_key_id(raw: &[u8; 32]) -> String {
     let head = digest_head(&digest::digest(&digest::SHA256, raw));
     head.iter().map(|b| format!("{b:02x}")).collect()

@@ -613,7 +613,7 @@ impl Node {
 
     /// The certificates to serve, placeholders included until the CA's
     /// arrive, updated after every change (new origin, issuance, renewal).
-    /// Feed them to [`crate::tls::CertResolver::follow`]. The files are read
+    /// Feed them to `crate::tls::CertResolver::follow`. The files are read
     /// back only while someone holds a receiver.
     ///
     /// The first call starts the task that reads them (a node nobody asks,

@@ -108,8 +108,8 @@ struct Table {
 }
 
 /// A [`ResolvesServerCert`] serving a set of certificates by SNI name,
-/// swapped as a whole by [`CertResolver::load`] (or kept current by
-/// [`CertResolver::follow`]).
+/// swapped as a whole by `CertResolver::load` (or kept current by
+/// `CertResolver::follow`).
 pub struct CertResolver {
     table: ArcSwap<Table>,
     default: DefaultCertificate,

@@ -6,7 +6,7 @@
 //! to the store -> any replica's responder answers the CA -> certificate
 //! (sealed in the store) -> every replica writes its files -> reload.
 //!
-//! Every record lives under the keys built by [`layout`], so one store can be
+//! Every record lives under the keys built by `layout`, so one store can be
 //! shared by the replicas of a cluster without any other coordination.
 
 internal_mod! { layout; }

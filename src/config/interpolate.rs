@@ -12,7 +12,7 @@ pub struct Interpolated {
     /// References whose variable is not set and that have no default,
     /// kept literally in `text`, in file order.
     pub unresolved: Vec<Unresolved>,
-    /// The substituted text would be larger than [`MAX_CONFIG_BYTES`]:
+    /// The substituted text would be larger than `MAX_CONFIG_BYTES`:
     /// `text` stops before the value that crossed it. A few references to a
     /// large variable must not multiply into gigabytes.
     pub oversized: bool,

@@ -29,7 +29,7 @@
 //! assert_eq!(cfg.sbmesh().node_id.as_deref(), Some("demo-proxy-0"));
 //! ```
 //!
-//! Cluster keys live in [`key`]: where a key comes from ([`KeySource`]), how a
+//! Cluster keys live in `key`: where a key comes from ([`KeySource`]), how a
 //! key ring is written ([`parse_key_ring`]) and how a fresh one is made
 //! ([`generate_key`]). Conflicts between the sidecar and the proxy's own
 //! blocks are [`conflicts`].
@@ -153,7 +153,7 @@ pub struct SbConfig {
     pub proxy: ProxySection,
     /// The keys of the `origins` mapping, as written, in file order. The
     /// hostnames to certify are their normalised forms
-    /// ([`hostname::normalize`]), see [`SbConfig::acme_hostnames`].
+    /// (`hostname::normalize`), see `SbConfig::acme_hostnames`.
     pub origins: Vec<String>,
     /// Warnings found while reading the file (unresolved `${NAME}`
     /// references, keys the proxy would refuse), part of [`SbConfig::warnings`].
@@ -477,7 +477,7 @@ pub struct AcmeSection {
     pub enabled: bool,
     /// `email`: the account contact; optional (Let's Encrypt does not require one).
     pub email: Option<String>,
-    /// `directory_url`, default [`LETS_ENCRYPT_DIRECTORY`].
+    /// `directory_url`, default `LETS_ENCRYPT_DIRECTORY`.
     pub directory_url: String,
     /// `ca_root`: a PEM file to trust for a private CA's directory.
     pub ca_root: Option<PathBuf>,
@@ -485,7 +485,7 @@ pub struct AcmeSection {
     /// then used, which is only right for a single replica).
     pub storage_backend: Option<StorageBackend>,
     /// `storage_path`, as written; its form depends on the backend (see
-    /// [`StorageBackend::path_form`]).
+    /// `StorageBackend::path_form`).
     pub storage_path: Option<String>,
     /// `renew_before_days`; `None`: renew when a third of the lifetime remains.
     pub renew_before_days: Option<u32>,

@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics` and `/admin/*`
 //! (docs/reference.md#admin-endpoints); serving it and the challenge
-//! listener ([`listener`]); the challenge listener's passthrough to the
+//! listener (`listener`); the challenge listener's passthrough to the
 //! proxy ([`passthrough`]); the content negotiation of `/metrics`
 //! (`negotiate.rs`: OpenMetrics or the Prometheus text format, by `Accept`).
 

@@ -12,8 +12,8 @@
 //! `Proxy-Authorization`, `Proxy-Authenticate`) are not, either way. The
 //! proxy's answer (status, headers, body) comes back as it is. Bodies are
 //! streamed both ways, never held whole; a request body larger than
-//! [`MAX_REQUEST_BODY_BYTES`] gets `413`. A proxy that does not answer
-//! (connection refused, no response head within [`RESPONSE_TIMEOUT`]) gets
+//! `MAX_REQUEST_BODY_BYTES` gets `413`. A proxy that does not answer
+//! (connection refused, no response head within `RESPONSE_TIMEOUT`) gets
 //! the client a `502`. Each request handed over is counted in
 //! `sbmesh_challenge_passthrough_total{result}`.
 //!

@@ -21,9 +21,9 @@ pub(crate) const RENEW_STEP: u64 = 1 << 16;
 /// times: the higher `generation` wins (a restarted pod rejoins under its
 /// name and replaces its stale entry, whatever its new IP).
 ///
-/// Build it with [`NodeIdentity::new`]: foca's address of the member is a
+/// Build it with `NodeIdentity::new`: foca's address of the member is a
 /// hash of `node_id` taken there (and on decoding). The name and addresses
-/// are read through [`Place`] (`id.node_id`, `id.gossip`,
+/// are read through `Place` (`id.node_id`, `id.gossip`,
 /// `id.transport_port`).
 ///
 /// 24 bytes: foca keeps a `Vec` of these, one per member, and scans it for
@@ -39,7 +39,7 @@ pub struct NodeIdentity {
     /// scan of its member list instead of a pointer chase per member.
     /// First, so that comparing identities rejects early.
     addr: u64,
-    /// Unix milliseconds at the member's start, advanced by [`RENEW_STEP`]
+    /// Unix milliseconds at the member's start, advanced by `RENEW_STEP`
     /// at every rejoin.
     pub generation: u64,
     place: Arc<Place>,

@@ -94,10 +94,10 @@ pub struct NodeMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     /// The ids of every key the node opens, primary first, as a sealed
-    /// packet's header carries them ([`crate::keyring::KeyRing::ids`];
+    /// packet's header carries them (`crate::keyring::KeyRing::ids`;
     /// set by the mesh). A peer seals to this node with its own primary
     /// only once this lists it, so a rotation rolled out pod by pod drops
-    /// no packet (docs in [`crate::mesh::runtime`]).
+    /// no packet (docs in `crate::mesh::runtime`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub key_ring: Vec<u32>,
 }

@@ -1,7 +1,7 @@
 //! The SWIM mesh: foca driven over sealed UDP datagrams and TCP frames.
 //!
 //! Start a node with [`Mesh::start`]; ask it for the cluster with
-//! [`Mesh::status`]; publish this node's metadata with [`Mesh::set_meta`];
+//! [`Mesh::status`]; publish this node's metadata with `Mesh::set_meta`;
 //! leave gracefully with [`Mesh::leave`].
 
 mod core;

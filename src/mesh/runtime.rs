@@ -291,7 +291,7 @@ impl Mesh {
 
     /// Joined a cluster, or alone for 5 s with no peer answering (a node
     /// that hears only packets rejected for clock skew is not alone: see
-    /// [`Mesh::clock_skew_isolation`]).
+    /// `Mesh::clock_skew_isolation`).
     pub fn is_running(&self) -> bool {
         self.shared.running.load(Ordering::Relaxed)
     }

@@ -1,6 +1,6 @@
 //! The one metrics registry of a process, with the metric names of
 //! docs/reference.md#metrics. Every component takes an `Arc<Metrics>` and
-//! records into it; `/metrics` encodes the registry in the [`Exposition`]
+//! records into it; `/metrics` encodes the registry in the `Exposition`
 //! the scraper asks for (negotiated in `crate::http`): OpenMetrics 1.0.0,
 //! or the Prometheus text format 0.0.4.
 //!

@@ -2,9 +2,9 @@
 //! file, validate it, and POST the proxy's reload URL once per distinct
 //! content, never for an invalid file, never two at a time.
 //!
-//! Three parts, one way: [`watcher`] (inotify on the directory + rescan,
-//! debounce, read, hash, validate) → [`machine`] (the pure, clock-injected
-//! single-flight state machine) → [`post`] (the HTTP POST). [`Reloader`]
+//! Three parts, one way: `watcher` (inotify on the directory + rescan,
+//! debounce, read, hash, validate) → `machine` (the pure, clock-injected
+//! single-flight state machine) → `post` (the HTTP POST). [`Reloader`]
 //! wires them in a task, records the `reloader_*` metrics and publishes a
 //! [`ReloadStatus`] for the node metadata.
 //!

@@ -15,7 +15,7 @@
 //! waiters see a released or expired lease, exactly one of them replaces it
 //! and the others see a conflict. The record is written without a store
 //! TTL: expiry is the `expires_at_unix_ms` inside it, judged by the reader
-//! ([`lease_state`], a pure function of the record and the time). A record
+//! (`lease_state`, a pure function of the record and the time). A record
 //! may also list `guards`, the keys written through
 //! [`put_fenced_by_claims`] (absent otherwise; readers of the plain format
 //! ignore it).
@@ -54,7 +54,7 @@
 //! object store's `Last-Modified` of a probe it writes, the file volume's
 //! modification time of a probe file; 0 for memory and redb, which live in
 //! one process). The offset is learned every 30 s and cached
-//! ([`super::clock`]), so a replica whose own clock is minutes off takes
+//! (`super::clock`), so a replica whose own clock is minutes off takes
 //! an expired lease when the store's clock says so, and a live one never.
 //! What remains is the offset's error: below a millisecond plus a round
 //! trip on Redis and local disks, up to about a second on object stores
@@ -72,7 +72,7 @@
 //! lease to expire rather than share it with a predecessor that may still be
 //! running.
 //! A caller that knows its predecessor is dead (a pod name runs once)
-//! ends that lease with [`LeaseLock::release_predecessor`] instead.
+//! ends that lease with `LeaseLock::release_predecessor` instead.
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -816,7 +816,7 @@ pub(crate) fn value_fence(bytes: &[u8]) -> u64 {
 ///
 /// # Errors
 /// [`StoreError::Fenced`]; [`StoreError::Config`] past
-/// [`MAX_GUARDED_KEYS`] keys for one lock; the store's errors.
+/// `MAX_GUARDED_KEYS` keys for one lock; the store's errors.
 pub async fn put_fenced_by_claims<S: Store + ?Sized>(
     store: &S,
     key: &str,

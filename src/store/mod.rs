@@ -208,7 +208,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// neither takes live leases nor keeps expired ones. `0` (the default)
     /// for stores local to one process (memory, redb); the server's clock
     /// for redis (`TIME`) and object stores (`Last-Modified`); the
-    /// filesystem's timestamps for file. Backends cache it ([`clock`]).
+    /// filesystem's timestamps for file. Backends cache it (`clock`).
     async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
         Ok(0)
     }

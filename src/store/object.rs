@@ -36,7 +36,7 @@
 //! `Last-Modified` the service gives a probe object `<prefix>/~clock-<hex>`,
 //! written, read with `HEAD` and deleted (three requests, every 30 s):
 //! whole seconds, so each reading bounds the offset to about a second, and
-//! successive readings narrow it ([`super::clock`]).
+//! successive readings narrow it (`super::clock`).
 //!
 //! What object stores cannot do: `object_store` has no conditional delete,
 //! so [`Store::delete`] and [`Store::sweep_expired`] delete unconditionally.
@@ -953,7 +953,7 @@ impl Store for ObjectBackend {
 
     /// The service's clock: the `Last-Modified` it gives a probe object
     /// just written (whole seconds, so each reading bounds the offset to
-    /// about a second, narrowed by later readings; see [`super::clock`]).
+    /// about a second, narrowed by later readings; see `super::clock`).
     async fn clock_offset_ms(&self) -> Result<i64, StoreError> {
         self.clock
             .offset(self.location.backend, || {

@@ -50,7 +50,7 @@
 //! Lease locks use no Redis TTL (their record must outlive the lease):
 //! they judge expiry on the server's clock, which
 //! [`Store::clock_offset_ms`] reads with `TIME` (cached, see
-//! [`super::clock`]), so replicas whose clocks disagree still agree on it.
+//! `super::clock`), so replicas whose clocks disagree still agree on it.
 
 use std::fmt;
 use std::future::Future;
