@@ -95,11 +95,7 @@ pub fn status_target(
     let url = match (&args.admin, env(listen_env)) {
         (Some(url), _) => url.clone(),
         (None, Some(listen)) => {
-            let addr = <std::net::SocketAddr as sbmesh::flags::FlagValue>::parse_flag(
-                sbmesh::flags::Kind::Listen,
-                listen.trim(),
-            )
-            .map_err(|_| {
+            let addr = listen.trim().parse::<std::net::SocketAddr>().map_err(|_| {
                 anyhow!(
                     "{listen_env} is {listen:?}, not an ip:port such as {}; \
                      fix it, or give --admin http://HOST:PORT",

@@ -9,22 +9,23 @@
 //! Every record lives under the keys built by `layout`, so one store can be
 //! shared by the replicas of a cluster without any other coordination.
 
-internal_mod! { layout; }
-
-internal_mod! { account; }
-internal_mod! { certs; }
-internal_mod! { challenge; }
-internal_mod! { deliver; }
+internal_mod! {
+    layout;
+    account;
+    certs;
+    challenge;
+    deliver;
+    http_client;
+    issuer;
+    manager;
+    outcome;
+    ownership;
+    placeholder;
+    plan;
+    schedule;
+    unit;
+}
 pub use deliver::{CHAIN_FILE, KEY_FILE};
-internal_mod! { http_client; }
-internal_mod! { issuer; }
-internal_mod! { manager; }
 pub use manager::AcmeLimits;
 pub(crate) mod order;
-internal_mod! { outcome; }
-internal_mod! { ownership; }
-internal_mod! { placeholder; }
-internal_mod! { plan; }
-internal_mod! { schedule; }
-internal_mod! { unit; }
 pub(crate) mod unit_files;

@@ -5,20 +5,20 @@
 //! leave gracefully with [`Mesh::leave`].
 
 mod core;
-internal_mod! { discovery; }
-mod intern;
-internal_mod! { member; }
-internal_mod! { meta; }
-mod ring;
-mod runtime;
-internal_mod! { seal; }
 internal_mod! {
+    discovery;
+    member;
+    meta;
+    seal;
     /// Built only for tests and benches.
     #[cfg(any(test, feature = "testing"))]
     sim;
+    view;
 }
+mod intern;
+mod ring;
+mod runtime;
 mod suspicion;
-internal_mod! { view; }
 mod wire;
 
 pub use self::core::SwimTuning;

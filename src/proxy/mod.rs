@@ -18,11 +18,12 @@
 //! [`ProxyStatus::info`] as [`crate::mesh::NodeMeta::proxy`]; add
 //! [`restart_readiness`] and [`watch_tls_readiness`] to `/readyz`.
 
-internal_mod! { coordinator; }
-internal_mod! { procs; }
-internal_mod! { restart; }
-internal_mod! { watch_tls; }
-
+internal_mod! {
+    coordinator;
+    procs;
+    restart;
+    watch_tls;
+}
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use coordinator::{
     ProxyStatus, RestartConfig, RestartCoordinator, restart_readiness,

@@ -26,10 +26,11 @@
 //! # }
 //! ```
 
-internal_mod! { machine; }
-internal_mod! { post; }
-internal_mod! { watcher; }
-
+internal_mod! {
+    machine;
+    post;
+    watcher;
+}
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -15,17 +15,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-internal_mod! { clock; }
+internal_mod! {
+    clock;
+    instrumented;
+    open;
+    sealed;
+}
 pub mod file;
-internal_mod! { instrumented; }
 pub mod lock;
 pub mod memory;
 pub mod object;
-internal_mod! { open; }
 pub mod redb;
 pub mod redis;
-internal_mod! { sealed; }
-
 /// An opaque version of a stored value: compare-and-swap succeeds only
 /// against the version the caller read.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
