@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    Cluster, LEADER_LEASE, Namespace, OPERATOR_NAMESPACE, acme_manifest, add_a, curl, issued,
-    metric, pebble_root, pod_ip, restarts, serves_tls, sidecar_status, wait_for, wait_for_answer,
+    Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, acme_manifest,
+    add_a, container_id, curl, identities, issued, kill_container, metric, pebble_root, pod_ip,
+    serves_tls, sidecar_status, sidecar_status_forwarded, wait_every, wait_for, wait_for_answer,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
 
@@ -111,7 +112,7 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
     let manifest = ns.seed("hot-reload");
     c.apply(&manifest);
     let pods = ns.ready_pods("demo", 2);
-    let before: Vec<_> = pods.iter().map(restarts).collect();
+    let before = identities(&pods);
     let hash_before = ns.condition("demo", "Ready", "True", None)["status"]["configHash"].clone();
     for pod in &pods {
         let url = format!("http://{}:8080/", pod_ip(pod));
@@ -167,44 +168,69 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
                 .then_some(())
         },
     );
-    let after: Vec<_> = ns.proxy_pods("demo").iter().map(restarts).collect();
-    assert_eq!(before, after, "no container restarted");
+    let after = identities(&ns.proxy_pods("demo"));
+    assert_eq!(
+        before, after,
+        "the same pods (by UID), no container restarted"
+    );
 }
 
+/// The guide's "dataplane ACME" seed: the proxy's own ACME on the shared
+/// Redis the seed names. The images run the stand-in proxy (SPEC section
+/// 10), which does not run an ACME client, so this shows the sidecar's and
+/// the operator's part: the block reaches the proxy as written, the store
+/// it names answers at that name, and the sidecars order nothing.
 #[test]
-fn the_proxys_own_acme_on_redis_runs_and_the_sidecars_order_nothing() {
+fn the_proxys_own_acme_block_is_left_to_the_proxy_and_the_sidecars_order_nothing() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
+    // The seed's storage_path, as the cluster's DNS answers it for a pod.
+    let seed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/seed_manifests/acme-redis.yaml"
+    ))
+    .expect("the seed");
+    let store = "redis.default.svc.cluster.local:6379";
+    assert!(seed.contains(&format!("storage_path: {store}")), "{seed}");
+    let (host, port) = store.split_once(':').expect("host:port");
+    let redis = cluster::resolve(&c, host)
+        .unwrap_or_else(|e| panic!("{host} at the cluster's DNS ({}): {e}", c.node_ip));
+    let pong = cluster::redis_ping(&redis, port);
+    assert_eq!(
+        pong.as_deref(),
+        Ok("PONG"),
+        "Redis at {host} ({redis}:{port})"
+    );
+
     let ns = Namespace::new(&c, "e2e-acme-redis", &[]);
     c.apply(&ns.seed("acme-redis"));
     let pods = ns.ready_pods("demo", 2);
     ns.condition("demo", "Ready", "True", None);
+    // The proxy's config is the user's, its acme block as written.
+    let config = ns
+        .get(&["configmap", "demo-config"])
+        .expect("ConfigMap demo-config")["data"]["sb.yml"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        config.contains("  acme:\n    enabled: true\n") && config.contains(store),
+        "the proxy's acme block in the ConfigMap it mounts:\n{config}"
+    );
     for pod in &pods {
+        let name = pod["metadata"]["name"].as_str().expect("name");
         let ip = pod_ip(pod);
-        let s = sidecar_status(&ip, None);
-        // /admin/* answers loopback only without credentials: the metrics say it.
-        assert!(
-            s.is_none()
-                || s.as_ref()
-                    .is_some_and(|s| s["nodes"][0]["certificates"] == Value::Array(vec![]))
-        );
+        let status = sidecar_status_forwarded(&c, &ns.name, name);
+        assert_eq!(status["local_node_id"], name, "{status}");
+        let local = status["nodes"]
+            .as_array()
+            .and_then(|nodes| nodes.iter().find(|n| n["local"] == true))
+            .unwrap_or_else(|| panic!("{name}: no local node in {status}"));
+        assert_eq!(local["certificates"], json!([]), "{name}: {status}");
         for result in ["issued", "failed", "skipped"] {
-            let orders = metric(&ip, &format!("acme_orders_total{{result=\"{result}\"}}"));
-            assert!(
-                orders.unwrap_or(0.0) == 0.0,
-                "{ip}: acme_orders_total{{result={result}}} = {orders:?}"
-            );
+            let sample = format!("acme_orders_total{{result=\"{result}\"}}");
+            assert_eq!(metric(&ip, &sample), Some(0.0), "{name} ({ip}): {sample}");
         }
-        // The proxy's own ACME block is there, for the proxy.
-        let logs = ns
-            .kubectl(&[
-                "logs",
-                pod["metadata"]["name"].as_str().expect("name"),
-                "-c",
-                "proxy",
-            ])
-            .expect("proxy logs");
-        assert!(logs.to_ascii_lowercase().contains("acme"), "{logs}");
     }
 }
 
@@ -244,40 +270,88 @@ fn the_clustered_sbproxy_runs_under_the_restricted_pod_security_standard() {
             ("pod-security.kubernetes.io/enforce-version", "latest"),
         ],
     );
+    // The namespace enforces: a pod that breaks the standard (no security
+    // context: it may run as root, escalate and keep every capability) is
+    // refused, with the admission's message.
+    let unrestricted = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: not-restricted, namespace: {}}}\n\
+         spec:\n  containers:\n  - name: c\n    image: soapbucket/sbproxy:1.13.0\n    \
+         imagePullPolicy: Never\n",
+        ns.name
+    );
+    let refused = c
+        .kubectl_with(&["apply", "-f", "-"], Some(&unrestricted))
+        .expect_err("a pod without a security context admitted where restricted is enforced");
+    assert!(
+        refused.contains("violates PodSecurity \"restricted:latest\"")
+            && refused.contains("runAsNonRoot != true"),
+        "{refused}"
+    );
+    assert!(ns.get(&["pod", "not-restricted"]).is_none());
+
     c.apply(&ns.seed("clustered"));
     // A refused pod never exists; the StatefulSet's events say why.
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let pods = ns.proxy_pods("demo");
-        if pods.len() == 3 && pods.iter().all(cluster::pod_ready) {
-            break;
-        }
-        let events = ns
-            .kubectl(&[
-                "get",
-                "events",
-                "--field-selector",
-                "reason=FailedCreate",
-                "-o",
-                "custom-columns=M:.message",
-                "--no-headers",
-            ])
-            .unwrap_or_default();
-        assert!(
-            events.trim().is_empty(),
-            "pods refused under restricted: {events}"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no 3 Ready pods under restricted"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    wait_for(
+        "3 Ready pods under restricted",
+        Duration::from_secs(240),
+        || {
+            let events = ns
+                .kubectl(&[
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "reason=FailedCreate",
+                    "-o",
+                    "custom-columns=M:.message",
+                    "--no-headers",
+                ])
+                .unwrap_or_default();
+            assert!(
+                events.trim().is_empty(),
+                "pods refused under restricted: {events}"
+            );
+            let pods = ns.proxy_pods("demo");
+            (pods.len() == 3 && pods.iter().all(cluster::pod_ready)).then_some(())
+        },
+    );
     mesh_of(&ns.proxy_pods("demo"), 3);
 }
 
+/// The Lease's holder and its renewTime.
+fn lease(c: &Cluster) -> Option<(String, String)> {
+    let lease = c.get(&["-n", OPERATOR_NAMESPACE, "lease", LEADER_LEASE])?;
+    Some((
+        lease["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        lease["spec"]["renewTime"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+    ))
+}
+
+/// The ConfigMap `demo-config` of `ns` carries `text`.
+fn config_has(ns: &Namespace, text: &str) -> bool {
+    ns.get(&["configmap", "demo-config"])
+        .and_then(|cm| cm["data"]["sb.yml"].as_str().map(|t| t.contains(text)))
+        .unwrap_or(false)
+}
+
+/// Two hand-offs of the operator's Lease, each with an SBProxy edit that
+/// only the new leader can apply:
+///
+/// 1. The leader's pod deleted (SIGTERM): it releases the Lease as it
+///    stops. The edit is made once that pod is gone.
+/// 2. The leader frozen through the runtime (a hung process, a partitioned
+///    node: it can neither renew nor release), then killed with SIGKILL:
+///    the Lease must expire. The edit is made at once and lands while no
+///    operator leads; nothing applies it until the standby holds the
+///    Lease. (SIGKILL alone restarts the container in place, under the
+///    same identity, which takes its own Lease back at once.)
 #[test]
-fn the_standby_takes_the_lease_and_applies_an_edit_made_during_the_hand_off() {
+fn the_standby_takes_the_lease_released_or_expired_and_applies_an_edit_made_meanwhile() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
     let ns = Namespace::new(&c, "e2e-leader", &[]);
@@ -285,12 +359,8 @@ fn the_standby_takes_the_lease_and_applies_an_edit_made_during_the_hand_off() {
     c.apply(&manifest);
     ns.condition("demo", "Ready", "True", None);
 
-    let leader = c
-        .get(&["-n", OPERATOR_NAMESPACE, "lease", LEADER_LEASE])
-        .expect("lease")["spec"]["holderIdentity"]
-        .as_str()
-        .expect("holder")
-        .to_string();
+    // 1. Released.
+    let (leader, _) = lease(&c).expect("the Lease");
     let start = Instant::now();
     c.must(&[
         "-n",
@@ -300,29 +370,98 @@ fn the_standby_takes_the_lease_and_applies_an_edit_made_during_the_hand_off() {
         &leader,
         "--wait=false",
     ]);
-    // The edit lands while no operator leads.
-    let edited = manifest.replace("hello from sbproxy", "hello after the hand-off");
+    let next = wait_every(
+        "a new Lease holder after the leader's pod was deleted",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || lease(&c).filter(|(h, _)| h != &leader && !h.is_empty()),
+    )
+    .0;
+    eprintln!(
+        "released: {next} holds the Lease {:.1} s after the delete of {leader}",
+        start.elapsed().as_secs_f64()
+    );
+    wait_for(
+        &format!("pod {leader} gone"),
+        Duration::from_secs(90),
+        || {
+            c.get(&["-n", OPERATOR_NAMESPACE, "pod", &leader])
+                .is_none()
+                .then_some(())
+        },
+    );
+    let edited = manifest.replace("hello from sbproxy", "hello after the release");
     assert_ne!(edited, manifest);
+    let edit = Instant::now();
     c.apply(&edited);
-    let new_leader = wait_for("a new Lease holder", Duration::from_secs(60), || {
-        let lease = c.get(&["-n", OPERATOR_NAMESPACE, "lease", LEADER_LEASE])?;
-        let holder = lease["spec"]["holderIdentity"].as_str()?.to_string();
-        (holder != leader && !holder.is_empty()).then_some(holder)
-    });
+    wait_for(
+        "the edit made after the release in the ConfigMap",
+        Duration::from_secs(60),
+        || config_has(&ns, "hello after the release").then_some(()),
+    );
     eprintln!(
-        "hand-off: {new_leader} holds the Lease {:.1} s after the delete",
+        "released: edit applied {:.1} s after it was made",
+        edit.elapsed().as_secs_f64()
+    );
+
+    // 2. Expired: both replicas back, then the leader frozen and killed.
+    c.operator();
+    let (leader, _) = lease(&c).expect("the Lease");
+    let pod = c
+        .get(&["-n", OPERATOR_NAMESPACE, "pod", &leader])
+        .unwrap_or_else(|| panic!("the leader's pod {leader}"));
+    let id = container_id(&pod, OPERATOR_DEPLOYMENT);
+    let start = Instant::now();
+    cluster::pause_container(&c, &id);
+    let edited = manifest.replace("hello from sbproxy", "hello after the expiry");
+    c.apply(&edited);
+    // A renewal already on the wire when it froze may still land.
+    std::thread::sleep(Duration::from_secs(1));
+    let (holder, renewed) = lease(&c).expect("the Lease");
+    assert_eq!(holder, leader, "the Lease moved within 1 s of the freeze");
+    let next = wait_every(
+        "a new Lease holder after the leader froze",
+        Duration::from_secs(90),
+        Duration::from_millis(200),
+        || {
+            let (holder, renew) = lease(&c)?;
+            if holder == leader {
+                // No renewal and no release by the frozen leader, and
+                // nothing applied the edit while no one led.
+                assert_eq!(
+                    renew, renewed,
+                    "the frozen leader {leader} renewed the Lease"
+                );
+                assert!(
+                    !config_has(&ns, "hello after the expiry"),
+                    "the edit was applied while {leader} was frozen and held the Lease"
+                );
+                return None;
+            }
+            assert!(
+                !holder.is_empty(),
+                "the Lease was released while its leader {leader} was frozen"
+            );
+            Some(holder)
+        },
+    );
+    let handoff = start.elapsed().as_secs_f64();
+    kill_container(&c, &id);
+    cluster::resume_container(&c, &id);
+    wait_for(
+        "the edit made while no operator led in the ConfigMap",
+        Duration::from_secs(60),
+        || config_has(&ns, "hello after the expiry").then_some(()),
+    );
+    eprintln!(
+        "expired: {next} holds the Lease {handoff:.1} s after {leader} froze; the edit applied \
+         {:.1} s after it was made",
         start.elapsed().as_secs_f64()
     );
-    let cm = wait_for("the edit in the ConfigMap", Duration::from_secs(60), || {
-        let cm = ns.get(&["configmap", "demo-config"])?;
-        let text = cm["data"]["sb.yml"].as_str()?.to_string();
-        text.contains("hello after the hand-off").then_some(text)
-    });
-    assert!(cm.contains("hello after the hand-off"));
-    eprintln!(
-        "edit applied {:.1} s after the delete",
-        start.elapsed().as_secs_f64()
-    );
+    // The killed leader's pod comes back and follows.
+    c.operator();
+    let (holder, _) = lease(&c).expect("the Lease");
+    assert_eq!(holder, next, "the new leader keeps the Lease");
 }
 
 /// The sidecar's ACME (`proxy.extensions.sbmesh.acme`) on 3 replicas, a

@@ -34,15 +34,7 @@ fn operator_running(c: &Cluster, ns: &str) -> String {
         || {
             let lease = c.get(&["-n", ns, "lease", LEADER_LEASE])?;
             let holder = lease["spec"]["holderIdentity"].as_str()?.to_string();
-            let pods = c.get(&[
-                "-n",
-                ns,
-                "pods",
-                "-l",
-                "app.kubernetes.io/name=sbmesh-operator",
-            ])?;
-            pods["items"]
-                .as_array()?
+            c.operator_pods(ns)
                 .iter()
                 .any(|p| p["metadata"]["name"] == holder.as_str() && cluster::pod_ready(p))
                 .then_some(holder)
@@ -50,18 +42,32 @@ fn operator_running(c: &Cluster, ns: &str) -> String {
     )
 }
 
+/// Every running operator pod in `ns` runs as the `sbmesh-operator`
+/// ServiceAccount with that account's token mounted: read from the pods,
+/// not from what `install` printed.
+fn runs_as_its_own_service_account(c: &Cluster, ns: &str) {
+    let pods: Vec<_> = c
+        .operator_pods(ns)
+        .into_iter()
+        .filter(|p| p["status"]["phase"] == "Running")
+        .collect();
+    assert_eq!(pods.len(), 2, "2 running operator pods in {ns}");
+    for pod in &pods {
+        let name = &pod["metadata"]["name"];
+        assert_eq!(
+            pod["spec"]["serviceAccountName"], "sbmesh-operator",
+            "operator pod {ns}/{name} runs as its own ServiceAccount"
+        );
+        assert_ne!(
+            pod["spec"]["automountServiceAccountToken"], false,
+            "operator pod {ns}/{name} has its ServiceAccount's token"
+        );
+    }
+}
+
 /// No request of the operator's was refused: its logs name no 403.
 fn no_forbidden(c: &Cluster, ns: &str) {
-    let pods = c
-        .get(&[
-            "-n",
-            ns,
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=sbmesh-operator",
-        ])
-        .expect("operator pods");
-    for pod in pods["items"].as_array().expect("items") {
+    for pod in &c.operator_pods(ns) {
         let name = pod["metadata"]["name"].as_str().expect("name");
         let logs = c.must(&["-n", ns, "logs", name]);
         for line in logs.lines() {
@@ -107,11 +113,7 @@ fn install_namespace_scope_then_cluster_scope() {
     c.apply(&yaml);
     let leader = operator_running(&c, &scoped.name);
     eprintln!("namespace scope: {leader} holds the Lease");
-    let sa = c
-        .get(&["-n", &scoped.name, "deployment", OPERATOR_DEPLOYMENT])
-        .expect("deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-        .clone();
-    assert_eq!(sa, "sbmesh-operator", "runs as its own ServiceAccount");
+    runs_as_its_own_service_account(&c, &scoped.name);
     basic_answers(&scoped);
     no_forbidden(&c, &scoped.name);
     c.must(&[
@@ -134,6 +136,7 @@ fn install_namespace_scope_then_cluster_scope() {
     c.apply(&operator(&["install", "--rbac-scope", "cluster"]));
     let leader = operator_running(&c, OPERATOR_NAMESPACE);
     eprintln!("cluster scope: {leader} holds the Lease");
+    runs_as_its_own_service_account(&c, OPERATOR_NAMESPACE);
     let basic = Namespace::new(&c, "e2e-basic", &[]);
     basic_answers(&basic);
     no_forbidden(&c, OPERATOR_NAMESPACE);

@@ -2,16 +2,23 @@
 //! and `sbmesh-sidecar status` run as a user runs them, against the cluster
 //! `scripts/cluster up` starts (`scripts/test` exports its settings).
 //!
-//! A test gets [`Cluster::from_env`] (`None`: no cluster, the test prints SKIP,
-//! or fails under `SBMESH_TEST_REQUIRE_SERVERS=1`) and a [`Namespace`] of
-//! its own, deleted when it drops. `scripts/test` runs these binaries in a
-//! phase of their own, with `SBMESH_TEST_CLUSTER_REQUIRED=1`. Waits poll with generous deadlines; what
-//! was last seen is in the failure.
+//! A test gets [`Cluster::from_env`] and a [`Namespace`] of its own, deleted
+//! when it drops. Without a cluster (`SBMESH_TEST_KUBECONFIG` unset) the
+//! test prints SKIP and passes, unless `SBMESH_TEST_CLUSTER_REQUIRED=1`,
+//! which `scripts/test` sets for the phase that runs these binaries after
+//! starting the cluster: then it fails.
+//!
+//! Waits poll with generous deadlines, and every deadline ends within the
+//! test's budget ([`budget`]: nextest's kill of a cluster test less a
+//! margin), so a wait that runs out fails with its own message, never with
+//! nextest's kill.
 #![allow(dead_code)]
 
 use std::io::Write;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -23,6 +30,8 @@ pub const OPERATOR_NAMESPACE: &str = "sbmesh-system";
 pub const OPERATOR_DEPLOYMENT: &str = "sbmesh-operator";
 /// The leader election Lease (docs/reference.md).
 pub const LEADER_LEASE: &str = "sbproxy-operator-leader";
+/// The label selector of the operator's pods.
+pub const OPERATOR_SELECTOR: &str = "app.kubernetes.io/name=sbmesh-operator";
 
 /// The running cluster's settings, from `scripts/cluster env`.
 #[derive(Clone, Debug)]
@@ -43,12 +52,16 @@ pub struct Cluster {
     pub pebble_log: String,
     /// Redis, as pods reach it, without a database number.
     pub redis_url: String,
+    /// The cluster's containerd socket (`ctr --address`), to kill a
+    /// container through the runtime as a crash would.
+    pub containerd: String,
 }
 
 impl Cluster {
     /// The cluster, or `None` (after printing SKIP) when none runs; with
     /// `SBMESH_TEST_CLUSTER_REQUIRED=1`, a missing cluster fails the test.
     pub fn from_env() -> Option<Cluster> {
+        test_started();
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let Some(kubeconfig) = var("SBMESH_TEST_KUBECONFIG") else {
             assert!(
@@ -71,6 +84,7 @@ impl Cluster {
             challtestsrv: need("SBMESH_CLUSTER_CHALLTESTSRV_URL"),
             pebble_log: need("SBMESH_CLUSTER_PEBBLE_LOG"),
             redis_url: need("SBMESH_CLUSTER_REDIS_URL"),
+            containerd: need("SBMESH_CLUSTER_CONTAINERD_SOCK"),
         })
     }
 
@@ -111,22 +125,37 @@ impl Cluster {
     }
 
     /// Waits until the operator `cluster_install` installs (cluster scope,
-    /// [`OPERATOR_NAMESPACE`]) has every replica available.
+    /// [`OPERATOR_NAMESPACE`]) runs every replica: as many Ready pods, none
+    /// of them terminating, as the Deployment wants (its own status lags a
+    /// deleted pod).
     pub fn operator(&self) {
         wait_for(
-            "the cluster-wide operator available",
-            Duration::from_secs(600),
+            "the cluster-wide operator's every replica Ready",
+            Duration::from_secs(180),
             || {
                 let d = self.get(&["-n", OPERATOR_NAMESPACE, "deployment", OPERATOR_DEPLOYMENT])?;
-                let want = d["spec"]["replicas"].as_i64()?;
-                let available = d["status"]["availableReplicas"].as_i64().unwrap_or(0);
+                let want = d["spec"]["replicas"].as_u64()?;
                 let all_namespaces = d["spec"]["template"]["spec"]["containers"][0]["args"]
                     .as_array()?
                     .iter()
                     .any(|a| a == "--all-namespaces");
-                (all_namespaces && available == want).then_some(())
+                let pods = self.operator_pods(OPERATOR_NAMESPACE);
+                let ready = pods
+                    .iter()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null() && pod_ready(p))
+                    .count();
+                (all_namespaces && pods.len() as u64 == want && ready as u64 == want).then_some(())
             },
         );
+    }
+}
+
+impl Cluster {
+    /// The operator's pods in `ns` (its Deployment's selector).
+    pub fn operator_pods(&self, ns: &str) -> Vec<Value> {
+        self.get(&["-n", ns, "pods", "-l", OPERATOR_SELECTOR])
+            .and_then(|list| list["items"].as_array().cloned())
+            .unwrap_or_default()
     }
 }
 
@@ -450,17 +479,100 @@ pub fn metric(ip: &str, sample: &str) -> Option<f64> {
     })
 }
 
-/// Polls `f` every 500 ms until it answers `Some`, for at most `limit`.
-pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+/// Polls `f` every 500 ms until it answers `Some`, for at most `limit`,
+/// and never past the test's [`budget`].
+pub fn wait_for<T>(what: &str, limit: Duration, f: impl FnMut() -> Option<T>) -> T {
+    wait_every(what, limit, Duration::from_millis(500), f)
+}
+
+/// [`wait_for`], polling every `period`.
+pub fn wait_every<T>(
+    what: &str,
+    limit: Duration,
+    period: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
     let start = Instant::now();
+    let left = budget().saturating_sub(test_started().elapsed());
+    let (limit, why) = if left < limit {
+        (
+            left,
+            format!(
+                " (what was left of the test's budget of {:?}: nextest kills a cluster test at \
+                 {:?}, .config/nextest.toml)",
+                budget(),
+                nextest_kill()
+            ),
+        )
+    } else {
+        (limit, String::new())
+    };
     loop {
         if let Some(v) = f() {
             eprintln!("{what}: after {:.1} s", start.elapsed().as_secs_f64());
             return v;
         }
-        assert!(start.elapsed() < limit, "no {what} within {limit:?}");
-        std::thread::sleep(Duration::from_millis(500));
+        assert!(start.elapsed() < limit, "no {what} within {limit:?}{why}");
+        std::thread::sleep(period);
     }
+}
+
+/// When this test started: its first [`Cluster::from_env`] (nextest runs
+/// each test in a process of its own).
+fn test_started() -> Instant {
+    static STARTED: OnceLock<Instant> = OnceLock::new();
+    *STARTED.get_or_init(Instant::now)
+}
+
+/// How long a cluster test may wait in all: nextest's kill less a minute,
+/// for the failure's message and the clean-up.
+pub fn budget() -> Duration {
+    nextest_kill().saturating_sub(Duration::from_secs(60))
+}
+
+/// When nextest kills a cluster test: `period` times `terminate-after` of
+/// the `slow-timeout` in `.config/nextest.toml`'s override for
+/// `binary(cluster_e2e)`, the one place that says it.
+pub fn nextest_kill() -> Duration {
+    static KILL: OnceLock<Duration> = OnceLock::new();
+    *KILL.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.config/nextest.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        slow_timeout_of(&text, "binary(cluster_e2e)").unwrap_or_else(|| {
+            panic!(
+                "{}: no override for binary(cluster_e2e) with \
+                 slow-timeout = {{ period = \"<N>s\", terminate-after = <M> }}",
+                path.display()
+            )
+        })
+    })
+}
+
+/// The kill time of the first override whose `filter` names `target`.
+fn slow_timeout_of(config: &str, target: &str) -> Option<Duration> {
+    let mut in_block = false;
+    for line in config.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_block = false;
+        } else if line.starts_with("filter") {
+            in_block = line.contains(target);
+        } else if in_block && line.starts_with("slow-timeout") {
+            let field = |name: &str| -> Option<u64> {
+                let rest = line.split(name).nth(1)?;
+                let digits: String = rest
+                    .trim_start_matches([' ', '=', '"'])
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                digits.parse().ok()
+            };
+            return Some(Duration::from_secs(
+                field("period")? * field("terminate-after")?,
+            ));
+        }
+    }
+    None
 }
 
 /// The operator binary this build made.
@@ -506,4 +618,175 @@ fn run(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
             String::from_utf8_lossy(&out.stdout)
         ))
     }
+}
+
+/// Each pod by name: its UID and every container's restart count. Two
+/// equal maps mean the same pods, none replaced and none restarted (a
+/// replaced pod also starts at zero restarts, but under a new UID).
+pub fn identities(
+    pods: &[Value],
+) -> std::collections::BTreeMap<String, (String, Vec<(String, i64)>)> {
+    pods.iter()
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                (
+                    p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+                    restarts(p),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// `kubectl port-forward` of a pod's port to a free port of 127.0.0.1, as a
+/// user with kubectl reaches a pod's loopback-only endpoints (the
+/// connection arrives on the pod's loopback). Stopped when dropped.
+pub struct PortForward {
+    child: Child,
+    /// The local port.
+    pub port: u16,
+}
+
+impl PortForward {
+    /// Starts `kubectl -n NS port-forward pod/POD :PORT` and waits for its
+    /// "Forwarding from 127.0.0.1:N" line.
+    pub fn new(c: &Cluster, ns: &str, pod: &str, port: u16) -> PortForward {
+        let mut child = Command::new("kubectl")
+            .env("KUBECONFIG", &c.kubeconfig)
+            .args([
+                "-n",
+                ns,
+                "port-forward",
+                "--address",
+                "127.0.0.1",
+                &format!("pod/{pod}"),
+                &format!(":{port}"),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl port-forward");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // "Forwarding from 127.0.0.1:40123 -> 9091"
+                let local = line
+                    .strip_prefix("Forwarding from 127.0.0.1:")
+                    .and_then(|rest| rest.split(' ').next())
+                    .and_then(|p| p.parse::<u16>().ok());
+                if let Some(local) = local {
+                    let _ = tx.send(local);
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(local) => PortForward { child, port: local },
+            Err(_) => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("kubectl port-forward");
+                panic!(
+                    "kubectl -n {ns} port-forward pod/{pod} :{port} did not forward within 30 s: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
+impl Drop for PortForward {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A sidecar's `/admin/cluster/status`, read as a user with kubectl reads
+/// it when no admin credentials are set: through `kubectl port-forward`,
+/// which the sidecar sees as a loopback client.
+pub fn sidecar_status_forwarded(c: &Cluster, ns: &str, pod: &str) -> Value {
+    let forward = PortForward::new(c, ns, pod, 9091);
+    let url = format!("http://127.0.0.1:{}/admin/cluster/status", forward.port);
+    let (code, body) = curl(&[&url]).unwrap_or_else(|e| panic!("{url} ({pod}): {e}"));
+    assert_eq!(code, 200, "{url} ({pod}): {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url} ({pod}): {e}: {body}"))
+}
+
+/// A container's ID in the runtime (`containerStatuses[].containerID`
+/// without its `containerd://`).
+pub fn container_id(pod: &Value, container: &str) -> String {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["name"] == container)
+        .and_then(|s| s["containerID"].as_str())
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .unwrap_or_else(|| panic!("no running container {container} in {pod}"))
+        .to_string()
+}
+
+/// SIGKILL to a container's process through containerd, as a crash or an
+/// OOM kill ends it: no SIGTERM, nothing released.
+pub fn kill_container(c: &Cluster, id: &str) {
+    ctr(c, &["tasks", "kill", "--signal", "SIGKILL", id]);
+}
+
+/// Freezes a container's processes through containerd (the freezer
+/// cgroup): a hung process that neither works, renews nor releases.
+pub fn pause_container(c: &Cluster, id: &str) {
+    ctr(c, &["tasks", "pause", id]);
+}
+
+/// Thaws a container [`pause_container`] froze, if it still runs (a
+/// SIGKILL to a frozen container ends it at once: then there is nothing
+/// to thaw).
+pub fn resume_container(c: &Cluster, id: &str) {
+    let args = [
+        "--address",
+        c.containerd.as_str(),
+        "--namespace",
+        "k8s.io",
+        "tasks",
+        "resume",
+        id,
+    ];
+    if let Err(e) = run(Command::new("ctr").args(args), None) {
+        eprintln!("ctr tasks resume {id}: {e} (the task is gone)");
+    }
+}
+
+fn ctr(c: &Cluster, args: &[&str]) {
+    let mut all = vec!["--address", c.containerd.as_str(), "--namespace", "k8s.io"];
+    all.extend_from_slice(args);
+    run(Command::new("ctr").args(&all), None)
+        .unwrap_or_else(|e| panic!("ctr {}: {e}", args.join(" ")));
+}
+
+/// The A records of `name` at the cluster's DNS (CoreDNS on the node), as
+/// a pod resolves it; the first address.
+pub fn resolve(c: &Cluster, name: &str) -> Result<String, String> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster.d/dns.py");
+    let out = run(
+        Command::new("python3")
+            .arg(&script)
+            .args([&c.node_ip, name]),
+        None,
+    )?;
+    out.split_whitespace()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| format!("no A record of {name}"))
+}
+
+/// `redis-cli -h HOST -p PORT PING`'s answer.
+pub fn redis_ping(host: &str, port: &str) -> Result<String, String> {
+    run(
+        Command::new("redis-cli").args(["-h", host, "-p", port, "PING"]),
+        None,
+    )
+    .map(|out| out.trim().to_string())
 }
