@@ -378,14 +378,37 @@ pub fn issued(c: &Cluster) -> usize {
         .count()
 }
 
-/// Pebble's root (what its certificates chain to), in a file for curl.
-pub fn pebble_root(c: &Cluster) -> String {
+/// Pebble's root (what its certificates chain to), in a file for curl,
+/// removed when dropped.
+pub fn pebble_root(c: &Cluster) -> PebbleRoot {
     let (code, pem) = curl(&["--cacert", &c.ca, &format!("{}/roots/0", c.acme_management)])
         .expect("Pebble's management API");
     assert_eq!(code, 200, "{pem}");
-    let path = std::env::temp_dir().join(format!("pebble-root-{}.pem", std::process::id()));
-    std::fs::write(&path, pem).expect("write the root");
-    path.display().to_string()
+    let mut file = tempfile::Builder::new()
+        .prefix("pebble-root-")
+        .suffix(".pem")
+        .tempfile()
+        .expect("a file for the root");
+    file.write_all(pem.as_bytes()).expect("write the root");
+    let path = file.into_temp_path();
+    PebbleRoot {
+        text: path.display().to_string(),
+        _path: path,
+    }
+}
+
+/// The file [`pebble_root`] wrote: its path as text for curl's
+/// `--cacert`, removed when dropped.
+pub struct PebbleRoot {
+    text: String,
+    _path: tempfile::TempPath,
+}
+
+impl std::ops::Deref for PebbleRoot {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.text
+    }
 }
 
 /// Whether `https://NAME:PORT/` at `ip` completes a TLS handshake verified
@@ -493,14 +516,14 @@ pub fn wait_every<T>(
     mut f: impl FnMut() -> Option<T>,
 ) -> T {
     let start = Instant::now();
-    let left = budget().saturating_sub(test_started().elapsed());
+    let left = budget().map_or(limit, |b| b.saturating_sub(test_started().elapsed()));
     let (limit, why) = if left < limit {
         (
             left,
             format!(
                 " (what was left of the test's budget of {:?}: nextest kills a cluster test at \
                  {:?}, .config/nextest.toml)",
-                budget(),
+                budget().unwrap_or_default(),
                 nextest_kill()
             ),
         )
@@ -524,10 +547,12 @@ fn test_started() -> Instant {
     *STARTED.get_or_init(Instant::now)
 }
 
-/// How long a cluster test may wait in all: nextest's kill less a minute,
-/// for the failure's message and the clean-up.
-pub fn budget() -> Duration {
-    nextest_kill().saturating_sub(Duration::from_secs(60))
+/// How long a cluster test may wait in all under nextest (which sets
+/// `NEXTEST_RUN_ID`): its kill less a minute, for the failure's message
+/// and the clean-up. `None` elsewhere (the timeline bench, `cargo test`).
+pub fn budget() -> Option<Duration> {
+    std::env::var_os("NEXTEST_RUN_ID")
+        .map(|_| nextest_kill().saturating_sub(Duration::from_secs(60)))
 }
 
 /// When nextest kills a cluster test: `period` times `terminate-after` of
