@@ -49,7 +49,20 @@ pub struct Pebble {
     http: AcmeHttpClient,
 }
 
+/// How long Pebble's management API and pebble-challtestsrv have to answer
+/// one request of a test's.
+const SERVER_ANSWER: Duration = Duration::from_secs(10);
+
 impl Pebble {
+    /// Which server `url` is: Pebble or pebble-challtestsrv.
+    fn server_of(&self, url: &str) -> &'static str {
+        if url.starts_with(&self.challtestsrv) {
+            "pebble-challtestsrv"
+        } else {
+            "Pebble"
+        }
+    }
+
     /// Pebble from the environment; `None` (a SKIP line) when it is not
     /// set, a panic when `SBMESH_TEST_REQUIRE_SERVERS=1`.
     pub fn from_env() -> Option<Self> {
@@ -126,11 +139,17 @@ impl Pebble {
             .header("content-type", "application/json")
             .body(BodyWrapper::<Bytes>::from(body))
             .expect("request");
-        let (parts, bytes) = self
-            .http
-            .send(req)
+        // A stalled server fails here, named, not in a client's time-out.
+        let (parts, bytes) = tokio::time::timeout(SERVER_ANSWER, self.http.send(req))
             .await
-            .unwrap_or_else(|e| panic!("{url}: {e}"));
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} at {url} did not answer within {SERVER_ANSWER:?} (its log: {})",
+                    self.server_of(url),
+                    std::env::var("SBMESH_TEST_PEBBLE_LOG").unwrap_or_default()
+                )
+            })
+            .unwrap_or_else(|e| panic!("{} at {url}: {e}", self.server_of(url)));
         (
             parts.status.as_u16(),
             String::from_utf8_lossy(&bytes).into_owned(),
