@@ -184,12 +184,9 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
 fn the_proxys_own_acme_block_is_left_to_the_proxy_and_the_sidecars_order_nothing() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
+    let ns = Namespace::new(&c, "e2e-acme-redis", &[]);
+    let seed = ns.seed("acme-redis");
     // The seed's storage_path, as the cluster's DNS answers it for a pod.
-    let seed = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/seed_manifests/acme-redis.yaml"
-    ))
-    .expect("the seed");
     let store = "redis.default.svc.cluster.local:6379";
     assert!(seed.contains(&format!("storage_path: {store}")), "{seed}");
     let (host, port) = store.split_once(':').expect("host:port");
@@ -202,8 +199,7 @@ fn the_proxys_own_acme_block_is_left_to_the_proxy_and_the_sidecars_order_nothing
         "Redis at {host} ({redis}:{port})"
     );
 
-    let ns = Namespace::new(&c, "e2e-acme-redis", &[]);
-    c.apply(&ns.seed("acme-redis"));
+    c.apply(&seed);
     let pods = ns.ready_pods("demo", 2);
     ns.condition("demo", "Ready", "True", None);
     // The proxy's config is the user's, its acme block as written.

@@ -148,9 +148,7 @@ impl Cluster {
             },
         );
     }
-}
 
-impl Cluster {
     /// The operator's pods in `ns` (its Deployment's selector).
     pub fn operator_pods(&self, ns: &str) -> Vec<Value> {
         self.get(&["-n", ns, "pods", "-l", OPERATOR_SELECTOR])
@@ -516,19 +514,16 @@ pub fn wait_every<T>(
     mut f: impl FnMut() -> Option<T>,
 ) -> T {
     let start = Instant::now();
-    let left = budget().map_or(limit, |b| b.saturating_sub(test_started().elapsed()));
-    let (limit, why) = if left < limit {
-        (
-            left,
+    let (limit, why) = match budget() {
+        Some(budget) if budget.saturating_sub(test_started().elapsed()) < limit => (
+            budget.saturating_sub(test_started().elapsed()),
             format!(
-                " (what was left of the test's budget of {:?}: nextest kills a cluster test at \
-                 {:?}, .config/nextest.toml)",
-                budget().unwrap_or_default(),
+                " (what was left of the test's budget of {budget:?}: nextest kills a cluster \
+                 test at {:?}, .config/nextest.toml)",
                 nextest_kill()
             ),
-        )
-    } else {
-        (limit, String::new())
+        ),
+        _ => (limit, String::new()),
     };
     loop {
         if let Some(v) = f() {
@@ -583,17 +578,16 @@ fn slow_timeout_of(config: &str, target: &str) -> Option<Duration> {
         } else if line.starts_with("filter") {
             in_block = line.contains(target);
         } else if in_block && line.starts_with("slow-timeout") {
-            let field = |name: &str| -> Option<u64> {
-                let rest = line.split(name).nth(1)?;
-                let digits: String = rest
-                    .trim_start_matches([' ', '=', '"'])
-                    .chars()
-                    .take_while(char::is_ascii_digit)
-                    .collect();
-                digits.parse().ok()
+            // `name = N` or `name = "Ns"`: a period in another unit is not read.
+            let field = |name: &str, unit: &str| -> Option<u64> {
+                let rest = line.split(name).nth(1)?.trim_start_matches([' ', '=', '"']);
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                rest[digits.len()..]
+                    .starts_with(unit)
+                    .then(|| digits.parse().ok())?
             };
             return Some(Duration::from_secs(
-                field("period")? * field("terminate-after")?,
+                field("period", "s\"")? * field("terminate-after", "")?,
             ));
         }
     }
@@ -770,25 +764,19 @@ pub fn pause_container(c: &Cluster, id: &str) {
 /// SIGKILL to a frozen container ends it at once: then there is nothing
 /// to thaw).
 pub fn resume_container(c: &Cluster, id: &str) {
-    let args = [
-        "--address",
-        c.containerd.as_str(),
-        "--namespace",
-        "k8s.io",
-        "tasks",
-        "resume",
-        id,
-    ];
-    if let Err(e) = run(Command::new("ctr").args(args), None) {
+    if let Err(e) = try_ctr(c, &["tasks", "resume", id]) {
         eprintln!("ctr tasks resume {id}: {e} (the task is gone)");
     }
 }
 
 fn ctr(c: &Cluster, args: &[&str]) {
+    try_ctr(c, args).unwrap_or_else(|e| panic!("ctr {}: {e}", args.join(" ")));
+}
+
+fn try_ctr(c: &Cluster, args: &[&str]) -> Result<String, String> {
     let mut all = vec!["--address", c.containerd.as_str(), "--namespace", "k8s.io"];
     all.extend_from_slice(args);
     run(Command::new("ctr").args(&all), None)
-        .unwrap_or_else(|e| panic!("ctr {}: {e}", args.join(" ")));
 }
 
 /// The A records of `name` at the cluster's DNS (CoreDNS on the node), as
