@@ -89,7 +89,7 @@ async fn replica(
 
 #[tokio::test]
 async fn one_host_is_issued_and_verifies() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = memory();
@@ -129,7 +129,7 @@ async fn one_host_is_issued_and_verifies() {
 
 #[tokio::test]
 async fn two_hosts_in_one_order() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = memory();
@@ -173,7 +173,7 @@ async fn shared_store() -> Arc<dyn Store> {
 
 #[tokio::test]
 async fn a_replica_that_did_not_order_answers_the_challenge() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = shared_store().await;
@@ -282,7 +282,7 @@ impl Store for CountingStore {
 
 #[tokio::test]
 async fn five_replicas_starting_together_create_one_account() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let counting = Arc::new(CountingStore {
@@ -335,7 +335,7 @@ async fn five_replicas_starting_together_create_one_account() {
 
 #[tokio::test]
 async fn an_account_the_ca_forgot_is_replaced_once() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = memory();
@@ -371,7 +371,7 @@ async fn an_account_the_ca_forgot_is_replaced_once() {
 
 #[tokio::test]
 async fn an_unanswered_challenge_fails_clearly_and_is_withdrawn() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = memory();
@@ -406,7 +406,7 @@ async fn an_unanswered_challenge_fails_clearly_and_is_withdrawn() {
 
 #[tokio::test]
 async fn an_order_stops_when_the_lease_is_lost() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = memory();
@@ -454,7 +454,7 @@ async fn an_order_stops_when_the_lease_is_lost() {
 
 #[tokio::test]
 async fn the_directory_is_trusted_only_through_ca_root() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let store = memory();

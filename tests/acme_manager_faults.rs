@@ -165,7 +165,7 @@ async fn shared_state(
 
 #[tokio::test]
 async fn a_busy_order_lock_is_waited_out_quietly_then_ordered() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let ip = Ipv4Addr::new(127, 0, 43, 1);
@@ -245,7 +245,7 @@ async fn a_busy_order_lock_is_waited_out_quietly_then_ordered() {
 
 #[tokio::test]
 async fn a_restarted_pod_takes_over_its_own_previous_lease() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let ip = Ipv4Addr::new(127, 0, 43, 2);
@@ -301,7 +301,7 @@ async fn a_restarted_pod_takes_over_its_own_previous_lease() {
 
 #[tokio::test]
 async fn the_next_owner_honours_the_shared_backoff() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let host = unique_host("backoff");
@@ -367,7 +367,7 @@ async fn the_next_owner_honours_the_shared_backoff() {
 
 #[tokio::test]
 async fn an_unreadable_issuance_history_places_no_order() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let responder_ip = Ipv4Addr::new(127, 0, 43, 15);

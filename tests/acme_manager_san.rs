@@ -103,7 +103,7 @@ async fn issuances(store: &Arc<dyn Store>, directory: &str, names: &[String]) ->
 
 #[tokio::test]
 async fn san_mode_orders_one_certificate_for_all_origins_and_again_when_they_change() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let mut three: Vec<String> = (0..3).map(|i| unique_host(&format!("san{i}"))).collect();
@@ -240,7 +240,7 @@ async fn san_mode_orders_one_certificate_for_all_origins_and_again_when_they_cha
 
 #[tokio::test]
 async fn per_host_mode_writes_a_placeholder_per_host_then_its_certificate() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let mut hosts: Vec<String> = (0..2).map(|i| unique_host(&format!("ph{i}"))).collect();

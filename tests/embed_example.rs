@@ -205,7 +205,7 @@ fn subject_issuer(leaf: &CertificateDer<'_>) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_serves_the_placeholder_then_pebbles_certificate_without_a_restart() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let host = unique_host("embed");

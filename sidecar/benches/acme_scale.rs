@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! SBMESH_TEST_SERVERS="redis pebble" scripts/test --bench acme   # starts servers, prints the env
-//! # or, with Redis and Pebble running and their variables exported:
+//! # or, with Redis running and the variables of both exported
+//! # (SBMESH_TEST_REDIS_URL, SBMESH_TEST_PEBBLE_DIR; the bench starts its own Pebble):
 //! cargo bench -p sbmesh-sidecar --bench acme_scale
 //! ```
 //!
@@ -30,8 +31,8 @@ const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
 
 fn main() {
     // `cargo bench` passes --bench; nothing else to parse.
-    let Some(pebble) = Pebble::from_env() else {
-        eprintln!("acme_scale: Pebble is not running (see the doc comment)");
+    let Some(pebble) = Pebble::start() else {
+        eprintln!("acme_scale: Pebble is not prepared (see the doc comment)");
         return;
     };
     let Ok(redis) = std::env::var("SBMESH_TEST_REDIS_URL") else {

@@ -35,8 +35,8 @@ use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 
 fn main() {
-    let Some(pebble) = Pebble::from_env() else {
-        eprintln!("pods_restart: Pebble is not running (see the doc comment)");
+    let Some(pebble) = Pebble::start() else {
+        eprintln!("pods_restart: Pebble is not prepared (see the doc comment)");
         return;
     };
     let Ok(redis) = std::env::var("SBMESH_TEST_REDIS_URL") else {

@@ -241,7 +241,7 @@ fn current_log_lines_with(node: &Node, needles: &[&str]) -> usize {
 
 #[test]
 fn rotated_key_file_reaches_the_store_and_every_replica_installs_new_certificates() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let Some(redis) = redis_from_env() else {
@@ -413,7 +413,7 @@ fn roll_key_files(cluster: &Cluster, keys: &[&str], gap: Duration) {
 /// Address block: 127.0.92.1-3.
 #[test]
 fn a_rotation_rolled_out_pod_by_pod_drops_no_packet_and_keeps_the_certificates() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let Some(redis) = redis_from_env() else {

@@ -190,7 +190,7 @@ fn ips(a: u8, b: u8, c: u8, first: u8) -> [Ipv4Addr; 3] {
 
 #[test]
 fn redis_fleet_issues_each_host_once_and_every_replica_gets_it() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let Some(redis) = redis_from_env() else {
@@ -206,7 +206,7 @@ fn redis_fleet_issues_each_host_once_and_every_replica_gets_it() {
 
 #[test]
 fn file_store_fleet_issues_each_host_once() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let shared = tempfile::tempdir().expect("shared dir");
@@ -226,7 +226,7 @@ fn file_store_fleet_issues_each_host_once() {
 
 #[test]
 fn s3_fleet_issues_each_host_once() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let Some(endpoint) = std::env::var("SBMESH_TEST_S3_ENDPOINT").ok().or_else(|| {
@@ -266,7 +266,7 @@ fn s3_fleet_issues_each_host_once() {
 /// (the busy lock is looked at every few seconds, not in a loop).
 #[test]
 fn kill_9_mid_order_another_replica_completes_it() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let shared = tempfile::tempdir().expect("shared dir");
@@ -354,7 +354,7 @@ fn file_digest(path: &Path) -> Option<(Vec<u8>, std::time::SystemTime)> {
 /// issued once Redis is back.
 #[test]
 fn redis_outage_keeps_files_and_issuance_resumes() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let Some(bin) = redis_server::binary("redis_outage_keeps_files_and_issuance_resumes") else {
@@ -422,7 +422,7 @@ fn redis_outage_keeps_files_and_issuance_resumes() {
 /// issued, a removed one is no longer tracked (nor renewed).
 #[test]
 fn hostnames_follow_config_reloads() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let shared = tempfile::tempdir().expect("shared dir");
@@ -470,7 +470,7 @@ fn hostnames_follow_config_reloads() {
 /// neither orders, and each says why in its status and log.
 #[test]
 fn pod_local_store_with_peers_refuses_to_order() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let hosts = unique_hosts("local", 1);

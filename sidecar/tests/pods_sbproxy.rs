@@ -33,7 +33,7 @@ use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 
 #[test]
 fn san_certificates_are_served_after_rolling_restarts() {
-    let Some(pebble) = Pebble::from_env() else {
+    let Some(pebble) = Pebble::start() else {
         return;
     };
     let Some(redis) = redis_from_env() else {

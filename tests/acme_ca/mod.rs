@@ -1,18 +1,14 @@
-//! Pebble, as the ACME tests reach it (`scripts/test` starts Pebble and
-//! pebble-challtestsrv and exports the variables read by [`Pebble::from_env`]):
+//! Pebble, as the ACME tests reach it (each test starts its own Pebble and
+//! pebble-challtestsrv with [`Pebble::start`], see `pebble_server`):
 //! routing a hostname to a 127.0.0.x address through challtestsrv, Pebble's
 //! root and intermediates from its management port, a challenge responder
 //! on a test's own address, unique hostnames, and the checks a user makes
 //! on an issued certificate (the chain verifies against Pebble's root for
 //! every name, the key matches the leaf).
-//!
-//! A test file that uses this module declares `mod object_servers;` too
-//! (for `server_env`, the skip/fail convention of the server tests).
 
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,22 +27,24 @@ use sbmesh::acme::http_client::AcmeHttpClient;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::object_servers::server_env;
+#[path = "../pebble_server/mod.rs"]
+mod pebble_server;
 
-/// The Pebble instance `scripts/test` started.
+use pebble_server::{Endpoints, PebbleServer};
+
+/// This test's Pebble ([`Endpoints`] by `Deref`); its servers stop when
+/// the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct Pebble {
-    /// `SBMESH_TEST_ACME_DIRECTORY`: the directory URL.
-    pub directory: String,
-    /// `SBMESH_TEST_ACME_CA_ROOT`: the CA of Pebble's own TLS listener.
-    pub ca_root: PathBuf,
-    /// `SBMESH_TEST_ACME_MANAGEMENT_URL`: roots and intermediates.
-    pub management: String,
-    /// `SBMESH_TEST_ACME_HTTP_PORT`: where Pebble sends HTTP-01 validations.
-    pub http_port: u16,
-    /// `SBMESH_TEST_CHALLTESTSRV_URL`: Pebble's DNS, steered by `/add-a`.
-    pub challtestsrv: String,
+    server: Arc<PebbleServer>,
     http: AcmeHttpClient,
+}
+
+impl std::ops::Deref for Pebble {
+    type Target = Endpoints;
+    fn deref(&self) -> &Endpoints {
+        &self.server.endpoints
+    }
 }
 
 /// How long Pebble's management API and pebble-challtestsrv have to answer
@@ -54,33 +52,28 @@ pub struct Pebble {
 const SERVER_ANSWER: Duration = Duration::from_secs(10);
 
 impl Pebble {
-    /// Which server `url` is: Pebble or pebble-challtestsrv.
-    fn server_of(&self, url: &str) -> &'static str {
-        if url.starts_with(&self.challtestsrv) {
-            "pebble-challtestsrv"
+    /// Which server `url` is, and its log.
+    fn server_of(&self, url: &str) -> (&'static str, &std::path::Path) {
+        if url.starts_with(&self.challtestsrv_url()) {
+            ("pebble-challtestsrv", &self.challtestsrv_log)
         } else {
-            "Pebble"
+            ("pebble", &self.log)
         }
     }
 
-    /// Pebble from the environment; `None` (a SKIP line) when it is not
-    /// set, a panic when `SBMESH_TEST_REQUIRE_SERVERS=1`.
-    pub fn from_env() -> Option<Self> {
-        let directory = server_env("SBMESH_TEST_ACME_DIRECTORY")?;
-        let ca_root = PathBuf::from(server_env("SBMESH_TEST_ACME_CA_ROOT")?);
-        let management = server_env("SBMESH_TEST_ACME_MANAGEMENT_URL")?;
-        let http_port = server_env("SBMESH_TEST_ACME_HTTP_PORT")?
-            .trim()
-            .parse()
-            .expect("SBMESH_TEST_ACME_HTTP_PORT is a port number");
-        let challtestsrv = server_env("SBMESH_TEST_CHALLTESTSRV_URL")?;
-        let http = AcmeHttpClient::new(Some(&ca_root)).expect("a client trusting Pebble's CA");
+    fn challtestsrv_url(&self) -> String {
+        format!("http://{}", self.challtestsrv)
+    }
+
+    /// Starts this test's Pebble (named after the test's thread); `None`
+    /// (a SKIP line) when `scripts/test` did not prepare Pebble, a panic
+    /// when `SBMESH_TEST_REQUIRE_SERVERS=1`.
+    pub fn start() -> Option<Self> {
+        let server = PebbleServer::start(&pebble_server::test_name())?;
+        let http =
+            AcmeHttpClient::new(Some(&server.ca_root)).expect("a client trusting Pebble's CA");
         Some(Self {
-            directory,
-            ca_root,
-            management: management.trim_end_matches('/').to_owned(),
-            http_port,
-            challtestsrv: challtestsrv.trim_end_matches('/').to_owned(),
+            server: Arc::new(server),
             http,
         })
     }
@@ -108,7 +101,7 @@ impl Pebble {
     }
 
     async fn post_challtestsrv(&self, path: &str, body: serde_json::Value) {
-        let url = format!("{}{path}", self.challtestsrv);
+        let url = format!("{}{path}", self.challtestsrv_url());
         let (status, text) = self
             .request(Method::POST, &url, serde_json::to_vec(&body).unwrap())
             .await;
@@ -143,13 +136,13 @@ impl Pebble {
         let (parts, bytes) = tokio::time::timeout(SERVER_ANSWER, self.http.send(req))
             .await
             .unwrap_or_else(|_| {
+                let (server, log) = self.server_of(url);
                 panic!(
-                    "{} at {url} did not answer within {SERVER_ANSWER:?} (its log: {})",
-                    self.server_of(url),
-                    std::env::var("SBMESH_TEST_PEBBLE_LOG").unwrap_or_default()
+                    "{server} at {url} did not answer within {SERVER_ANSWER:?} (its log: {})",
+                    log.display()
                 )
             })
-            .unwrap_or_else(|e| panic!("{} at {url}: {e}", self.server_of(url)));
+            .unwrap_or_else(|e| panic!("{} at {url}: {e}", self.server_of(url).0));
         (
             parts.status.as_u16(),
             String::from_utf8_lossy(&bytes).into_owned(),

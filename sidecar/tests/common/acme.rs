@@ -1,6 +1,5 @@
-//! The ACME CA as the process-level tests reach it: Pebble and
-//! pebble-challtestsrv, started by `scripts/test` (variables
-//! `SBMESH_TEST_ACME_*`, `SBMESH_TEST_CHALLTESTSRV_URL`, `SBMESH_TEST_PEBBLE_LOG`).
+//! The ACME CA as the process-level tests reach it: a Pebble and
+//! pebble-challtestsrv of the test's own (`Pebble::start`).
 //!
 //! What a user would check is checked from the outside: the certificates
 //! Pebble says it issued (its log, then `/cert-status-by-serial/` on its
@@ -11,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,61 +20,37 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, Server
 
 use super::http_raw;
 
-/// The CA's endpoints, from the environment `scripts/test` sets.
+#[path = "../../../tests/pebble_server/mod.rs"]
+pub mod pebble_server;
+
+use pebble_server::{Endpoints, PebbleServer};
+
+/// This test's CA: its own Pebble and pebble-challtestsrv (see
+/// `pebble_server` for why each test has its own), stopped when the last
+/// clone is dropped; its [`Endpoints`] by `Deref`.
 #[derive(Clone, Debug)]
 pub struct Pebble {
-    /// ACME directory URL.
-    pub directory: String,
-    /// PEM of the CA that signed Pebble's own listener.
-    pub ca_root: PathBuf,
-    /// `https://127.0.0.1:P` of the management interface.
-    pub management: String,
-    /// Where Pebble sends HTTP-01 validations.
-    pub http_port: u16,
-    /// `http://127.0.0.1:P` of pebble-challtestsrv.
-    pub challtestsrv: SocketAddr,
-    /// Pebble's log.
-    pub log: PathBuf,
+    pub endpoints: Endpoints,
+    /// The servers, when [`Pebble::start`] started them (the chaos soak
+    /// runs its own inside its network namespace).
+    pub server: Option<Arc<PebbleServer>>,
 }
 
-fn env(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: run the suite through \
-                 scripts/test, which starts Pebble and sets it"
-            );
-            eprintln!("SKIP: {var} is not set (scripts/test starts Pebble)");
-            None
-        }
+impl std::ops::Deref for Pebble {
+    type Target = Endpoints;
+    fn deref(&self) -> &Endpoints {
+        &self.endpoints
     }
 }
 
 impl Pebble {
-    /// The CA, or `None` (test skipped) when `scripts/test` did not start it.
-    pub fn from_env() -> Option<Pebble> {
-        let directory = env("SBMESH_TEST_ACME_DIRECTORY")?;
-        let ca_root = PathBuf::from(env("SBMESH_TEST_ACME_CA_ROOT")?);
-        let management = env("SBMESH_TEST_ACME_MANAGEMENT_URL")?;
-        let http_port = env("SBMESH_TEST_ACME_HTTP_PORT")?
-            .parse()
-            .expect("SBMESH_TEST_ACME_HTTP_PORT is a port");
-        let chall = env("SBMESH_TEST_CHALLTESTSRV_URL")?;
-        let challtestsrv = chall
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .parse()
-            .expect("SBMESH_TEST_CHALLTESTSRV_URL is http://ip:port");
-        let log = PathBuf::from(env("SBMESH_TEST_PEBBLE_LOG")?);
+    /// Starts this test's CA, or `None` (test skipped) when `scripts/test`
+    /// did not prepare Pebble.
+    pub fn start() -> Option<Pebble> {
+        let server = PebbleServer::start(&pebble_server::test_name())?;
         Some(Pebble {
-            directory,
-            ca_root,
-            management,
-            http_port,
-            challtestsrv,
-            log,
+            endpoints: server.endpoints.clone(),
+            server: Some(Arc::new(server)),
         })
     }
 

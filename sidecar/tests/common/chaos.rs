@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::acme::Pebble;
+use crate::common::acme::pebble_server::Endpoints;
 use crate::common::pods::{HTTP_PORT, PROXY_ADMIN_PORT, SIDECAR_ADMIN_PORT, http_get, standin_bin};
 use crate::common::{
     iptables, metric_sum, now_unix_ms, poll_until, sidecar_bin, tool, write_atomic,
@@ -498,12 +499,15 @@ impl Ca {
         }
         Ca {
             pebble: Pebble {
-                directory: format!("https://127.0.0.1:{PEBBLE_PORT}/dir"),
-                ca_root: dir.join("ca.pem"),
-                management: format!("https://127.0.0.1:{PEBBLE_MGMT_PORT}"),
-                http_port: PEBBLE_HTTP_PORT,
-                challtestsrv: SocketAddr::from(([127, 0, 0, 1], CHALL_MGMT_PORT)),
-                log,
+                endpoints: Endpoints::local(
+                    PEBBLE_PORT,
+                    PEBBLE_MGMT_PORT,
+                    PEBBLE_HTTP_PORT,
+                    CHALL_MGMT_PORT,
+                    dir.join("ca.pem"),
+                    &dir,
+                ),
+                server: None,
             },
             _procs: vec![chall, pebble],
         }
@@ -513,7 +517,8 @@ impl Ca {
 /// Why Pebble's log says it stopped serving: its request handlers wedged
 /// (seen twice in CI: new orders and new accounts logged as "calling
 /// handler()" and never answered, while `GET /dir` still was), a deadlock
-/// inside Pebble 2.4 and not something a sidecar can cause or recover from.
+/// inside Pebble 2.4 (the lock cycle `tests/pebble_server` describes) and
+/// not something a sidecar can cause or recover from.
 /// The signature: at least 5 POSTs that create something (`/order-plz`,
 /// `/sign-me-up`) logged after the last object Pebble added ("There are now
 /// …"), over at least 60 s.
