@@ -1,5 +1,5 @@
 //! `certificates: san` + `apply: restart` across 3 pods (sidecar + the
-//! stand-in sbproxy in a PID namespace each, 127.0.63.1-3), on Redis and
+//! real sbproxy in a PID namespace each, 127.0.63.1-3), on Redis and
 //! Pebble: prints one markdown row for BENCHMARKS.md.
 //!
 //! - *served*: from the first pod's start until every proxy serves the CA's
@@ -8,15 +8,12 @@
 //! - *most down at once*: the most proxies a 20 ms sampler saw down together
 //!   (the goal: never 2);
 //! - *longest outage*: the longest stretch any pod had no proxy answering,
-//!   next to the stand-in's own start time (the goal: outage <= start + 1 s).
-//!
-//! `SBPROXY_STANDIN_START_DELAY_MS` (default 0) makes the stand-in start
-//! that much slower, as a real proxy loading a large config would.
+//!   next to the proxy's own start time and its exit on SIGTERM with the
+//!   pods' `SBPROXY_SHUTDOWN_GRACE_MS` (the goal: outage <= exit + start + 1 s).
 //!
 //! ```text
 //! SBMESH_TEST_SERVERS="redis pebble" \
-//!   SBMESH_TEST_RUN="cargo build --release -p sbmesh-standin && cargo bench -p sbmesh-sidecar --bench pods_restart" \
-//!   scripts/test
+//!   SBMESH_TEST_RUN="cargo bench -p sbmesh-sidecar --bench pods_restart" scripts/test
 //! ```
 //!
 //! Needs root (PID namespaces). Every pod is killed at the end.
@@ -30,11 +27,14 @@ use std::time::{Duration, Instant};
 
 use common::acme::{Pebble, unique_hosts};
 use common::pods::*;
-use common::{deadline, poll_until, write_atomic};
+use common::{ORIGIN, deadline, poll_until, sbproxy_bin, write_atomic};
 use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 
 fn main() {
+    let Some(sbproxy) = sbproxy_bin("pods_restart") else {
+        return;
+    };
     let Some(pebble) = Pebble::start() else {
         eprintln!("pods_restart: Pebble is not prepared (see the doc comment)");
         return;
@@ -44,7 +44,7 @@ fn main() {
         return;
     };
     let base = tempfile::tempdir().expect("temp dir");
-    let start = standin_start_time(base.path());
+    let (start, exit) = proxy_start_and_exit(&sbproxy, base.path());
 
     let hosts = unique_hosts("bench-san", 5);
     let ips: Vec<Ipv4Addr> = (1..=3).map(|i| Ipv4Addr::new(127, 0, 63, i)).collect();
@@ -59,6 +59,7 @@ fn main() {
         .map(|i| {
             let args = fleet_args(i, &ips, &cluster_id, &pebble, base.path());
             Pod::spawn(
+                &sbproxy,
                 &format!("pod-{i}"),
                 ips[i],
                 base.path(),
@@ -95,21 +96,22 @@ fn main() {
         .max()
         .unwrap_or_default();
     println!(
-        "| 3 | 5 | {} | {:.2} s | {:.2} s | {:.2} s | {} | {:.2} s | {:.2} s |",
-        std::env::var("SBPROXY_STANDIN_START_DELAY_MS").unwrap_or_else(|_| "0".into()),
+        "| 3 | 5 | {PROXY_GRACE_MS} | {:.2} s | {:.2} s | {:.2} s | {} | {:.2} s | {:.2} s | {:.2} s |",
         up.as_secs_f64(),
         served.as_secs_f64(),
         done.as_secs_f64(),
         seen.most_down.0,
         longest.as_secs_f64(),
+        exit.as_secs_f64(),
         start.as_secs_f64(),
     );
     eprintln!("per pod longest outage: {:?}", seen.longest_outage);
 }
 
-/// How long the stand-in takes from exec to its data port answering, with a
-/// TLS certificate to load (the slowest of 5 starts).
-fn standin_start_time(base: &std::path::Path) -> Duration {
+/// The real proxy alone, 5 times: the slowest time from exec to its data
+/// port answering, with a TLS certificate to load, and the slowest from
+/// SIGTERM to its exit with the pods' grace period.
+fn proxy_start_and_exit(sbproxy: &std::path::Path, base: &std::path::Path) -> (Duration, Duration) {
     let dir = base.join("solo");
     std::fs::create_dir_all(&dir).expect("dir");
     let (crt, key) =
@@ -122,23 +124,25 @@ fn standin_start_time(base: &std::path::Path) -> Duration {
     std::fs::write(
         &config,
         format!(
-            "proxy:\n  http_bind_port: {HTTP_PORT}\n  https_bind_port: {HTTPS_PORT}\n  \
-             tls_cert_file: {d}/tls.crt\n  tls_key_file: {d}/tls.key\n",
+            "proxy:\n{}  tls_cert_file: {d}/tls.crt\n  tls_key_file: {d}/tls.key\n\
+             origins:\n  solo.example.com: {ORIGIN}\n",
+            proxy_listeners(),
             d = dir.display()
         ),
     )
     .expect("config");
-    let mut slowest = Duration::ZERO;
+    let (mut start, mut exit) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..5 {
         let t = Instant::now();
-        let mut child = std::process::Command::new(standin_bin())
+        let mut child = std::process::Command::new(sbproxy)
             .arg("-f")
             .arg(&config)
-            .env("SBPROXY_STANDIN_BIND", ip.to_string())
+            .env("POD_IP", ip.to_string())
+            .env("SBPROXY_SHUTDOWN_GRACE_MS", PROXY_GRACE_MS.to_string())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("stand-in starts");
+            .expect("sbproxy starts");
         // Polled every 5 ms: the figure is compared with outages.
         let ok = loop {
             if http_get(SocketAddr::from((ip, HTTP_PORT)), "/health", None)
@@ -151,10 +155,13 @@ fn standin_start_time(base: &std::path::Path) -> Duration {
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        slowest = slowest.max(t.elapsed());
-        let _ = child.kill();
+        start = start.max(t.elapsed());
+        let t = Instant::now();
+        // SAFETY: a plain kill(2) of our own child's PID.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
         let _ = child.wait();
-        assert!(ok, "the stand-in did not start");
+        exit = exit.max(t.elapsed());
+        assert!(ok, "sbproxy did not start");
     }
-    slowest
+    (start, exit)
 }

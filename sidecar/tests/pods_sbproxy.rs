@@ -1,5 +1,5 @@
-//! Three pods, each a sidecar beside the stand-in sbproxy (built to
-//! docs/reference.md#the-proxy) in a PID namespace of its own, as Kubernetes runs
+//! Three pods, each a sidecar beside the real sbproxy 1.13
+//! (`SBMESH_TEST_SBPROXY`) in a PID namespace of its own, as Kubernetes runs
 //! them with `shareProcessNamespace: true`: `certificates: san` +
 //! `apply: restart` on a real Redis and a real Pebble.
 //!
@@ -15,8 +15,7 @@
 //! match its certificate never does, and is reported.
 //!
 //! Address blocks 127.0.61.1-3 and 127.0.62.1. Needs root (PID namespaces), Redis, Pebble,
-//! and the stand-in built (`cargo build -p sbmesh-standin`, which
-//! `scripts/test` does).
+//! and the real sbproxy (`scripts/test` finds it).
 
 mod common;
 #[path = "../../tests/kubelet/mod.rs"]
@@ -27,12 +26,15 @@ use std::sync::Arc;
 
 use common::acme::{Pebble, SerialCache, redis_from_env, unique_hosts};
 use common::pods::*;
-use common::{deadline, poll_until, write_atomic};
+use common::{ORIGIN, deadline, poll_until, sbproxy_bin, write_atomic};
 use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, pem::PemObject as _};
 
 #[test]
 fn san_certificates_are_served_after_rolling_restarts() {
+    let Some(sbproxy) = sbproxy_bin("san_certificates_are_served_after_rolling_restarts") else {
+        return;
+    };
     let Some(pebble) = Pebble::start() else {
         return;
     };
@@ -54,7 +56,14 @@ fn san_certificates_are_served_after_rolling_restarts() {
         .enumerate()
         .map(|(i, ip)| {
             let args = fleet_args(i, &ips, &cluster_id, &pebble, base.path());
-            Pod::spawn(&format!("pod-{i}"), *ip, base.path(), &config_path, &args)
+            Pod::spawn(
+                &sbproxy,
+                &format!("pod-{i}"),
+                *ip,
+                base.path(),
+                &config_path,
+                &args,
+            )
         })
         .collect();
 
@@ -109,6 +118,11 @@ fn san_certificates_are_served_after_rolling_restarts() {
 
 #[test]
 fn a_cert_manager_secret_swap_reaches_the_proxy_and_a_mismatched_pair_never_does() {
+    let Some(sbproxy) = sbproxy_bin(
+        "a_cert_manager_secret_swap_reaches_the_proxy_and_a_mismatched_pair_never_does",
+    ) else {
+        return;
+    };
     let base = tempfile::tempdir().unwrap();
     let secret = base.path().join("secret");
     std::fs::create_dir_all(&secret).unwrap();
@@ -126,10 +140,10 @@ fn a_cert_manager_secret_swap_reaches_the_proxy_and_a_mismatched_pair_never_does
     write_atomic(
         &config_path,
         &format!(
-            "proxy:\n  http_bind_port: {HTTP_PORT}\n  https_bind_port: {HTTPS_PORT}\n  \
-             tls_cert_file: {dir}/tls.crt\n  tls_key_file: {dir}/tls.key\n  \
-             admin: {{ enabled: true, bind: \"${{POD_IP}}\", port: {PROXY_ADMIN_PORT} }}\n\
-             origins:\n  a.example.com: {{}}\n",
+            "proxy:\n{listeners}  \
+             tls_cert_file: {dir}/tls.crt\n  tls_key_file: {dir}/tls.key\n\
+             origins:\n  a.example.com: {ORIGIN}\n",
+            listeners = proxy_listeners(),
             dir = secret.display()
         ),
     );
@@ -158,7 +172,7 @@ fn a_cert_manager_secret_swap_reaches_the_proxy_and_a_mismatched_pair_never_does
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let pod = Pod::spawn("tls-0", ip, base.path(), &config_path, &args);
+    let pod = Pod::spawn(&sbproxy, "tls-0", ip, base.path(), &config_path, &args);
     let serves = |want: &str| {
         poll_until(deadline(), || {
             pod.served_serial_unverified("a.example.com").as_deref() == Ok(want)

@@ -75,6 +75,39 @@ pub fn sidecar_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sbmesh-sidecar"))
 }
 
+/// An origin as the real sbproxy takes it (every origin has an `action`):
+/// a fixed answer, so no upstream is needed.
+pub const ORIGIN: &str = "{ action: { type: static, status_code: 200, body: ok } }";
+
+/// The variable naming the real sbproxy binary (`scripts/test` sets it).
+pub const SBPROXY_VAR: &str = "SBMESH_TEST_SBPROXY";
+
+/// The real sbproxy 1.13 a test runs beside the sidecar; `None` (a SKIP
+/// line) when `SBMESH_TEST_SBPROXY` is not set, a panic when it names no
+/// file or is unset under `SBMESH_TEST_REQUIRE_SERVERS=1`.
+pub fn sbproxy_bin(test: &str) -> Option<PathBuf> {
+    match std::env::var_os(SBPROXY_VAR).filter(|v| !v.is_empty()) {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "{test}: {SBPROXY_VAR}={} is not a file",
+                path.display()
+            );
+            Some(path)
+        }
+        None => {
+            assert!(
+                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "{test}: {SBPROXY_VAR} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
+                 scripts/test sets it to the real sbproxy"
+            );
+            eprintln!("SKIP {test}: {SBPROXY_VAR} is not set (the real sbproxy)");
+            None
+        }
+    }
+}
+
 pub fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

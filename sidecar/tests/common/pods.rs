@@ -1,9 +1,9 @@
 //! Pods on one machine, for the tests and benchmarks that run the sidecar
-//! beside the stand-in sbproxy (`standin/`, built to
-//! docs/reference.md#the-proxy): each pod is `unshare --pid --fork --kill-child
-//! --mount-proc` running the sidecar and, in a loop that plays the
-//! kubelet's restarts, the proxy, both on the pod's 127.0.x.y address, so
-//! the sidecar finds exactly its own proxy in `/proc`. Needs root.
+//! beside the real sbproxy (`SBMESH_TEST_SBPROXY`): each pod is `unshare
+//! --pid --fork --kill-child --mount-proc` running the sidecar and, in a
+//! loop that plays the kubelet's restarts, the proxy, both on the pod's
+//! 127.0.x.y address (the proxy's `proxy.bind_address`), so the sidecar
+//! finds exactly its own proxy in `/proc`. Needs root.
 
 use std::collections::BTreeSet;
 use std::io::{Read as _, Write as _};
@@ -19,7 +19,7 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use serde_json::Value;
 
 use super::acme::Pebble;
-use super::{deadline, poll_until, sidecar_bin};
+use super::{ORIGIN, deadline, poll_until, sidecar_bin};
 
 pub const KEY: &str = "5a1d2c3b4a59687766554433221100ffeeddccbbaa99887766554433221100aa";
 pub const HTTP_PORT: u16 = 8080;
@@ -37,8 +37,24 @@ pub fn standin_bin() -> PathBuf {
     bin
 }
 
+/// How long the proxy drains on SIGTERM in these pods: sbproxy exits
+/// after twice this, rounded up to whole seconds (its grace period, then
+/// as long again for its runtimes), and closes its listeners at once.
+pub const PROXY_GRACE_MS: u64 = 1000;
+
+/// The lines of a `proxy:` block that put the proxy's listeners on the
+/// pod's address and its admin API (reload, health) beside them.
+pub fn proxy_listeners() -> String {
+    format!(
+        "  bind_address: \"${{POD_IP}}\"\n  http_bind_port: {HTTP_PORT}\n  \
+         https_bind_port: {HTTPS_PORT}\n  \
+         admin: {{ enabled: true, bind: \"${{POD_IP}}\", port: {PROXY_ADMIN_PORT} }}\n"
+    )
+}
+
 /// One pod: `unshare --pid --fork --kill-child --mount-proc` running the
-/// sidecar and, in a loop playing the kubelet's restarts, the proxy.
+/// sidecar and, in a loop playing the kubelet's restarts, `proxy` (the
+/// real sbproxy, or the stand-in where a test says why).
 pub struct Pod {
     pub name: String,
     pub ip: Ipv4Addr,
@@ -47,13 +63,20 @@ pub struct Pod {
 }
 
 impl Pod {
-    pub fn spawn(name: &str, ip: Ipv4Addr, base: &Path, config: &Path, args: &[String]) -> Pod {
+    pub fn spawn(
+        proxy: &Path,
+        name: &str,
+        ip: Ipv4Addr,
+        base: &Path,
+        config: &Path,
+        args: &[String],
+    ) -> Pod {
         let dir = base.join(name);
         std::fs::create_dir_all(dir.join("certs")).unwrap();
         let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
         let script = format!(
             "#!/bin/bash\n\
-             export POD_IP={ip} CERT_DIR='{certs}' SBPROXY_STANDIN_BIND={ip} SBPROXY_SHUTDOWN_GRACE_MS=2000\n\
+             export POD_IP={ip} CERT_DIR='{certs}' SBPROXY_STANDIN_BIND={ip} SBPROXY_SHUTDOWN_GRACE_MS={PROXY_GRACE_MS} NO_COLOR=1\n\
              '{sidecar}' run --config '{config}' {args} >> '{dir}/sidecar.log' 2>&1 &\n\
              while true; do\n\
                '{proxy}' -f '{config}' >> '{dir}/proxy.log' 2>&1\n\
@@ -62,7 +85,7 @@ impl Pod {
              done\n",
             certs = dir.join("certs").display(),
             sidecar = sidecar_bin().display(),
-            proxy = standin_bin().display(),
+            proxy = proxy.display(),
             config = config.display(),
             args = quoted.join(" "),
             dir = dir.display(),
@@ -275,18 +298,18 @@ pub fn http_get(addr: SocketAddr, path: &str, basic: Option<&str>) -> Option<(u1
 
 pub fn san_restart_config(pebble: &Pebble, redis: &str, hosts: &[String]) -> String {
     let mut s = format!(
-        "proxy:\n  http_bind_port: {HTTP_PORT}\n  https_bind_port: {HTTPS_PORT}\n  \
+        "proxy:\n{listeners}  \
          tls_cert_file: ${{CERT_DIR}}/tls.crt\n  tls_key_file: ${{CERT_DIR}}/tls.key\n  \
-         admin: {{ enabled: true, bind: \"${{POD_IP}}\", port: {PROXY_ADMIN_PORT} }}\n  \
          extensions:\n    sbmesh:\n      acme:\n        enabled: true\n        \
          email: ops@example.com\n        directory_url: \"{}\"\n        ca_root: \"{}\"\n        \
          storage_backend: redis\n        storage_path: \"{redis}\"\n        \
          certificates: san\n        apply: restart\norigins:\n",
         pebble.directory,
-        pebble.ca_root.display()
+        pebble.ca_root.display(),
+        listeners = proxy_listeners(),
     );
     for h in hosts {
-        s.push_str(&format!("  \"{h}\": {{}}\n"));
+        s.push_str(&format!("  \"{h}\": {ORIGIN}\n"));
     }
     s
 }
