@@ -5,8 +5,9 @@
 //! `SBMESH_CHAOS_SEED=<seed>` replays the same schedule.
 //!
 //! Needs root (PID namespaces inside `unshare -rn`), redis-server, pebble,
-//! pebble-challtestsrv, iptables, openssl and libfaketime: `scripts/test`
-//! installs them.
+//! pebble-challtestsrv, iptables and libfaketime, which `scripts/test`
+//! installs, and the TLS material of Pebble's listener it prepares
+//! (`SBMESH_TEST_PEBBLE_DIR`).
 
 #[path = "common/chaos.rs"]
 mod chaos;
@@ -19,7 +20,7 @@ const TEST_NAME: &str = "chaos_soak_keeps_every_invariant";
 
 #[test]
 fn chaos_soak_keeps_every_invariant() {
-    if !enter_netns_test(TEST_NAME) {
+    if common::acme::pebble_server::base_dir(TEST_NAME).is_none() || !enter_netns_test(TEST_NAME) {
         return;
     }
     require_iptables();

@@ -33,6 +33,38 @@ const START: Duration = Duration::from_secs(15);
 /// took a port between our probe and its bind).
 const ATTEMPTS: usize = 3;
 
+/// The ports of one Pebble and its pebble-challtestsrv on 127.0.0.1.
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    /// Pebble's ACME listener.
+    pub acme: u16,
+    /// Pebble's management listener.
+    pub mgmt: u16,
+    /// Where Pebble sends HTTP-01 validations (nothing of Pebble's listens).
+    pub http: u16,
+    /// Where Pebble sends TLS-ALPN-01 validations.
+    pub tls: u16,
+    /// pebble-challtestsrv's DNS, Pebble's resolver.
+    pub dns: u16,
+    /// pebble-challtestsrv's management listener.
+    pub chall: u16,
+}
+
+impl Ports {
+    /// Ports free when asked (a clash with another test is retried).
+    fn free() -> Self {
+        let [acme, mgmt, http, tls, dns, chall] = [(); 6].map(|_| free_port());
+        Self {
+            acme,
+            mgmt,
+            http,
+            tls,
+            dns,
+            chall,
+        }
+    }
+}
+
 /// Where a Pebble and its pebble-challtestsrv answer, and their logs.
 #[derive(Clone, Debug)]
 pub struct Endpoints {
@@ -53,36 +85,13 @@ pub struct Endpoints {
     pub challtestsrv_log: PathBuf,
 }
 
-impl Endpoints {
-    /// A Pebble on 127.0.0.1 listening on `acme` (ACME) and `mgmt`
-    /// (management), validating HTTP-01 on `http`, with challtestsrv's
-    /// management on `chall`; both logs in `dir`.
-    pub fn local(
-        acme: u16,
-        mgmt: u16,
-        http: u16,
-        chall: u16,
-        ca_root: PathBuf,
-        dir: &Path,
-    ) -> Self {
-        Self {
-            directory: format!("https://127.0.0.1:{acme}/dir"),
-            ca_root,
-            management: format!("https://127.0.0.1:{mgmt}"),
-            http_port: http,
-            challtestsrv: SocketAddr::from(([127, 0, 0, 1], chall)),
-            log: dir.join("pebble.log"),
-            challtestsrv_log: dir.join("challtestsrv.log"),
-        }
-    }
-}
-
 /// One test's Pebble (ACME and management listeners) and
 /// pebble-challtestsrv (Pebble's DNS, steered over its management port),
 /// ended when dropped.
 #[derive(Debug)]
 pub struct PebbleServer {
     pub endpoints: Endpoints,
+    /// The folder, when it is the server's own (removed unless it failed).
     dir: Option<tempfile::TempDir>,
     pebble: Child,
     chall: Child,
@@ -116,54 +125,87 @@ fn free_port() -> u16 {
         .expect("no free port on 127.0.0.1")
 }
 
+/// The folder `scripts/test` prepared (`SBMESH_TEST_PEBBLE_DIR`); `None`
+/// (a SKIP line for `test`) when it is not set, a panic when it is not set
+/// but `SBMESH_TEST_REQUIRE_SERVERS=1`.
+pub fn base_dir(test: &str) -> Option<PathBuf> {
+    match std::env::var(DIR_VAR) {
+        Ok(v) if !v.trim().is_empty() => Some(PathBuf::from(v)),
+        _ => {
+            assert!(
+                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "{test}: {DIR_VAR} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: run the \
+                 suite through scripts/test, which prepares Pebble"
+            );
+            eprintln!("SKIP {test}: {DIR_VAR} is not set (scripts/test prepares Pebble)");
+            None
+        }
+    }
+}
+
 impl PebbleServer {
-    /// Starts both servers for `test`; `None` (a SKIP line) when
-    /// `SBMESH_TEST_PEBBLE_DIR` is not set, a panic when it is not set but
-    /// `SBMESH_TEST_REQUIRE_SERVERS=1`, or when the servers do not start.
+    /// Starts both servers for `test` on free ports, in a folder of their
+    /// own; `None` as [`base_dir`], a panic when they do not start.
     pub fn start(test: &str) -> Option<Self> {
-        let base = match std::env::var(DIR_VAR) {
-            Ok(v) if !v.trim().is_empty() => PathBuf::from(v),
-            _ => {
-                assert!(
-                    std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                    "{test}: {DIR_VAR} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: run the \
-                     suite through scripts/test, which prepares Pebble"
-                );
-                eprintln!("SKIP {test}: {DIR_VAR} is not set (scripts/test prepares Pebble)");
-                return None;
-            }
-        };
+        let base = base_dir(test)?;
         let mut last = String::new();
         for _ in 0..ATTEMPTS {
-            match Self::try_start(&base, test) {
-                Ok(server) => return Some(server),
+            let dir = tempfile::Builder::new()
+                .prefix(&format!("{test}-"))
+                .tempdir_in(&base)
+                .unwrap_or_else(|e| panic!("{test}: a folder in {}: {e}", base.display()));
+            match Self::launch(&base, dir.path(), Ports::free()) {
+                Ok(mut server) => {
+                    server.dir = Some(dir);
+                    return Some(server);
+                }
                 Err(why) => last = why,
             }
         }
         panic!("{test}: Pebble did not start in {ATTEMPTS} attempts; the last: {last}");
     }
 
-    fn try_start(base: &Path, test: &str) -> Result<Self, String> {
+    /// Starts both servers on `ports`, with their files in `dir`, which
+    /// stays the caller's (the chaos soak's fixed ports in its own network
+    /// namespace, its logs kept with the rest of its run).
+    pub fn start_in(test: &str, dir: &Path, ports: Ports) -> Result<Self, String> {
+        let base = std::env::var(DIR_VAR)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .ok_or_else(|| {
+                format!("{test}: {DIR_VAR} is not set (scripts/test prepares Pebble)")
+            })?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Self::launch(Path::new(&base), dir, ports)
+    }
+
+    /// pebble-challtestsrv, then Pebble, with the TLS material of `base`,
+    /// until both listen; `Err` with the log of one that exits.
+    fn launch(base: &Path, dir: &Path, ports: Ports) -> Result<Self, String> {
         let tls = base.join("tls");
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{test}-"))
-            .tempdir_in(base)
-            .map_err(|e| format!("a folder in {}: {e}", base.display()))?;
-        let [acme, mgmt, http, tls_port, dns, chall] = [(); 6].map(|_| free_port());
-        let config = dir.path().join("pebble.json");
+        let config = dir.join("pebble.json");
         let json = serde_json::json!({ "pebble": {
-            "listenAddress": format!("127.0.0.1:{acme}"),
-            "managementListenAddress": format!("127.0.0.1:{mgmt}"),
+            "listenAddress": format!("127.0.0.1:{}", ports.acme),
+            "managementListenAddress": format!("127.0.0.1:{}", ports.mgmt),
             "certificate": tls.join("leaf.pem"),
             "privateKey": tls.join("leaf.key"),
-            "httpPort": http,
-            "tlsPort": tls_port,
+            "httpPort": ports.http,
+            "tlsPort": ports.tls,
             "ocspResponderURL": "",
             "externalAccountBindingRequired": false,
         }});
         std::fs::write(&config, json.to_string())
             .map_err(|e| format!("{}: {e}", config.display()))?;
-        let ends = Endpoints::local(acme, mgmt, http, chall, tls.join("ca.pem"), dir.path());
+        let ends = Endpoints {
+            directory: format!("https://127.0.0.1:{}/dir", ports.acme),
+            ca_root: tls.join("ca.pem"),
+            management: format!("https://127.0.0.1:{}", ports.mgmt),
+            http_port: ports.http,
+            challtestsrv: SocketAddr::from(([127, 0, 0, 1], ports.chall)),
+            log: dir.join("pebble.log"),
+            challtestsrv_log: dir.join("challtestsrv.log"),
+        };
+        let dns = format!("127.0.0.1:{}", ports.dns);
         let spawn = |cmd: &mut Command, log: &Path, what: &str| {
             let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
             let err = out.try_clone().map_err(|e| e.to_string())?;
@@ -176,9 +218,9 @@ impl PebbleServer {
         let chall_child = spawn(
             Command::new("pebble-challtestsrv")
                 .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
-                .args(["-dns01", &format!("127.0.0.1:{dns}")])
+                .args(["-dns01", &dns])
                 .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
-                .args(["-management", &format!("127.0.0.1:{chall}")]),
+                .args(["-management", &format!("127.0.0.1:{}", ports.chall)]),
             &ends.challtestsrv_log,
             "pebble-challtestsrv",
         )?;
@@ -187,7 +229,7 @@ impl PebbleServer {
             Command::new("pebble")
                 .arg("-config")
                 .arg(&config)
-                .args(["-dnsserver", &format!("127.0.0.1:{dns}")])
+                .args(["-dnsserver", &dns])
                 // Validations at once, a fresh nonce always accepted, and
                 // no authorization reused: every order is validated.
                 .env("PEBBLE_VA_NOSLEEP", "1")
@@ -206,23 +248,23 @@ impl PebbleServer {
         };
         let mut server = Self {
             endpoints: ends,
-            dir: Some(dir),
+            dir: None,
             pebble: pebble_child,
             chall: chall_child,
         };
-        server.wait_listening(&[acme, mgmt], &[chall])?;
+        server.wait_listening(&[
+            (ports.acme, "pebble"),
+            (ports.mgmt, "pebble"),
+            (ports.chall, "pebble-challtestsrv"),
+        ])?;
         Ok(server)
     }
 
-    /// Waits until Pebble listens on `pebble` and challtestsrv on `chall`;
-    /// `Err` with the exited server's log when one of them exits.
-    fn wait_listening(&mut self, pebble: &[u16], chall: &[u16]) -> Result<(), String> {
+    /// Waits until each `(port, server)` listens; `Err` with the exited
+    /// server's log when one of them exits.
+    fn wait_listening(&mut self, waits: &[(u16, &str)]) -> Result<(), String> {
         let deadline = Instant::now() + START;
-        let waits = pebble
-            .iter()
-            .map(|p| (*p, "pebble"))
-            .chain(chall.iter().map(|p| (*p, "pebble-challtestsrv")));
-        for (port, what) in waits {
+        for &(port, what) in waits {
             while TcpStream::connect(("127.0.0.1", port)).is_err() {
                 for (child, log, name) in [
                     (&mut self.pebble, &self.endpoints.log, "pebble"),
@@ -256,10 +298,8 @@ impl Drop for PebbleServer {
         if failed {
             // Go prints every goroutine's stack on SIGQUIT, then exits: a
             // wedged Pebble shows what it waits for.
-            let _ = Command::new("sh")
-                .args(["-c", "kill -s QUIT \"$0\""])
-                .arg(self.pebble.id().to_string())
-                .status();
+            // SAFETY: kill(2) of our own child's PID, not yet reaped.
+            unsafe { libc::kill(self.pebble.id() as libc::pid_t, libc::SIGQUIT) };
             let deadline = Instant::now() + Duration::from_secs(5);
             while matches!(self.pebble.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
@@ -269,6 +309,7 @@ impl Drop for PebbleServer {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A folder of the caller's stays; a failed test's own is kept.
         if failed && let Some(dir) = self.dir.take() {
             eprintln!(
                 "Pebble's log (its goroutines at the failure at the end) and \

@@ -30,16 +30,21 @@ use pebble_server::{Endpoints, PebbleServer};
 /// clone is dropped; its [`Endpoints`] by `Deref`.
 #[derive(Clone, Debug)]
 pub struct Pebble {
-    pub endpoints: Endpoints,
-    /// The servers, when [`Pebble::start`] started them (the chaos soak
-    /// runs its own inside its network namespace).
-    pub server: Option<Arc<PebbleServer>>,
+    server: Arc<PebbleServer>,
 }
 
 impl std::ops::Deref for Pebble {
     type Target = Endpoints;
     fn deref(&self) -> &Endpoints {
-        &self.endpoints
+        &self.server.endpoints
+    }
+}
+
+impl From<PebbleServer> for Pebble {
+    fn from(server: PebbleServer) -> Self {
+        Pebble {
+            server: Arc::new(server),
+        }
     }
 }
 
@@ -47,11 +52,7 @@ impl Pebble {
     /// Starts this test's CA, or `None` (test skipped) when `scripts/test`
     /// did not prepare Pebble.
     pub fn start() -> Option<Pebble> {
-        let server = PebbleServer::start(&pebble_server::test_name())?;
-        Some(Pebble {
-            endpoints: server.endpoints.clone(),
-            server: Some(Arc::new(server)),
-        })
+        PebbleServer::start(&pebble_server::test_name()).map(Pebble::from)
     }
 
     /// Makes Pebble resolve `host` to `ip` only (its validations go there).

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::acme::Pebble;
-use crate::common::acme::pebble_server::Endpoints;
+use crate::common::acme::pebble_server::{PebbleServer, Ports};
 use crate::common::pods::{HTTP_PORT, PROXY_ADMIN_PORT, SIDECAR_ADMIN_PORT, http_get, standin_bin};
 use crate::common::{
     iptables, metric_sum, now_unix_ms, poll_until, sidecar_bin, tool, write_atomic,
@@ -419,97 +419,26 @@ impl Redis {
     }
 }
 
-/// Pebble and pebble-challtestsrv inside the namespace, with a throwaway
-/// CA for Pebble's own listener (openssl, as `scripts/test` makes it).
+/// Pebble and pebble-challtestsrv inside the namespace, on its fixed
+/// ports, their logs in `<base>/pebble` with the rest of the run's.
 pub struct Ca {
     pub pebble: Pebble,
-    _procs: Vec<Proc>,
 }
 
 impl Ca {
     pub fn start(base: &Path) -> Ca {
-        let dir = base.join("pebble");
-        fs::create_dir_all(&dir).expect("pebble dir");
-        let sh = format!(
-            "set -e; cd '{d}'; \
-             openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-               -subj '/CN=sbmesh chaos CA' -keyout ca.key -out ca.pem 2>/dev/null; \
-             openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=localhost \
-               -keyout leaf.key -out leaf.csr 2>/dev/null; \
-             printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth\\n' > ext; \
-             openssl x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
-               -out leaf.pem -extfile ext 2>/dev/null",
-            d = dir.display()
-        );
-        let st = Command::new("bash")
-            .args(["-c", &sh])
-            .status()
-            .expect("run openssl (scripts/test installs it)");
-        assert!(
-            st.success(),
-            "making Pebble's TLS certificate with openssl failed"
-        );
-        fs::write(
-            dir.join("pebble.json"),
-            format!(
-                r#"{{"pebble":{{"listenAddress":"127.0.0.1:{PEBBLE_PORT}","managementListenAddress":"127.0.0.1:{PEBBLE_MGMT_PORT}",
- "certificate":"{d}/leaf.pem","privateKey":"{d}/leaf.key","httpPort":{PEBBLE_HTTP_PORT},"tlsPort":{PEBBLE_TLS_PORT},
- "ocspResponderURL":"","externalAccountBindingRequired":false}}}}"#,
-                d = dir.display()
-            ),
-        )
-        .expect("pebble.json");
-        let chall_log = dir.join("challtestsrv.log");
-        let mut chall = Proc::spawn(
-            "pebble-challtestsrv",
-            Command::new(tool("pebble-challtestsrv"))
-                .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
-                .args(["-dns01", &format!("127.0.0.1:{CHALL_DNS_PORT}")])
-                .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
-                .args(["-management", &format!("127.0.0.1:{CHALL_MGMT_PORT}")])
-                .stdout(log_file(&chall_log))
-                .stderr(log_file(&chall_log)),
-        );
-        wait_port(
-            SocketAddr::from(([127, 0, 0, 1], CHALL_MGMT_PORT)),
-            "pebble-challtestsrv",
-            &mut chall,
-            &chall_log,
-        );
-        let log = dir.join("pebble.log");
-        let mut pebble = Proc::spawn(
-            "pebble",
-            Command::new(tool("pebble"))
-                .env("PEBBLE_VA_NOSLEEP", "1")
-                .env("PEBBLE_WFE_NONCEREJECT", "0")
-                .env("PEBBLE_AUTHZREUSE", "0")
-                .arg("-config")
-                .arg(dir.join("pebble.json"))
-                .args(["-dnsserver", &format!("127.0.0.1:{CHALL_DNS_PORT}")])
-                .stdout(log_file(&log))
-                .stderr(log_file(&log)),
-        );
-        for port in [PEBBLE_PORT, PEBBLE_MGMT_PORT] {
-            wait_port(
-                SocketAddr::from(([127, 0, 0, 1], port)),
-                "pebble",
-                &mut pebble,
-                &log,
-            );
-        }
+        let ports = Ports {
+            acme: PEBBLE_PORT,
+            mgmt: PEBBLE_MGMT_PORT,
+            http: PEBBLE_HTTP_PORT,
+            tls: PEBBLE_TLS_PORT,
+            dns: CHALL_DNS_PORT,
+            chall: CHALL_MGMT_PORT,
+        };
+        let server = PebbleServer::start_in("chaos", &base.join("pebble"), ports)
+            .unwrap_or_else(|e| panic!("the chaos soak's CA did not start: {e}"));
         Ca {
-            pebble: Pebble {
-                endpoints: Endpoints::local(
-                    PEBBLE_PORT,
-                    PEBBLE_MGMT_PORT,
-                    PEBBLE_HTTP_PORT,
-                    CHALL_MGMT_PORT,
-                    dir.join("ca.pem"),
-                    &dir,
-                ),
-                server: None,
-            },
-            _procs: vec![chall, pebble],
+            pebble: Pebble::from(server),
         }
     }
 }

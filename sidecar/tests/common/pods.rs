@@ -54,7 +54,7 @@ pub fn proxy_listeners() -> String {
 
 /// One pod: `unshare --pid --fork --kill-child --mount-proc` running the
 /// sidecar and, in a loop playing the kubelet's restarts, `proxy` (the
-/// real sbproxy, or the stand-in where a test says why).
+/// real sbproxy).
 pub struct Pod {
     pub name: String,
     pub ip: Ipv4Addr,
@@ -76,7 +76,7 @@ impl Pod {
         let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
         let script = format!(
             "#!/bin/bash\n\
-             export POD_IP={ip} CERT_DIR='{certs}' SBPROXY_STANDIN_BIND={ip} SBPROXY_SHUTDOWN_GRACE_MS={PROXY_GRACE_MS} NO_COLOR=1\n\
+             export POD_IP={ip} CERT_DIR='{certs}' SBPROXY_SHUTDOWN_GRACE_MS={PROXY_GRACE_MS} NO_COLOR=1\n\
              '{sidecar}' run --config '{config}' {args} >> '{dir}/sidecar.log' 2>&1 &\n\
              while true; do\n\
                '{proxy}' -f '{config}' >> '{dir}/proxy.log' 2>&1\n\
