@@ -112,6 +112,21 @@ fn main() {
         served.as_secs_f64()
     );
 
+    // Resident memory of the two processes of each pod, side by side.
+    println!("\nRSS per pod (MiB): proxy | sidecar");
+    for p in ns.proxy_pods("demo") {
+        let rss = |container: &str| {
+            cluster::container_rss(&c, &cluster::container_id(&p, container))
+                .map_or(f64::NAN, |b| b as f64 / 1048576.0)
+        };
+        println!(
+            "  {:<14} {:6.1} | {:6.1}",
+            p["metadata"]["name"].as_str().unwrap_or("?"),
+            rss("proxy"),
+            rss("sbmesh-sidecar")
+        );
+    }
+
     // Config edits: the body of one origin, changed each time.
     let mut rows = Vec::new();
     let mut current = manifest;
@@ -191,5 +206,70 @@ fn main() {
         median(rows.iter().map(|r| r.1).collect()),
         median(rows.iter().map(|r| r.2).collect()),
         rows.len()
+    );
+
+    // A new certificate (one more name in the `san` set) -> every proxy
+    // serves it, by `apply: restart`, one pod at a time.
+    let name = "d.bench.test";
+    add_a(&c, name, &ip);
+    let origin = format!(
+        "    origins:\n      \"{name}\":\n        action: {{ type: static, status_code: 200, body: \"{name}\\n\" }}\n"
+    );
+    let next = current.replacen("    origins:\n", &origin, 1);
+    assert_ne!(next, current, "no origins line to add {name} under");
+    let applied = Instant::now();
+    c.apply(&next);
+    let pods = ns.ready_pods("demo", 3);
+    let issued = wait_for(
+        &format!("a certificate for {name} in a sidecar's status"),
+        Duration::from_secs(300),
+        || {
+            pods.iter()
+                .any(|p| {
+                    sidecar_status(&pod_ip(p), Some(("admin", "secret"))).is_some_and(|s| {
+                        s["nodes"].as_array().into_iter().flatten().any(|n| {
+                            n["certificates"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .any(|cert| {
+                                    cert["placeholder"] != true
+                                        && cert["names"]
+                                            .as_array()
+                                            .is_some_and(|ns| ns.iter().any(|x| x == name))
+                                })
+                        })
+                    })
+                })
+                .then(Instant::now)
+        },
+    );
+    wait_for(
+        &format!("every proxy serving {name}"),
+        Duration::from_secs(300),
+        || {
+            let pods = ns.proxy_pods("demo");
+            (pods.len() == 3
+                && pods
+                    .iter()
+                    .all(|p| serves_tls(&root, name, &pod_ip(p), 8443)))
+            .then_some(())
+        },
+    );
+    let served = Instant::now();
+    let restarts: Vec<i64> = ns
+        .proxy_pods("demo")
+        .iter()
+        .map(|p| {
+            cluster::restarts(p)
+                .into_iter()
+                .find(|(n, _)| n == "proxy")
+                .map_or(-1, |(_, r)| r)
+        })
+        .collect();
+    println!(
+        "\nnew certificate ({name} added): apply -> issued {:.1} s, issued -> every proxy serves it {:.1} s (proxy restarts per pod: {restarts:?})",
+        (issued - applied).as_secs_f64(),
+        (served - issued).as_secs_f64()
     );
 }

@@ -81,6 +81,13 @@ pub const SIDECAR_ADMIN_PORT: &str = "sidecar-admin";
 pub const ACME_SERVICE_PORT: i32 = 80;
 /// Port of `<name>-svc` that reaches the proxy's `proxy.https_bind_port`.
 pub const HTTPS_SERVICE_PORT: i32 = 443;
+/// The proxy's shutdown grace (its `SBPROXY_SHUTDOWN_GRACE_MS`) when the
+/// sidecar restarts it for a certificate (`acme.apply: restart`): sbproxy
+/// 1.13 closes its listeners at SIGTERM and exits after twice the grace
+/// rounded up to whole seconds (30 s by default: 60 s), so the grace is
+/// what each pod's restart costs. 1 s lets requests in flight finish and
+/// exits in 2 s. `podTemplate.proxyEnv` may set another.
+pub const RESTART_PROXY_GRACE_MS: u64 = 1000;
 /// Ports below this need privilege to bind: a capability, or the pod's
 /// `net.ipv4.ip_unprivileged_port_start` lowered to them.
 const FIRST_UNPRIVILEGED_PORT: i32 = 1024;
@@ -625,6 +632,9 @@ fn pod_template(
     if let Some(knobs) = &spec.pod_template {
         add_pod_knobs(&mut template, knobs)?;
     }
+    if facts.restarts_proxy {
+        set_restart_grace(&mut template);
+    }
     Ok(template)
 }
 
@@ -669,6 +679,23 @@ fn proxy_container(proxy: &SBProxy, facts: &ConfigFacts, capability: Option<&str
             ..SecurityContext::default()
         }),
         ..Container::default()
+    }
+}
+
+/// The proxy container's shutdown grace in restart mode
+/// ([`RESTART_PROXY_GRACE_MS`]), unless `podTemplate.proxyEnv` set it.
+fn set_restart_grace(template: &mut PodTemplateSpec) {
+    let name = flags::SHUTDOWN_GRACE_MS.env;
+    let proxy = template
+        .spec
+        .iter_mut()
+        .flat_map(|pod| pod.containers.iter_mut())
+        .find(|c| c.name == PROXY_CONTAINER);
+    if let Some(proxy) = proxy {
+        let env = proxy.env.get_or_insert_with(Vec::new);
+        if !env.iter().any(|e| e.name == name) {
+            env.push(value_env(name, &RESTART_PROXY_GRACE_MS.to_string()));
+        }
     }
 }
 

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use cluster::{
     Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, acme_manifest,
-    add_a, container_id, curl, identities, issued, kill_container, metric, pebble_root, pod_ip,
-    serves_tls, sidecar_status, sidecar_status_forwarded, wait_every, wait_for, wait_for_answer,
+    add_a, container_id, curl, identities, issued, kill_container, metric, mock_answer,
+    pebble_root, pod_ip, serves_tls, sidecar_status, sidecar_status_forwarded, wait_every,
+    wait_for, wait_for_answer,
 };
 use serde_json::{Value, json};
 
@@ -116,7 +117,12 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
     let hash_before = ns.condition("demo", "Ready", "True", None)["status"]["configHash"].clone();
     for pod in &pods {
         let url = format!("http://{}:8080/", pod_ip(pod));
-        wait_for_answer(&url, "demo.example.com", "hello\n", Duration::from_secs(60));
+        wait_for_answer(
+            &url,
+            "demo.example.com",
+            &mock_answer("hello\n"),
+            Duration::from_secs(60),
+        );
     }
 
     let edited = manifest.replace("body: \"hello\\n\"", "body: \"hello, edited\\n\"");
@@ -131,7 +137,7 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
         wait_for_answer(
             &url,
             "demo.example.com",
-            "hello, edited\n",
+            &mock_answer("hello, edited\n"),
             Duration::from_secs(180),
         );
     }
@@ -176,19 +182,23 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
 }
 
 /// The guide's "dataplane ACME" seed: the proxy's own ACME on the shared
-/// Redis the seed names. The images run the stand-in proxy (SPEC section
-/// 10), which does not run an ACME client, so this shows the sidecar's and
-/// the operator's part: the block reaches the proxy as written, the store
-/// it names answers at that name, and the sidecars order nothing.
+/// Redis the seed names.
+///
+/// As the guide writes it, sbproxy 1.13 does not start: its own ACME turns
+/// TLS on, the seed sets no `proxy.https_bind_port`, and the proxy exits
+/// with "https_bind_port must be set to use TLS" (which `sbproxy validate`
+/// does not catch). The sidecar's log says so, naming the fix.
+///
+/// With `https_bind_port: 8443` added the seed runs: every pod Ready, each
+/// proxy's own ACME on the Redis at the seed's name, serving TLS on 8443
+/// (its fallback certificate: no CA is reachable from the cluster), the
+/// block in the ConfigMap as written, and the sidecars order nothing.
 #[test]
 fn the_proxys_own_acme_block_is_left_to_the_proxy_and_the_sidecars_order_nothing() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
-    let ns = Namespace::new(&c, "e2e-acme-redis", &[]);
-    let seed = ns.seed("acme-redis");
     // The seed's storage_path, as the cluster's DNS answers it for a pod.
     let store = "redis.default.svc.cluster.local:6379";
-    assert!(seed.contains(&format!("storage_path: {store}")), "{seed}");
     let (host, port) = store.split_once(':').expect("host:port");
     let redis = cluster::resolve(&c, host)
         .unwrap_or_else(|e| panic!("{host} at the cluster's DNS ({}): {e}", c.node_ip));
@@ -199,7 +209,66 @@ fn the_proxys_own_acme_block_is_left_to_the_proxy_and_the_sidecars_order_nothing
         "Redis at {host} ({redis}:{port})"
     );
 
+    // As written: the proxy exits at start-up, and the sidecar said why.
+    let as_written = Namespace::new(&c, "e2e-acme-redis-seed", &[]);
+    let seed = as_written.seed("acme-redis");
+    assert!(seed.contains(&format!("storage_path: {store}")), "{seed}");
+    assert!(!seed.contains("https_bind_port"), "{seed}");
     c.apply(&seed);
+    let pod = wait_for(
+        "a proxy container of the seed as written exited",
+        Duration::from_secs(120),
+        || {
+            as_written.proxy_pods("demo").into_iter().find(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|s| {
+                        s["name"] == "proxy"
+                            && (s["restartCount"].as_u64() > Some(0)
+                                || !s["lastState"]["terminated"].is_null()
+                                || !s["state"]["terminated"].is_null())
+                    })
+            })
+        },
+    );
+    let name = pod["metadata"]["name"].as_str().expect("name").to_string();
+    let exited = wait_for(
+        &format!("{name}: the proxy's log of its exit"),
+        Duration::from_secs(60),
+        || {
+            // The run that exited: the previous one once restarted.
+            [&["--previous"][..], &[]].iter().find_map(|extra| {
+                let mut args = vec!["logs", name.as_str(), "-c", "proxy"];
+                args.extend_from_slice(extra);
+                let log = as_written.kubectl(&args).ok()?;
+                log.contains("https_bind_port must be set to use TLS")
+                    .then_some(log)
+            })
+        },
+    );
+    assert!(exited.contains("Fatal"), "{exited}");
+    let sidecar_log = as_written
+        .kubectl(&["logs", &name, "-c", "sbmesh-sidecar"])
+        .expect("the sidecar's log");
+    assert!(
+        sidecar_log.lines().any(|l| l.contains("proxy.acme.enabled")
+            && l.contains("https_bind_port must be set to use TLS")
+            && l.contains("set proxy.https_bind_port")),
+        "{name}: the sidecar's log does not say why the proxy exits:\n{sidecar_log}"
+    );
+    drop(as_written);
+
+    // With the port the seed lacks: the proxy's own ACME runs.
+    let ns = Namespace::new(&c, "e2e-acme-redis", &[]);
+    let seed = ns.seed("acme-redis");
+    let fixed = seed.replace(
+        "      http_bind_port: 8080\n",
+        "      http_bind_port: 8080\n      https_bind_port: 8443\n",
+    );
+    assert_ne!(fixed, seed, "the seed's http_bind_port line moved");
+    c.apply(&fixed);
     let pods = ns.ready_pods("demo", 2);
     ns.condition("demo", "Ready", "True", None);
     // The proxy's config is the user's, its acme block as written.
@@ -216,6 +285,29 @@ fn the_proxys_own_acme_block_is_left_to_the_proxy_and_the_sidecars_order_nothing
     for pod in &pods {
         let name = pod["metadata"]["name"].as_str().expect("name");
         let ip = pod_ip(pod);
+        // The proxy's own ACME: its store on the seed's Redis, an order for
+        // the seed's origin, and TLS on 8443 meanwhile.
+        let log = wait_for(
+            &format!("{name}: the proxy's ACME on its Redis store"),
+            Duration::from_secs(60),
+            || {
+                let log = ns.kubectl(&["logs", name, "-c", "proxy"]).ok()?;
+                (log.contains("cert store backend: redis")
+                    && log.contains("issuing via ACME")
+                    && log.contains("api.example.com"))
+                .then_some(log)
+            },
+        );
+        assert!(!log.contains("redis get failed"), "{name}: {log}");
+        let (code, _) = curl(&[
+            "-k",
+            "--resolve",
+            &format!("api.example.com:8443:{ip}"),
+            "https://api.example.com:8443/.well-known/sbmesh-e2e",
+        ])
+        .unwrap_or_else(|e| panic!("{name}: TLS on 8443: {e}"));
+        assert_ne!(code, 0, "{name}: no HTTP answer over TLS on 8443");
+
         let status = sidecar_status_forwarded(&c, &ns.name, name);
         assert_eq!(status["local_node_id"], name, "{status}");
         let local = status["nodes"]

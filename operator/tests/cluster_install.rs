@@ -13,8 +13,8 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, operator, wait_for,
-    wait_for_answer,
+    Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, mock_answer,
+    operator, wait_for, wait_for_answer,
 };
 
 /// Waits for the operator Deployment in `ns` to have its 2 replicas
@@ -92,7 +92,7 @@ fn basic_answers(ns: &Namespace) {
     wait_for_answer(
         &url,
         "demo.example.com",
-        "hello from sbproxy\n",
+        &mock_answer("hello from sbproxy\n"),
         Duration::from_secs(60),
     );
 }

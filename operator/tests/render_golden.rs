@@ -616,28 +616,48 @@ fn render_is_deterministic() {
 }
 
 #[test]
-fn the_pods_share_a_process_namespace_exactly_when_the_sidecar_restarts_the_proxy() {
-    let proxy = fx::proxy("image: sbproxy\nconfigRef: demo\n");
-    let share = |apply: &str| {
+fn the_pods_share_a_process_namespace_and_shorten_the_proxys_grace_exactly_when_the_sidecar_restarts_the_proxy()
+ {
+    let render_with = |apply: &str, proxy_env: &str| {
+        let proxy = fx::proxy(&format!("image: sbproxy\nconfigRef: demo\n{proxy_env}"));
         let text = format!(
-            "proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, email: ops@example.com, storage_backend: memory{apply} }}\norigins:\n  \"demo.example.com\": {{}}\n"
+            "proxy:\n  admin: {{ enabled: true, port: 9090 }}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, email: ops@example.com, storage_backend: memory{apply} }}\norigins:\n  \"demo.example.com\": {{ action: {{ type: static, status_code: 200, body: ok }} }}\n"
         );
-        let r = render::render(&proxy, Some(&fx::config(&text)), None, &fx::opts())
-            .unwrap_or_else(|r| panic!("{apply}: refused: {r}"));
-        r.stateful_set
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-            .share_process_namespace
+        render::render(&proxy, Some(&fx::config(&text)), None, &fx::opts())
+            .unwrap_or_else(|r| panic!("{apply}: refused: {r}"))
     };
-    // `restart` signals the proxy's process: it must be visible.
-    assert_eq!(share(", apply: restart"), Some(true));
-    // reload (the default) and none need no shared namespace: absent.
-    assert_eq!(share(""), None);
-    assert_eq!(share(", apply: reload"), None);
-    assert_eq!(share(", apply: none"), None);
+    let grace = |r: &Rendered| env_value(&proxy_container(r), "SBPROXY_SHUTDOWN_GRACE_MS");
+    // `restart` signals the proxy's process: it must be visible, and the
+    // proxy drains for 1 s (it exits in 2 s), not its own 30 s (60 s).
+    let restart = render_with(", apply: restart", "");
+    assert_eq!(pod_spec(&restart).share_process_namespace, Some(true));
+    assert_eq!(grace(&restart).as_deref(), Some("1000"));
+    assert_eq!(
+        render::RESTART_PROXY_GRACE_MS.to_string(),
+        grace(&restart).unwrap()
+    );
+    // The sidecar's own drain is not the proxy's.
+    assert!(env(&sidecar(&restart), "SBPROXY_SHUTDOWN_GRACE_MS").is_none());
+    // A grace the user gives the proxy wins.
+    let theirs = render_with(
+        ", apply: restart",
+        "podTemplate:\n  proxyEnv: [{ name: SBPROXY_SHUTDOWN_GRACE_MS, value: \"5000\" }]\n",
+    );
+    assert_eq!(grace(&theirs).as_deref(), Some("5000"));
+    let names = proxy_container(&theirs)
+        .env
+        .unwrap()
+        .iter()
+        .filter(|e| e.name == "SBPROXY_SHUTDOWN_GRACE_MS")
+        .count();
+    assert_eq!(names, 1, "one SBPROXY_SHUTDOWN_GRACE_MS");
+    // reload (the default) and none need no shared namespace and leave
+    // the proxy's grace alone.
+    for apply in ["", ", apply: reload", ", apply: none"] {
+        let r = render_with(apply, "");
+        assert_eq!(pod_spec(&r).share_process_namespace, None, "{apply}");
+        assert_eq!(grace(&r), None, "{apply}");
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -55,19 +55,9 @@ fn main() {
     write_atomic(&config_path, &san_restart_config(&pebble, &redis, &hosts));
     let cluster_id = format!("bench-pods-{}", std::process::id());
     let t0 = Instant::now();
-    let pods: Vec<Pod> = (0..3)
-        .map(|i| {
-            let args = fleet_args(i, &ips, &cluster_id, &pebble, base.path());
-            Pod::spawn(
-                &sbproxy,
-                &format!("pod-{i}"),
-                ips[i],
-                base.path(),
-                &config_path,
-                &args,
-            )
-        })
-        .collect();
+    let pods = Pod::fleet(&sbproxy, &ips, base.path(), &config_path, |i| {
+        fleet_args(i, &ips, &cluster_id, &pebble, base.path())
+    });
     assert!(
         poll_until(deadline(), || pods.iter().all(Pod::proxy_up)),
         "the proxies did not start"

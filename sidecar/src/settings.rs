@@ -947,7 +947,7 @@ origins: { api.example.com: {} }
     fn san_warns_when_the_proxy_reads_another_pair() {
         let yml = |crt: &str, key: &str| {
             format!(
-                "proxy:\n  tls_cert_file: {crt}\n  tls_key_file: {key}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, storage_backend: memory, certificates: san }}\n"
+                "proxy:\n  https_bind_port: 8443\n  tls_cert_file: {crt}\n  tls_key_file: {key}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, storage_backend: memory, certificates: san }}\n"
             )
         };
         let ours = Case::new(&yml("/certs/tls.crt", "/certs/tls.key"))

@@ -4,6 +4,10 @@
 //! (default 300), then heal and check. A failure prints the seed;
 //! `SBMESH_CHAOS_SEED=<seed>` replays the same schedule.
 //!
+//! The pods run the stand-in proxy (`standin/`), which logs the config
+//! content every reload POST applied; the real sbproxy does not (see
+//! `ChaosPod`).
+//!
 //! Needs root (PID namespaces inside `unshare -rn`), redis-server, pebble,
 //! pebble-challtestsrv, iptables and libfaketime, which `scripts/test`
 //! installs, and the TLS material of Pebble's listener it prepares

@@ -47,7 +47,7 @@ fn write(dir: &Path, name: &str, text: &[u8]) -> std::path::PathBuf {
 const ACCEPTED: &[&str] = &[
     "proxy:\n  admin: { enabled: true, bind: 0.0.0.0, allow_ips: [10.0.0.0/8], password: s3cret-admin, max_log_entries: 500, cors_origins: [] }\norigins:\n  a.example.com: {origin}\n",
     "proxy:\n  cluster:\n    cluster_id: edge\n    node_id: edge-0\n    state_dir: /var/lib/sbproxy/cluster\n    roles: [gateway]\n    labels: { zone: a }\n    snapshot_ttl_secs: 30\n    gossip_port: 7000\n    transport_port: 8000\n    security: { mode: shared_key, development: true, shared_key: 0f1e2d3c4b5a69788796a5b4c3d2e1f0 }\n  extensions:\n    sbmesh: {}\norigins: {}\n",
-    "proxy:\n  acme:\n    enabled: true\n    email: ops@example.com\n    challenge_types: [http-01]\n    storage_backend: redb\n    storage_path: /var/lib/sbproxy/certs\n    renew_before_days: 30\norigins:\n  a.example.com: {origin}\n",
+    "proxy:\n  https_bind_port: 8443\n  acme:\n    enabled: true\n    email: ops@example.com\n    challenge_types: [http-01]\n    storage_backend: redb\n    storage_path: /var/lib/sbproxy/certs\n    renew_before_days: 30\norigins:\n  a.example.com: {origin}\n",
     "proxy:\n  http_bind_port: 8080\n  https_bind_port: 8443\n  tls_cert_file: /var/lib/sbproxy/certs/tls.crt\n  tls_key_file: /var/lib/sbproxy/certs/tls.key\n  extensions:\n    page_shield: { enabled: true }\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory, certificates: san, apply: restart }\norigins:\n  a.example.com: {origin}\n  b.example.com: {origin}\n",
     "listen: 0.0.0.0:8080\nunknown_top_level: [1, 2]\nproxy:\n  admin: { enabled: true }\norigins:\n  \"*.example.com\": { action: { type: static, status_code: 200, body: \"$${not_a_var}\" } }\n",
 ];
@@ -114,7 +114,7 @@ fn conflicts_are_one_line_each_and_run_exits_2() {
     let acme = write(
         dir.path(),
         "acme.yml",
-        b"proxy:\n  acme: { enabled: true }\n  extensions:\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory }\norigins:\n  a.example.com: {}\n",
+        b"proxy:\n  https_bind_port: 8443\n  acme: { enabled: true }\n  extensions:\n    sbmesh:\n      acme: { enabled: true, storage_backend: memory }\norigins:\n  a.example.com: {}\n",
     );
     let (code, report) = validate(&acme, &[]);
     assert_eq!(code, 1, "{report}");
@@ -457,4 +457,103 @@ fn the_sidecar_accepts_every_file_the_real_proxy_accepts() {
         "the real proxy refused:\n{}",
         not_taken.join("\n")
     );
+}
+
+/// What the real proxy does with `config`: `Ok` while it still runs after
+/// 3 s (then stopped), else its exit and output.
+fn sbproxy_start(bin: &Path, config: &Path) -> Result<(), String> {
+    let mut child = Command::new(bin)
+        .arg("--config")
+        .arg(config)
+        .env("NO_COLOR", "1")
+        .env("SBPROXY_SHUTDOWN_GRACE_MS", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sbproxy runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        if child.try_wait().expect("wait").is_some() {
+            let out = child.wait_with_output().expect("output");
+            return Err(format!(
+                "{}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    Ok(())
+}
+
+/// `sbproxy validate` accepts TLS turned on (its own ACME, or a certificate
+/// file) without `proxy.https_bind_port`, and then the proxy exits at
+/// start-up: the sidecar's `validate` says so, at the key that turned TLS
+/// on, and names the fix; with the port the proxy starts and the sidecar
+/// says nothing of it.
+#[test]
+fn tls_without_a_tls_port_passes_the_proxys_validate_but_not_its_start_and_the_sidecar_warns() {
+    let Some(sbproxy) = common::sbproxy_bin(
+        "tls_without_a_tls_port_passes_the_proxys_validate_but_not_its_start_and_the_sidecar_warns",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The listeners on an address of their own; the certificate files exist.
+    let crt = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    let (pem, key_pem) =
+        sbmesh::acme::placeholder::generate(&["a.example.com".to_owned()], 1_790_000_000).unwrap();
+    std::fs::write(&crt, pem).unwrap();
+    std::fs::write(&key, key_pem).unwrap();
+    let listen = "  bind_address: 127.0.23.1\n  http_bind_port: 8080\n";
+    for (at, tls) in [
+        (
+            "proxy.acme.enabled",
+            "  acme: { enabled: true, email: ops@example.com, storage_backend: memory }\n"
+                .to_owned(),
+        ),
+        (
+            "proxy.tls_cert_file",
+            format!(
+                "  tls_cert_file: {}\n  tls_key_file: {}\n",
+                crt.display(),
+                key.display()
+            ),
+        ),
+    ] {
+        let text = format!("proxy:\n{listen}{tls}origins:\n  a.example.com: {ORIGIN}\n");
+        let path = write(dir.path(), "no-port.yml", text.as_bytes());
+        sbproxy_validate(&sbproxy, &path)
+            .unwrap_or_else(|why| panic!("{at}: the real proxy's validate refused it: {why}"));
+        let exit = sbproxy_start(&sbproxy, &path).expect_err(&format!(
+            "{at}: the real proxy started without https_bind_port:\n{text}"
+        ));
+        assert!(
+            exit.contains("https_bind_port must be set to use TLS"),
+            "{at}: {exit}"
+        );
+        let (code, report) = validate(&path, &[]);
+        assert_eq!(code, 0, "{at}: a warning, not an error:\n{report}");
+        assert!(
+            report
+                .lines()
+                .any(|l| l.starts_with(&format!("warning: {at}: "))
+                    && l.contains("https_bind_port must be set to use TLS")
+                    && l.contains("set proxy.https_bind_port")),
+            "{at}: the sidecar did not warn:\n{report}"
+        );
+
+        let with_port = text.replace(listen, &format!("{listen}  https_bind_port: 8443\n"));
+        let path = write(dir.path(), "port.yml", with_port.as_bytes());
+        sbproxy_start(&sbproxy, &path)
+            .unwrap_or_else(|why| panic!("{at}: with https_bind_port:\n{with_port}{why}"));
+        let (code, report) = validate(&path, &[]);
+        assert_eq!(code, 0, "{report}");
+        assert!(!report.contains("https_bind_port"), "{at}: {report}");
+    }
 }

@@ -51,21 +51,9 @@ fn san_certificates_are_served_after_rolling_restarts() {
     }
     write_atomic(&config_path, &san_restart_config(&pebble, &redis, &hosts));
     let cluster_id = format!("pods-{}", std::process::id());
-    let pods: Vec<Pod> = ips
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| {
-            let args = fleet_args(i, &ips, &cluster_id, &pebble, base.path());
-            Pod::spawn(
-                &sbproxy,
-                &format!("pod-{i}"),
-                *ip,
-                base.path(),
-                &config_path,
-                &args,
-            )
-        })
-        .collect();
+    let pods = Pod::fleet(&sbproxy, &ips, base.path(), &config_path, |i| {
+        fleet_args(i, &ips, &cluster_id, &pebble, base.path())
+    });
 
     // The placeholders let every proxy start before any certificate exists.
     assert!(

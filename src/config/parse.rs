@@ -138,6 +138,9 @@ pub(super) fn parse(text: &str, unresolved: &[Unresolved]) -> Result<SbConfig, V
         .and_then(|f| f.string("tls_key_file"))
         .map(PathBuf::from);
     drop(top);
+    if let Some(path) = tls_without_port(proxy, acme.as_ref(), tls_cert_file.is_some()) {
+        ctx.problems.push(Problem::warning(path, TLS_WITHOUT_PORT));
+    }
     let sbmesh = read_sbmesh(section("extensions"), &mut ctx);
     let acme_on = sbmesh
         .as_ref()
@@ -166,6 +169,32 @@ pub(super) fn parse(text: &str, unresolved: &[Unresolved]) -> Result<SbConfig, V
         let mut problems = errors;
         problems.extend(config.warnings());
         Err(problems)
+    }
+}
+
+/// Why sbproxy 1.13 exits at start-up when TLS is on without a TLS port.
+const TLS_WITHOUT_PORT: &str = "sbproxy 1.13 does not start with this and no \
+     proxy.https_bind_port: it turns TLS on, and the proxy exits with \
+     \"https_bind_port must be set to use TLS\"; set proxy.https_bind_port (8443, say)";
+
+/// Where a config turns the proxy's TLS on (its own ACME, else a
+/// certificate file) without `proxy.https_bind_port`.
+fn tls_without_port(
+    proxy: Option<&Mapping>,
+    acme: Option<&ProxyAcme>,
+    cert_file: bool,
+) -> Option<&'static str> {
+    let port = proxy
+        .and_then(|p| p.get("https_bind_port"))
+        .is_some_and(|v| !v.is_null());
+    if port {
+        None
+    } else if acme.is_some_and(|a| a.enabled) {
+        Some("proxy.acme.enabled")
+    } else if cert_file {
+        Some("proxy.tls_cert_file")
+    } else {
+        None
     }
 }
 

@@ -933,3 +933,35 @@ proptest! {
         prop_assert_eq!(interpolate(&text, &|_| Some("x".to_string())), text);
     }
 }
+
+#[test]
+fn tls_on_without_a_tls_port_is_a_warning_naming_the_port() {
+    // sbproxy 1.13's own ACME, or a certificate file, without
+    // proxy.https_bind_port: the proxy exits at start-up.
+    let acme = "proxy:\n  acme: { enabled: true, storage_backend: redis, storage_path: r:6379 }\n";
+    let w = problems(acme);
+    assert!(
+        w.iter().any(|l| l.starts_with("proxy.acme.enabled: ")
+            && l.contains("https_bind_port must be set to use TLS")
+            && l.contains("set proxy.https_bind_port")),
+        "{w:?}"
+    );
+    let file = "proxy:\n  tls_cert_file: /c.crt\n  tls_key_file: /c.key\n";
+    let w = problems(file);
+    assert!(
+        w.iter().any(|l| l.starts_with("proxy.tls_cert_file: ")),
+        "{w:?}"
+    );
+    // With the port, or with neither, nothing is said.
+    for text in [
+        acme.replace("proxy:\n", "proxy:\n  https_bind_port: 8443\n"),
+        file.replace("proxy:\n", "proxy:\n  https_bind_port: 8443\n"),
+        "proxy:\n  acme: { enabled: false }\n".to_owned(),
+    ] {
+        let w = problems(&text);
+        assert!(
+            !w.iter().any(|l| l.contains("https_bind_port")),
+            "{text}: {w:?}"
+        );
+    }
+}

@@ -287,7 +287,7 @@ pub fn acme_manifest(c: &Cluster, ns: &str, names: &[&str], db: u8) -> String {
         .iter()
         .map(|n| {
             format!(
-                "      \"{n}\":\n        action: {{ type: mock, status: 200, body: \"{n}\\n\" }}\n"
+                "      \"{n}\":\n        action: {{ type: static, status_code: 200, body: \"{n}\\n\" }}\n"
             )
         })
         .collect();
@@ -463,8 +463,17 @@ pub fn curl(args: &[&str]) -> Result<(u16, String), String> {
     Ok((code.trim().parse().unwrap_or(0), body.to_string()))
 }
 
+/// What sbproxy answers for an origin `action: { type: mock, body: TEXT }`
+/// (as the seed's manifests have it): a mock's body is a JSON value, so a
+/// string is sent JSON-encoded, quotes and escapes included
+/// (`Content-Type: application/json`). A `static` action sends its text as
+/// it is.
+pub fn mock_answer(text: &str) -> String {
+    serde_json::to_string(text).expect("a string is JSON")
+}
+
 /// Waits until `url` answers 200 with exactly `body` to a request for Host
-/// `host`, as the proxy answers a mock origin.
+/// `host`.
 pub fn wait_for_answer(url: &str, host: &str, body: &str, limit: Duration) {
     let header = format!("Host: {host}");
     wait_for(&format!("{body:?} from {url} (Host {host})"), limit, || {
@@ -734,12 +743,12 @@ pub fn sidecar_status_forwarded(c: &Cluster, ns: &str, pod: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url} ({pod}): {e}: {body}"))
 }
 
-/// A container's ID in the runtime (`containerStatuses[].containerID`
-/// without its `containerd://`).
+/// A container's ID in the runtime (`containerStatuses[].containerID`, or
+/// `initContainerStatuses[]` for the sidecar, without its `containerd://`).
 pub fn container_id(pod: &Value, container: &str) -> String {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .into_iter()
+    ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .filter_map(|k| pod["status"][k].as_array())
         .flatten()
         .find(|s| s["name"] == container)
         .and_then(|s| s["containerID"].as_str())
@@ -767,6 +776,27 @@ pub fn resume_container(c: &Cluster, id: &str) {
     if let Err(e) = try_ctr(c, &["tasks", "resume", id]) {
         eprintln!("ctr tasks resume {id}: {e} (the task is gone)");
     }
+}
+
+/// The resident memory (VmRSS, bytes) of a running container's process,
+/// found through the runtime (`ctr tasks ls`): the node's processes are
+/// this machine's.
+pub fn container_rss(c: &Cluster, id: &str) -> Option<u64> {
+    let tasks = try_ctr(c, &["tasks", "ls"]).ok()?;
+    let pid = tasks.lines().find_map(|line| {
+        let mut cols = line.split_whitespace();
+        (cols.next()? == id).then(|| cols.next())?
+    })?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
 }
 
 fn ctr(c: &Cluster, args: &[&str]) {

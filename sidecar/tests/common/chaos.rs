@@ -512,6 +512,14 @@ pub fn issued_by_ca(pebble: &Pebble, known: &mut BTreeMap<String, (String, BTree
 /// libfaketime (offset read from a file, so a skew needs no restart) and
 /// the stand-in proxy in another loop. Each loop appends its starts and
 /// exits to a file, so the harness can tell injected kills from crashes.
+///
+/// The stand-in, not the real sbproxy, because the soak's reload invariant
+/// needs what the real proxy does not tell: which config content each
+/// reload POST applied. The stand-in logs every POST with the sha256 of
+/// the file it loaded; sbproxy 1.13 answers and logs a `config_revision`
+/// that stays the same across different files, and its own file watcher
+/// reloads the same edits. (The real proxy's hot reload is checked in
+/// `reload_processes` and on the cluster.)
 pub struct ChaosPod {
     pub index: usize,
     pub name: String,

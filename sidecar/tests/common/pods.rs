@@ -108,6 +108,20 @@ impl Pod {
         }
     }
 
+    /// One pod `pod-i` on each of `ips`, its sidecar run with `args(i)`.
+    pub fn fleet(
+        proxy: &Path,
+        ips: &[Ipv4Addr],
+        base: &Path,
+        config: &Path,
+        args: impl Fn(usize) -> Vec<String>,
+    ) -> Vec<Pod> {
+        ips.iter()
+            .enumerate()
+            .map(|(i, ip)| Pod::spawn(proxy, &format!("pod-{i}"), *ip, base, config, &args(i)))
+            .collect()
+    }
+
     /// The proxy's data port answers `/health`.
     pub fn proxy_up(&self) -> bool {
         http_get(SocketAddr::from((self.ip, HTTP_PORT)), "/health", None)
@@ -279,6 +293,16 @@ pub fn pem_of(der: &CertificateDer<'_>) -> String {
 
 /// A plain HTTP/1.1 GET; `(status, body)`, `None` when nothing answers.
 pub fn http_get(addr: SocketAddr, path: &str, basic: Option<&str>) -> Option<(u16, String)> {
+    http_get_host(addr, &addr.to_string(), path, basic)
+}
+
+/// [`http_get`] for Host `host`.
+pub fn http_get_host(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    basic: Option<&str>,
+) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     let auth = basic
@@ -286,7 +310,7 @@ pub fn http_get(addr: SocketAddr, path: &str, basic: Option<&str>) -> Option<(u1
         .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut buf = String::new();
@@ -440,6 +464,21 @@ pub fn fleet_args(
     pebble: &Pebble,
     base: &Path,
 ) -> Vec<String> {
+    let mut args = mesh_args(i, ips, cluster_id, base);
+    args.extend([
+        "--challenge-listen".to_owned(),
+        format!("{}:{}", ips[i], pebble.http_port),
+        "--acme-order-lock-ttl-secs".to_owned(),
+        "10".to_owned(),
+        "--proxy-restart-interval-secs".to_owned(),
+        "1".to_owned(),
+    ]);
+    args
+}
+
+/// Pod `i`'s sidecar in a mesh of `ips`: its names, addresses and folders
+/// under `base/pod-i`, a 50 ms reload debounce, text logs.
+pub fn mesh_args(i: usize, ips: &[Ipv4Addr], cluster_id: &str, base: &Path) -> Vec<String> {
     let ip = ips[i];
     let seeds: Vec<String> = ips.iter().map(|ip| format!("{ip}:7946")).collect();
     vec![
@@ -455,18 +494,12 @@ pub fn fleet_args(
         seeds.join(","),
         "--admin-listen".to_owned(),
         format!("{ip}:{SIDECAR_ADMIN_PORT}"),
-        "--challenge-listen".to_owned(),
-        format!("{ip}:{}", pebble.http_port),
         "--cert-dir".to_owned(),
         base.join(format!("pod-{i}/certs")).display().to_string(),
         "--state-dir".to_owned(),
         base.join(format!("pod-{i}/state")).display().to_string(),
-        "--acme-order-lock-ttl-secs".to_owned(),
-        "10".to_owned(),
         "--reload-debounce-ms".to_owned(),
         "50".to_owned(),
-        "--proxy-restart-interval-secs".to_owned(),
-        "1".to_owned(),
         "--log-format".to_owned(),
         "text".to_owned(),
     ]
