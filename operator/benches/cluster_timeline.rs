@@ -244,9 +244,12 @@ fn main() {
                 .then(Instant::now)
         },
     );
+    let issued_ms = unix_ms() - issued.elapsed().as_secs_f64() * 1000.0;
+    // At most one restart per pod per --proxy-restart-interval-secs (600 s):
+    // the first certificate's restarts above hold this one back.
     wait_for(
         &format!("every proxy serving {name}"),
-        Duration::from_secs(300),
+        Duration::from_secs(900),
         || {
             let pods = ns.proxy_pods("demo");
             (pods.len() == 3
@@ -267,8 +270,26 @@ fn main() {
                 .map_or(-1, |(_, r)| r)
         })
         .collect();
+    // When each pod's sidecar signalled its proxy, after the issuance.
+    let signalled: Vec<String> = ns
+        .proxy_pods("demo")
+        .iter()
+        .map(|p| {
+            sidecar_status(&pod_ip(p), Some(("admin", "secret")))
+                .and_then(|s| {
+                    s["nodes"]
+                        .as_array()?
+                        .iter()
+                        .find(|n| n["local"] == true)?["proxy"]["last_restart_unix_ms"]
+                        .as_f64()
+                })
+                .map_or("?".into(), |at| {
+                    format!("{:.1} s", (at - issued_ms) / 1000.0)
+                })
+        })
+        .collect();
     println!(
-        "\nnew certificate ({name} added): apply -> issued {:.1} s, issued -> every proxy serves it {:.1} s (proxy restarts per pod: {restarts:?})",
+        "\nnew certificate ({name} added): apply -> issued {:.1} s, issued -> every proxy serves it {:.1} s; each proxy signalled at issued + {signalled:?}; proxy restarts per pod: {restarts:?}",
         (issued - applied).as_secs_f64(),
         (served - issued).as_secs_f64()
     );
