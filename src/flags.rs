@@ -436,6 +436,17 @@ pub const CHALLENGE_PASSTHROUGH: Flag = Flag {
            passes every request outside /.well-known/acme-challenge/; unset or empty: those get \
            404",
 };
+/// `--acme-check-url`.
+pub const ACME_CHECK_URL: Flag = Flag {
+    long: "acme-check-url",
+    env: "SBMESH_ACME_CHECK_URL",
+    value_name: "URL",
+    kind: Kind::HttpOrigin,
+    default: FlagDefault::Template(|| "this replica's challenge listener".to_owned()),
+    help: "Where the CA's HTTP-01 request lands, as reached from this pod, http://host:port (the \
+           Service in front of the replicas). Before the CA is told to validate, a probe token \
+           is published and fetched there; the order waits until it is answered",
+};
 /// `--proxy-reload-url`.
 pub const PROXY_RELOAD_URL: Flag = Flag {
     long: "proxy-reload-url",
@@ -773,6 +784,7 @@ pub(crate) const RUN: &[Flag] = &[
     ACME_MAX_ORDERS,
     ACME_ORDERS_INTERVAL_SECS,
     ACME_CONCURRENT_ORDERS,
+    ACME_CHECK_URL,
     PROXY_CERT_APPLY,
     PROXY_PROCESS_NAME,
     PROXY_HEALTH_URL,

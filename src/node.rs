@@ -19,7 +19,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::Request;
@@ -497,11 +497,18 @@ impl Node {
         let hand_off = HandOff::start(&cfg.proxy, reload_trigger, &metrics);
         let mut readiness = vec![mesh_running(mesh.clone()), store_check];
         readiness.extend(hand_off.readiness(cfg.proxy.cert_apply));
+        let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
+        let startup = vec![certificates_written(
+            acme_rx.clone(),
+            cfg.config.acme().is_some(),
+            Instant::now(),
+        )];
         let state = AdminState {
             mesh: mesh.clone(),
             metrics: metrics.clone(),
             auth: AdminAuth::new(cfg.admin_user.as_deref(), cfg.admin_password.as_deref()),
             readiness,
+            startup,
         };
 
         // The HTTP-01 responder needs the store; until the store is open
@@ -522,7 +529,6 @@ impl Node {
         // ACME: hostnames follow the config file as it is read; the
         // manager starts once the store is open. Each certificate change
         // is handed to the proxy and read back for Node::certificates.
-        let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
         let feed = Arc::new(CertificateFeed::new(
             cfg.cert_dir.clone(),
             config_rx.clone(),
@@ -537,7 +543,7 @@ impl Node {
             })
         };
         let acme_task = tokio::spawn(run_acme(
-            acme_manager_config(&cfg, &mesh),
+            acme_manager_config(&cfg, &mesh, challenge_addr),
             restart_config(&cfg),
             AcmeParts {
                 mesh: mesh.clone(),
@@ -1152,10 +1158,56 @@ fn challenge_router_of(
     }
 }
 
+/// How long `/startupz` waits for the stored certificates to be written
+/// for the proxy before it lets the proxy start anyway (a store that does
+/// not answer must not hold a pod back for long).
+pub(crate) const STARTUP_CERTIFICATES_WAIT: Duration = Duration::from_secs(5);
+
+/// The start-up condition of `/startupz`: with ACME on (`acme` at start),
+/// the certificates the store holds are written for the proxy, so a proxy
+/// that reads its certificate once at start-up serves the CA's and not a
+/// placeholder (which would cost it a restart seconds later); holds after
+/// [`STARTUP_CERTIFICATES_WAIT`] whatever the store does.
+fn certificates_written(
+    acme: watch::Receiver<AcmeStatus>,
+    acme_on: bool,
+    started: Instant,
+) -> ReadinessCheck {
+    Arc::new(move || {
+        (acme_on && !acme.borrow().settled && started.elapsed() < STARTUP_CERTIFICATES_WAIT).then(
+            || {
+                format!(
+                    "certificates: the stored certificates are not written for the proxy yet \
+                     (waiting up to {} s)",
+                    STARTUP_CERTIFICATES_WAIT.as_secs()
+                )
+            },
+        )
+    })
+}
+
 /// The ACME manager's settings: the node's limits, and an at-rest ring that
 /// follows the mesh's (which the key file rotates) when there is a cluster
 /// key.
-fn acme_manager_config(cfg: &NodeConfig, mesh: &Mesh) -> AcmeManagerConfig {
+///
+/// Orders are checked ([`crate::acme::reach`]) at `--acme-check-url`, else
+/// at this node's own challenge listener (`challenge_addr`, an unspecified
+/// address asked on loopback): that proves the listener and the store, not
+/// the route from the CA.
+fn acme_manager_config(
+    cfg: &NodeConfig,
+    mesh: &Mesh,
+    challenge_addr: Option<SocketAddr>,
+) -> AcmeManagerConfig {
+    let own_listener = challenge_addr.and_then(|mut addr| {
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr {
+                SocketAddr::V4(_) => IpAddr::from([127, 0, 0, 1]),
+                SocketAddr::V6(_) => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+            });
+        }
+        Upstream::parse(&format!("http://{addr}")).ok()
+    });
     let key_ring = if cfg.cluster_key.is_some() {
         AtRestRing::following(mesh.key_rings())
     } else {
@@ -1164,6 +1216,7 @@ fn acme_manager_config(cfg: &NodeConfig, mesh: &Mesh) -> AcmeManagerConfig {
     AcmeManagerConfig {
         key_ring,
         limits: cfg.acme.clone(),
+        challenge_check: cfg.acme.check_url.clone().or(own_listener),
         ..AcmeManagerConfig::new(cfg.node_id.clone(), cfg.cert_dir.clone())
     }
 }
@@ -1327,9 +1380,11 @@ async fn publish_meta(
                 }
                 next.certificates.truncate(MAX_CERTS_IN_META);
             }
-            next.acme = (!a.not_eligible.is_empty() || a.refusal.is_some()).then(|| AcmeInfo {
+            let said = !a.not_eligible.is_empty() || a.refusal.is_some() || !a.waiting.is_empty();
+            next.acme = said.then(|| AcmeInfo {
                 not_eligible: a.not_eligible.clone(),
                 refusal: a.refusal.clone(),
+                waiting: a.waiting.clone(),
             });
         }
         if next != meta {

@@ -241,7 +241,10 @@ async fn a_missing_proxy_is_reported_and_the_lease_released() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new());
     let coordinator = RestartCoordinator::spawn(
-        config("node-b", &name, &health),
+        RestartConfig {
+            starting_grace: Duration::ZERO,
+            ..config("node-b", &name, &health)
+        },
         store.clone(),
         metrics.clone(),
     )
@@ -265,6 +268,40 @@ async fn a_missing_proxy_is_reported_and_the_lease_released() {
     // The readiness check carries the problem.
     let check = sbmesh::proxy::restart_readiness(coordinator.status());
     assert!(check().unwrap().contains("not found"));
+}
+
+/// While the pod starts, the proxy may not run yet when the certificate
+/// is written (the startup probe holds it back): it reads the files when
+/// it starts, so nothing is restarted and nothing is reported; and a proxy
+/// process that started after the files were written is not restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_that_starts_after_the_files_is_not_restarted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = unique("late");
+    let health = health_server(Arc::new(AtomicU16::new(200))).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let metrics = Arc::new(Metrics::new());
+    let coordinator =
+        RestartCoordinator::spawn(config("node-c", &name, &health), store.clone(), metrics)
+            .unwrap();
+    let status = coordinator.status();
+    // No proxy runs yet: the request needs no restart.
+    coordinator.request();
+    lease_free(&store).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *status.borrow(),
+        ProxyStatus::default(),
+        "no restart, no problem"
+    );
+    // A proxy started now, then new files: it ran before them, so it is
+    // restarted (the window of one restart per interval is its own).
+    let exit = fake_proxy(tmp.path(), &name).await;
+    let mut status = coordinator.status();
+    coordinator.request();
+    let shown = wait_status(&mut status, "one restart", |s| s.restarts == 1).await;
+    assert_eq!(shown.problem, None);
+    drop(exit);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -174,6 +174,7 @@ fn inject_pod(pod: &mut PodSpec, workload: &str, opts: &InjectOptions) -> Result
         // (and a guess would turn port 80's 404s into 502s). The header
         // says how to turn it on.
         proxy_http_port: None,
+        acme_check_url: None,
         mesh,
         authorization: None,
         resources: None,

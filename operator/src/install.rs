@@ -86,6 +86,14 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         resources: &["networkpolicies"],
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
+    // A config edit reaches the pods at once: each pod of the SBProxy is
+    // annotated with the config's hash, which makes its kubelet sync the
+    // ConfigMap volume now instead of at its next periodic sync.
+    Rule {
+        api_group: "",
+        resources: &["pods"],
+        verbs: &["list", "patch"],
+    },
     // prometheus-operator's kind, which may not be served: applied and
     // removed by name, never watched.
     Rule {

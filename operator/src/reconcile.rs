@@ -24,13 +24,16 @@
 //! | `monitoring.coreos.com` | `podmonitors` | get, create, patch, delete | apply with `spec.podMonitor`; GET + DELETE without. Never watched: prometheus-operator's CRD may be absent, and a watch of a kind not served fails forever |
 //! | core | `secrets` | get, create, patch | the cluster key: GET, then POST once; a merge PATCH of the operator's own Secret during a rotation ([`crate::rotation`]); never list, watch, update or delete, and never a `clusterSecretRef` Secret |
 //! | `events.k8s.io` | `events` | create, patch | Normal/Warning Events (a repeat is a patch of the series) |
+//! | core | `pods` | list, patch | the config nudge ([`nudge_pods`]): LIST the SBProxy's pods by label, merge PATCH the annotation `sbproxy.dev/config-hash` of those that lack the config's hash |
 //!
 //! Calls made per reconcile, in order: GET the SBProxyConfig; GET the
 //! cluster-key Secret (only with clustering on and no `clusterSecretRef`);
 //! then either (refusal) PATCH status when it changed + POST a Warning
 //! Event, or (applied) POST the Secret when render asks for one, PATCH the
 //! Secret when a key rotation moves (then a Normal Event), PATCH
-//! (apply) StatefulSet, headless Service, Service, ConfigMap, and the PDB
+//! (apply) StatefulSet, headless Service, Service, ConfigMap, then LIST
+//! the pods and PATCH each one whose config-hash annotation differs, then
+//! the PDB
 //! or, without one, GET + DELETE of a PDB left from a larger scale; the
 //! same for the NetworkPolicy and then the PodMonitor (applied when the spec
 //! asks, else GET + DELETE of one left from before); PATCH status when it
@@ -56,7 +59,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -75,7 +78,7 @@ use tracing::{debug, info, warn};
 use crate::crd::{ClusterKeyStatus, SBProxy, SBProxyConfig, SBProxyStatus};
 use crate::render::{self, Refusal, RenderOptions, Rendered};
 use crate::rotation;
-use crate::telemetry::{Metrics, ReconcileResult};
+use crate::telemetry::{Metrics, NudgeResult, ReconcileResult};
 
 /// Field manager of every server-side apply (docs/reference.md#objects-the-operator-applies).
 pub const FIELD_MANAGER: &str = "sbmesh-operator";
@@ -620,6 +623,7 @@ async fn apply_objects(
     server_side_apply(client, ns, &rendered.headless_service).await?;
     server_side_apply(client, ns, &rendered.service).await?;
     server_side_apply(client, ns, &rendered.config_map).await?;
+    nudge_pods(ctx, ns, &name, &rendered.config_hash).await;
     // An optional object the spec no longer asks for is removed when this
     // operator made it, so what runs is what `render` shows.
     changes.extend(
@@ -678,6 +682,74 @@ async fn apply_objects(
         ready_replicas: sts_status.and_then(|s| s.ready_replicas).unwrap_or(0),
         pod_monitor_not_served,
     })
+}
+
+/// Annotation on each pod of an SBProxy: the hash (`sha256:<hex>`) of the
+/// config the operator last wrote to its ConfigMap and told the pod about.
+pub const CONFIG_HASH_ANNOTATION: &str = "sbproxy.dev/config-hash";
+
+/// Makes a config edit reach every pod within about a second.
+///
+/// The kubelet writes a ConfigMap volume's new content only when it syncs
+/// the pod: at its periodic sync (every 60-90 s), or at once when the pod
+/// object changes. So after writing the ConfigMap the operator annotates
+/// each pod of the SBProxy with the config's hash ([`CONFIG_HASH_ANNOTATION`],
+/// a metadata change: nothing restarts), and each kubelet rewrites the
+/// volume from its ConfigMap cache, which a watch keeps current. The
+/// kubelet writes a volume atomically (a `..data` symlink swap), and its
+/// cache only moves forward, so a pod never goes back to an older config.
+///
+/// Best effort: a pod whose patch fails (RBAC of an older install, the API
+/// server busy) still gets the config at the kubelet's next sync; the
+/// failure is logged and counted (`sbmesh_operator_config_nudges_total`),
+/// and the reconcile goes on. A pod already annotated with this hash is
+/// left alone, so a reconcile without a config change patches nothing.
+async fn nudge_pods(ctx: &Context, ns: &str, name: &str, hash: &str) {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    let selector = render::selector_labels(name)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let list = match pods
+        .list_metadata(&kube::api::ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(list) => list,
+        Err(e) => {
+            ctx.metrics.nudged(NudgeResult::failed, 1);
+            warn!(proxy = %format!("{ns}/{name}"), error = %e, "cannot list the pods to tell them of the config; they read it at the kubelet's next sync (up to 90 s)");
+            return;
+        }
+    };
+    let patch = json!({ "metadata": { "annotations": { CONFIG_HASH_ANNOTATION: hash } } });
+    for pod in list.items {
+        let pod_name = pod.name_any();
+        if pod.metadata.deletion_timestamp.is_some()
+            || pod
+                .annotations()
+                .get(CONFIG_HASH_ANNOTATION)
+                .map(String::as_str)
+                == Some(hash)
+        {
+            continue;
+        }
+        match pods
+            .patch_metadata(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                ctx.metrics.nudged(NudgeResult::patched, 1);
+                debug!(pod = %format!("{ns}/{pod_name}"), %hash, "pod told of the config");
+            }
+            // Gone since the list: its replacement reads the ConfigMap at start.
+            Err(kube::Error::Api(status)) if not_found(&status) => {}
+            Err(e) => {
+                ctx.metrics.nudged(NudgeResult::failed, 1);
+                warn!(pod = %format!("{ns}/{pod_name}"), error = %e, "cannot tell the pod of the config; it reads it at the kubelet's next sync (up to 90 s)");
+            }
+        }
+    }
 }
 
 /// The status of an applied SBProxy, made of what its apply observed (no

@@ -248,6 +248,27 @@ pub fn mesh_name(instance: &str) -> String {
     format!("{instance}-mesh")
 }
 
+/// `<name>-svc`: the Service a user exposes (docs/reference.md#objects-the-operator-applies).
+pub fn service_name(instance: &str) -> String {
+    format!("{instance}-svc")
+}
+
+/// Where the CA's HTTP-01 request lands, as a pod of `proxy` reaches it:
+/// port 80 of its Service, by the Service's cluster DNS name (kube-proxy
+/// sends it to a ready pod, as it sends the CA's request that came in
+/// through a load balancer). The sidecar fetches a probe token there before
+/// each order (`SBMESH_ACME_CHECK_URL`).
+pub fn acme_check_url(proxy: &SBProxy) -> String {
+    let service = service_name(&proxy.name_any());
+    match &proxy.metadata.namespace {
+        Some(ns) => format!(
+            "http://{service}.{ns}.svc.{}:{ACME_SERVICE_PORT}",
+            proxy.spec.clustering.cluster_domain
+        ),
+        None => format!("http://{service}:{ACME_SERVICE_PORT}"),
+    }
+}
+
 /// A fresh cluster key: 32 random bytes as 64 lowercase hex chars.
 pub fn fresh_cluster_key() -> String {
     hex::encode(rand::random::<[u8; 32]>())
@@ -451,7 +472,7 @@ fn headless_service(proxy: &SBProxy, stamp: &Stamp) -> Service {
 /// `proxy.https_bind_port`.
 fn service(proxy: &SBProxy, stamp: &Stamp, facts: &ConfigFacts) -> Service {
     Service {
-        metadata: stamp.meta(format!("{}-svc", stamp.instance)),
+        metadata: stamp.meta(service_name(stamp.instance)),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
             selector: Some(selector_labels(stamp.instance)),
@@ -569,6 +590,7 @@ fn pod_template(
         challenge_port: spec.sidecar.challenge_port,
         proxy_admin_port: Some(spec.admin_port),
         proxy_http_port: Some(spec.port),
+        acme_check_url: Some(acme_check_url(proxy)),
         mesh,
         authorization: spec
             .admin_auth_secret_ref
@@ -662,7 +684,7 @@ fn proxy_container(proxy: &SBProxy, facts: &ConfigFacts, capability: Option<&str
             field_env(flags::POD_NAME.env, "metadata.name"),
             field_env(flags::POD_IP.env, "status.podIP"),
         ]),
-        readiness_probe: Some(http_probe("/health", "http")),
+        readiness_probe: Some(readiness_probe("/health", "http")),
         resources: spec.resources.clone(),
         volume_mounts: Some(vec![
             mount(CONFIG_VOLUME, CONFIG_DIR, true),
@@ -1003,6 +1025,11 @@ fn set_from(var: &str) -> &'static str {
              Service's port 80) passes every request that is not an ACME challenge",
         ),
         (
+            &flags::ACME_CHECK_URL,
+            "is port 80 of the Service <metadata.name>-svc the operator makes, where the CA's \
+             HTTP-01 request lands",
+        ),
+        (
             &flags::MESH_SERVICE,
             "is the headless Service <metadata.name>-mesh the operator makes",
         ),
@@ -1196,6 +1223,10 @@ pub struct SidecarSettings {
     /// (`SBMESH_CHALLENGE_PASSTHROUGH`); `None`: no passthrough, those get
     /// `404`.
     pub proxy_http_port: Option<i32>,
+    /// Where the CA's request lands, as the pod reaches it
+    /// (`SBMESH_ACME_CHECK_URL`, [`acme_check_url`]); `None`: the sidecar
+    /// checks its own challenge listener.
+    pub acme_check_url: Option<String>,
     /// The gossip mesh; `None`: the sidecar runs alone.
     pub mesh: Option<MeshSettings>,
     /// Secret name and key of the reload `Authorization` header.
@@ -1241,6 +1272,9 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
             &challenge_passthrough_url(port),
         ));
     }
+    if let Some(url) = &s.acme_check_url {
+        env.push(value_env(flags::ACME_CHECK_URL.env, url));
+    }
     let mut ports = vec![
         container_port(SIDECAR_ADMIN_PORT, s.admin_port, "TCP"),
         container_port("acme", s.challenge_port, "TCP"),
@@ -1267,7 +1301,16 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
         restart_policy: Some("Always".to_string()),
         env: Some(env),
         ports: Some(ports),
-        readiness_probe: Some(http_probe("/readyz", SIDECAR_ADMIN_PORT)),
+        // The kubelet starts the proxy container once this passes (a native
+        // sidecar's startup probe): the stored certificates are written by
+        // then, so a proxy that reads its certificate once at start-up
+        // serves the CA's, not a placeholder it would be restarted for.
+        // The sidecar lets it pass after 5 s whatever the store does.
+        startup_probe: Some(Probe {
+            failure_threshold: Some(30),
+            ..readiness_probe("/startupz", SIDECAR_ADMIN_PORT)
+        }),
+        readiness_probe: Some(readiness_probe("/readyz", SIDECAR_ADMIN_PORT)),
         liveness_probe: Some(Probe {
             // Generous: a stuck process, not a slow CA, is what this catches.
             failure_threshold: Some(6),
@@ -1337,6 +1380,23 @@ fn container_port(name: &str, port: i32, protocol: &str) -> ContainerPort {
         container_port: port,
         protocol: Some(protocol.to_string()),
         ..ContainerPort::default()
+    }
+}
+
+/// How often the kubelet asks whether a container is ready.
+///
+/// Every second: a pod counts as Ready within a second of its processes
+/// being up (the StatefulSet starts pods one after the other, each once
+/// the one before is Ready, and the ACME check waits for a Ready endpoint
+/// behind the Service), and a pod that stops answering leaves the
+/// Service's endpoints after 3 failed probes (3 s) instead of 30 s. The
+/// cost is one local HTTP GET per second per container.
+pub const READINESS_PERIOD_SECONDS: i32 = 1;
+
+fn readiness_probe(path: &str, port: &str) -> Probe {
+    Probe {
+        period_seconds: Some(READINESS_PERIOD_SECONDS),
+        ..http_probe(path, port)
     }
 }
 
@@ -1439,6 +1499,7 @@ fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
             flags::CHALLENGE_PASSTHROUGH.env,
             challenge_passthrough_url(spec.port),
         ),
+        (flags::ACME_CHECK_URL.env, acme_check_url(proxy)),
     ]);
     if spec.clustering.enabled {
         env.insert(flags::MESH_SERVICE.env, mesh_name(&name));

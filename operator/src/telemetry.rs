@@ -5,7 +5,10 @@
 //! - `reconciles_total{result="ok|refused|error"}`: finished reconciles,
 //! - `reconcile_duration_seconds`: histogram of reconcile durations,
 //! - `leader`: 1 while this process holds the leader Lease (or runs
-//!   without leader election), else 0.
+//!   without leader election), else 0,
+//! - `config_nudges_total{result="patched|failed"}`: pods annotated with a
+//!   new config's hash so their kubelet writes it at once (failed: the pod
+//!   reads it at the kubelet's next periodic sync instead).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -45,6 +48,23 @@ pub struct ResultLabels {
     pub result: ReconcileResult,
 }
 
+/// How telling a pod of a new config ended, as a label value.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum NudgeResult {
+    /// The pod's annotation was patched.
+    patched,
+    /// The pods could not be listed, or one could not be patched.
+    failed,
+}
+
+/// `{result="patched|failed"}`
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NudgeLabels {
+    /// How it ended.
+    pub result: NudgeResult,
+}
+
 /// The operator's one metrics registry.
 pub struct Metrics {
     registry: Registry,
@@ -54,6 +74,8 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// `sbmesh_operator_leader`: 1 while this process may reconcile.
     pub leader: Gauge,
+    /// `sbmesh_operator_config_nudges_total{result}`.
+    pub config_nudges: Family<NudgeLabels, Counter>,
 }
 
 impl Metrics {
@@ -83,12 +105,26 @@ impl Metrics {
             "1 while this process holds the leader Lease and runs the controller, else 0",
             leader.clone(),
         );
+        let config_nudges = Family::<NudgeLabels, Counter>::default();
+        registry.register(
+            "config_nudges",
+            "Pods annotated with a new config's hash so that their kubelet writes it at once, by result",
+            config_nudges.clone(),
+        );
         Self {
             registry,
             reconciles,
             reconcile_duration,
             leader,
+            config_nudges,
         }
+    }
+
+    /// Counts `n` pods told (or not) of a new config.
+    pub fn nudged(&self, result: NudgeResult, n: u64) {
+        self.config_nudges
+            .get_or_create(&NudgeLabels { result })
+            .inc_by(n);
     }
 
     /// Records one finished reconcile.

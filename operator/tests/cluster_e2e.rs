@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use cluster::{
     Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, acme_manifest,
-    add_a, container_id, curl, identities, issued, kill_container, metric, mock_answer,
-    pebble_root, pod_ip, serves_tls, sidecar_status, sidecar_status_forwarded, wait_every,
-    wait_for, wait_for_answer,
+    add_a, container_id, curl, identities, invalid_authorizations, issued, kill_container, metric,
+    mock_answer, pebble_root, pod_ip, serves_tls, sidecar_status, sidecar_status_forwarded,
+    wait_every, wait_for, wait_for_answer,
 };
 use serde_json::{Value, json};
 
@@ -174,6 +174,57 @@ fn a_config_edit_reaches_every_proxy_without_a_restart() {
                 .then_some(())
         },
     );
+    // The operator told every pod of the new config (its annotation),
+    // which is what makes the kubelet write it at once.
+    for pod in ns.proxy_pods("demo") {
+        assert_eq!(
+            pod["metadata"]["annotations"]["sbproxy.dev/config-hash"], hash,
+            "{}'s config-hash annotation",
+            pod["metadata"]["name"]
+        );
+    }
+
+    // Two more edits in quick succession: sampled every 100 ms, no proxy
+    // ever answers an older config after a newer one.
+    let bodies = ["hello, edited\n", "second edit\n", "third edit\n"];
+    let second = edited.replace("body: \"hello, edited\\n\"", "body: \"second edit\\n\"");
+    let third = second.replace("body: \"second edit\\n\"", "body: \"third edit\\n\"");
+    assert!(
+        second != edited && third != second,
+        "the edits change the body"
+    );
+    c.apply(&second);
+    std::thread::sleep(Duration::from_millis(300));
+    c.apply(&third);
+    let urls: Vec<String> = pods
+        .iter()
+        .map(|p| format!("http://{}:8080/", pod_ip(p)))
+        .collect();
+    let newest = bodies.len() - 1;
+    let mut seen = vec![0usize; urls.len()];
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while seen.iter().any(|&v| v < newest) {
+        assert!(
+            Instant::now() < deadline,
+            "not every proxy answered the third edit within 180 s: {seen:?}"
+        );
+        for (k, url) in urls.iter().enumerate() {
+            let Ok((200, got)) = curl(&["-H", "Host: demo.example.com", url]) else {
+                continue;
+            };
+            let Some(v) = bodies.iter().position(|b| mock_answer(b) == got) else {
+                panic!("{url} answered {got:?}, no config of this test");
+            };
+            assert!(
+                v >= seen[k],
+                "{url} went back from edit {} to edit {v}",
+                seen[k]
+            );
+            seen[k] = v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     let after = identities(&ns.proxy_pods("demo"));
     assert_eq!(
         before, after,
@@ -564,6 +615,7 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
     let ns = Namespace::new(&c, "e2e-acme", &[]);
     let names = ["a.e2e.test", "b.e2e.test", "c.e2e.test"];
     let issued_before = issued(&c);
+    let invalid_before = invalid_authorizations(&c);
     c.apply(&acme_manifest(&c, &ns.name, &names, 1));
     // Pebble resolves each name to the Service, as a public DNS record
     // would point at a LoadBalancer in front of it.
@@ -629,4 +681,129 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
     // One certificate for the three names: exactly one issuance at the CA.
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(issued(&c) - issued_before, 1, "certificates Pebble issued");
+    // A fresh deploy's Service has no ready endpoint for its first
+    // seconds: the order waited for one instead of failing at the CA.
+    assert_eq!(
+        invalid_authorizations(&c) - invalid_before,
+        0,
+        "validations Pebble failed"
+    );
+}
+
+/// The Service in front of the replicas sends the CA's request nowhere
+/// (its selector matches no pod): the order waits, saying why in every
+/// sidecar's status and in `sbmesh_acme_orders_waiting`, and the CA hears
+/// nothing (no order, no failed validation); once the Service is fixed,
+/// the order completes and every proxy serves the certificate.
+///
+/// The operator is stopped meanwhile: it would put the selector back
+/// within a second. Starting it again is the fix.
+#[test]
+fn an_unanswered_challenge_waits_with_a_reason_and_completes_once_the_service_is_fixed() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let ns = Namespace::new(&c, "e2e-acme-wait", &[]);
+    let name = "w.e2e.test";
+    let issued_before = issued(&c);
+    let invalid_before = invalid_authorizations(&c);
+    c.apply(&acme_manifest(&c, &ns.name, &[name], 3));
+    let ip = wait_for("the Service demo-svc", Duration::from_secs(60), || {
+        ns.get(&["service", "demo-svc"])?["spec"]["clusterIP"]
+            .as_str()
+            .map(str::to_string)
+    });
+    add_a(&c, name, &ip);
+    let stopped = c.operator_stopped();
+    c.kubectl(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "service",
+        "demo-svc",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"selector":{"app.kubernetes.io/instance":"nowhere"}}}"#,
+    ])
+    .expect("the Service's selector pointed nowhere");
+    let pods = ns.ready_pods("demo", 3);
+    let check_url = format!("http://demo-svc.{}.svc.cluster.local:80", ns.name);
+    let (waiting_ip, reason) = wait_for(
+        "a sidecar's status saying why the order waits",
+        Duration::from_secs(120),
+        || {
+            pods.iter().find_map(|p| {
+                let s = sidecar_status(&pod_ip(p), ADMIN)?;
+                let local = s["nodes"].as_array()?.iter().find(|n| n["local"] == true)?;
+                let waiting = local["acme"]["waiting"].as_array()?.first()?.clone();
+                Some((pod_ip(p), waiting))
+            })
+        },
+    );
+    assert_eq!(reason["host"], name, "{reason}");
+    let text = reason["reason"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!(
+            "the challenge for {name} is not answered at {check_url}"
+        )),
+        "{reason}"
+    );
+    assert_eq!(
+        metric(&waiting_ip, "sbmesh_acme_orders_waiting"),
+        Some(1.0),
+        "the waiting sidecar's gauge"
+    );
+    assert!(
+        metric(
+            &waiting_ip,
+            "sbmesh_acme_challenge_checks_total{result=\"unreachable\"}"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "the unreachable checks counted"
+    );
+    // Still waiting a while later, and the CA heard of nothing.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(issued(&c), issued_before, "certificates Pebble issued");
+    assert_eq!(
+        invalid_authorizations(&c),
+        invalid_before,
+        "validations Pebble failed"
+    );
+
+    // The operator puts its selector back: the order goes through.
+    drop(stopped);
+    let root = pebble_root(&c);
+    for pod in ns.ready_pods("demo", 3) {
+        wait_for(
+            &format!(
+                "{name} served by {} with Pebble's certificate",
+                pod["metadata"]["name"]
+            ),
+            Duration::from_secs(240),
+            || serves_tls(&root, name, &pod_ip(&pod), 8443).then_some(()),
+        );
+    }
+    assert_eq!(issued(&c) - issued_before, 1, "certificates Pebble issued");
+    assert_eq!(
+        invalid_authorizations(&c),
+        invalid_before,
+        "validations Pebble failed"
+    );
+    wait_for(
+        "no order waiting in any status",
+        Duration::from_secs(60),
+        || {
+            ns.ready_pods("demo", 3)
+                .iter()
+                .all(|p| {
+                    sidecar_status(&pod_ip(p), ADMIN).is_some_and(|s| {
+                        s["nodes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .all(|n| n["acme"]["waiting"].is_null())
+                    })
+                })
+                .then_some(())
+        },
+    );
 }

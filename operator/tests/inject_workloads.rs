@@ -121,13 +121,17 @@ fn the_injected_sidecar_is_the_rendered_one() {
     pod_spec["containers"][0]["volumeMounts"][0]["name"] = "sbproxy-config".into();
     let out = inject::inject(&sts, &opts(Some("demo-mesh"))).unwrap();
     let mut injected = pod(&out)["initContainers"][0].clone();
-    // Only render knows the proxy's admin port (spec.adminPort) and its
-    // HTTP port (spec.port, where port 80 passes ordinary requests):
-    // inject leaves the passthrough off.
+    // Only render knows the proxy's admin port (spec.adminPort), its
+    // HTTP port (spec.port, where port 80 passes ordinary requests) and
+    // the Service the CA's request comes through: inject leaves the
+    // passthrough off, and the challenge check on the sidecar's own
+    // listener.
     let mut expected = rendered_sidecar;
     let env = expected["env"].as_array_mut().unwrap();
     env.retain(|e| {
-        e["name"] != "SBMESH_PROXY_RELOAD_URL" && e["name"] != "SBMESH_CHALLENGE_PASSTHROUGH"
+        e["name"] != "SBMESH_PROXY_RELOAD_URL"
+            && e["name"] != "SBMESH_CHALLENGE_PASSTHROUGH"
+            && e["name"] != "SBMESH_ACME_CHECK_URL"
     });
     assert!(
         injected["env"]

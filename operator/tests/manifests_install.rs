@@ -29,6 +29,7 @@ fn expected_controller_rules() -> Value {
         { "apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["list", "watch", "create", "patch"] },
         { "apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
+        { "apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"] },
         { "apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": ["get", "create", "patch", "delete"] },
         { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"] },
         { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },

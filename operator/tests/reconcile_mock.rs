@@ -25,6 +25,7 @@ const STS: &str = "/apis/apps/v1/namespaces/default/statefulsets/demo-proxy";
 const MESH: &str = "/api/v1/namespaces/default/services/demo-mesh";
 const SVC: &str = "/api/v1/namespaces/default/services/demo-svc";
 const CM: &str = "/api/v1/namespaces/default/configmaps/demo-config";
+const PODS: &str = "/api/v1/namespaces/default/pods";
 const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/demo-pdb";
 const NETPOL: &str = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/demo-mesh";
 const PODMON: &str = "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors/demo";
@@ -113,6 +114,24 @@ fn context(client: kube::Client) -> (Arc<Context>, Arc<Metrics>) {
     (Arc::new(ctx), metrics)
 }
 
+/// The LIST of the SBProxy's pods after the ConfigMap's apply, answered
+/// with these pods' metadata.
+fn pods_listed(items: Value) -> Expect {
+    Expect::get(
+        PODS,
+        Some(json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList",
+            "metadata": {},
+            "items": items,
+        })),
+    )
+}
+
+fn no_pods() -> Expect {
+    pods_listed(json!([]))
+}
+
 fn applied(path: &str) -> Expect {
     Expect::patch(path, json!({}))
 }
@@ -126,12 +145,13 @@ fn sts_applied(replicas: i32, ready: i32) -> Expect {
 
 /// The applies of a fixture with `replicas` ready pods (more than one),
 /// up to the PodDisruptionBudget.
-fn applied_ready(replicas: i32) -> [Expect; 5] {
+fn applied_ready(replicas: i32) -> [Expect; 6] {
     [
         sts_applied(replicas, replicas),
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         applied(PDB),
     ]
 }
@@ -194,6 +214,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         applied(PDB),
         Expect::get(NETPOL, None),
         // A cluster without prometheus-operator: the kind itself is not
@@ -227,9 +248,9 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
     assert_applied_with_ssa(&seen[5], "Service", "demo-svc");
     assert_applied_with_ssa(&seen[6], "ConfigMap", "demo-config");
     assert_eq!(seen[6].body["data"]["sb.yml"], SB_YML);
-    assert_applied_with_ssa(&seen[7], "PodDisruptionBudget", "demo-pdb");
+    assert_applied_with_ssa(&seen[8], "PodDisruptionBudget", "demo-pdb");
 
-    let patch = &seen[10];
+    let patch = &seen[11];
     assert_eq!(
         patch.content_type.as_deref(),
         Some("application/merge-patch+json")
@@ -268,7 +289,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         (&json!("False"), &json!("ReplicasNotReady"))
     );
 
-    let event = &seen[11].body;
+    let event = &seen[12].body;
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["reason"], "ClusterKeyCreated");
     assert!(
@@ -277,7 +298,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
             .is_some_and(|n| n.contains("created Secret demo-cluster-key")),
         "{event}"
     );
-    let event = &seen[12].body;
+    let event = &seen[13].body;
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["reason"], "Applied");
     assert!(
@@ -300,6 +321,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         applied(PDB),
         Expect::get(NETPOL, None),
         Expect::get(PODMON, None),
@@ -307,7 +329,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
     ]);
     reconcile(proxy(&p2), ctx).await.expect("second reconcile");
     let seen = finish(task).await;
-    let status = &seen[9].body["status"];
+    let status = &seen[10].body["status"];
     assert_eq!(status["configHash"], first_status["configHash"]);
     let ready = condition(status, "Ready");
     assert_eq!(
@@ -331,6 +353,7 @@ async fn first_reconcile_creates_the_key_and_applies_then_the_next_ones_create_n
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         applied(PDB),
         Expect::get(NETPOL, None),
         Expect::get(PODMON, None),
@@ -471,6 +494,7 @@ async fn a_fixed_spec_clears_the_refusal() {
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         Expect::get(PDB, None),
         Expect::get(NETPOL, None),
         Expect::get(PODMON, None),
@@ -479,7 +503,7 @@ async fn a_fixed_spec_clears_the_refusal() {
     ]);
     reconcile(proxy(&p), ctx).await.expect("reconcile");
     let seen = finish(task).await;
-    let status = &seen[8].body["status"];
+    let status = &seen[9].body["status"];
     assert!(
         status
             .as_object()
@@ -494,7 +518,82 @@ async fn a_fixed_spec_clears_the_refusal() {
         "Degraded flipped: new time"
     );
     assert_eq!(condition(status, "Ready")["status"], "True");
-    assert_eq!(seen[9].body["type"], "Normal");
+    assert_eq!(seen[10].body["type"], "Normal");
+}
+
+/// A pod's metadata as a list of pods answers it.
+fn pod_meta(name: &str, hash: Option<&str>) -> Value {
+    let mut meta = json!({ "name": name, "namespace": "default" });
+    if let Some(h) = hash {
+        meta["annotations"] = json!({ reconcile::CONFIG_HASH_ANNOTATION: h });
+    }
+    json!({ "apiVersion": "v1", "kind": "Pod", "metadata": meta })
+}
+
+#[tokio::test]
+async fn each_pod_without_the_configs_hash_is_annotated_with_it_and_a_refused_patch_fails_nothing()
+{
+    let p = proxy_json(1, false);
+    let hash = render::render(
+        &serde_json::from_value(p.clone()).unwrap(),
+        Some(&serde_json::from_value(config_json(SB_YML_REDB)).unwrap()),
+        None,
+        &RenderOptions {
+            sidecar_image: "ghcr.io/sbproxy/sbmesh:test".into(),
+            fresh_cluster_key: String::new(),
+        },
+    )
+    .expect("renders")
+    .config_hash;
+    let (client, server) = pair();
+    let (ctx, metrics) = context(client);
+    let task = server.run(vec![
+        Expect::get(CONFIG, Some(config_json(SB_YML_REDB))),
+        sts_applied(1, 1),
+        applied(MESH),
+        applied(SVC),
+        applied(CM),
+        pods_listed(json!([
+            pod_meta("demo-proxy-0", Some(&hash)),
+            pod_meta("demo-proxy-1", Some("sha256:older")),
+            pod_meta("demo-proxy-2", None),
+        ])),
+        Expect::patch(format!("{PODS}/demo-proxy-1"), json!({})),
+        Expect::patch(format!("{PODS}/demo-proxy-2"), json!({}))
+            .answer(Answer::Failure(http::StatusCode::FORBIDDEN, "Forbidden")),
+        Expect::get(PDB, None),
+        Expect::get(NETPOL, None),
+        Expect::get(PODMON, None),
+        Expect::patch_status(STATUS, p.clone()),
+        Expect::create(EVENTS),
+    ]);
+    reconcile(proxy(&p), ctx)
+        .await
+        .expect("a refused patch fails no reconcile");
+    let seen = finish(task).await;
+    assert_eq!(
+        seen[5].query("labelSelector"),
+        Some("app.kubernetes.io/instance=demo,app.kubernetes.io/name=sbproxy"),
+        "the SBProxy's own pods, by its selector"
+    );
+    for patched in [&seen[6], &seen[7]] {
+        assert_eq!(
+            patched.content_type.as_deref(),
+            Some("application/merge-patch+json")
+        );
+        assert_eq!(
+            patched.body,
+            json!({ "metadata": { "annotations": { "sbproxy.dev/config-hash": hash } } }),
+            "only the annotation: nothing in the pod's spec changes, nothing restarts"
+        );
+    }
+    let text = metrics.encode();
+    for line in [
+        "sbmesh_operator_config_nudges_total{result=\"patched\"} 1",
+        "sbmesh_operator_config_nudges_total{result=\"failed\"} 1",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -527,6 +626,7 @@ async fn scaling_to_one_replica_deletes_the_pdb() {
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         Expect::get(PDB, Some(pdb)),
         Expect::delete(PDB),
         Expect::get(NETPOL, None),
@@ -539,18 +639,18 @@ async fn scaling_to_one_replica_deletes_the_pdb() {
     let seen = finish(task).await;
     assert_eq!(seen[2].body["spec"]["replicas"], 1);
     assert_eq!(
-        seen[7].body["preconditions"]["uid"], "pdb-uid-1",
+        seen[8].body["preconditions"]["uid"], "pdb-uid-1",
         "never deletes a recreated PDB"
     );
-    assert_eq!(seen[11].body["reason"], "PodDisruptionBudgetDeleted");
+    assert_eq!(seen[12].body["reason"], "PodDisruptionBudgetDeleted");
     assert!(
-        seen[11].body["note"]
+        seen[12].body["note"]
             .as_str()
             .is_some_and(|n| n.contains("deleted PodDisruptionBudget demo-pdb")),
         "{}",
-        seen[11].body
+        seen[12].body
     );
-    assert_eq!(seen[12].body["reason"], "Applied");
+    assert_eq!(seen[13].body["reason"], "Applied");
 }
 
 #[tokio::test]
@@ -569,6 +669,7 @@ async fn one_unclustered_replica_reads_no_secret_and_leaves_a_foreign_pdb() {
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         Expect::get(PDB, Some(foreign)),
         Expect::get(NETPOL, None),
         Expect::get(PODMON, None),
@@ -877,6 +978,7 @@ async fn a_cluster_secret_ref_secret_is_never_read_or_written_by_a_rotation() {
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         applied(PDB),
         Expect::get(NETPOL, None),
         Expect::get(PODMON, None),
@@ -966,7 +1068,7 @@ async fn network_policy_and_pod_monitor_are_applied_when_asked_and_deleted_when_
     );
     let status = &find(&seen, "PATCH", STATUS).body["status"];
     assert_eq!(condition(status, "Degraded")["status"], "False");
-    let applied_note = seen[10].body["note"].as_str().unwrap_or_default();
+    let applied_note = seen[11].body["note"].as_str().unwrap_or_default();
     assert!(
         applied_note.contains("NetworkPolicy demo-mesh")
             && applied_note.contains("PodMonitor demo"),
@@ -1055,6 +1157,7 @@ async fn a_cluster_without_prometheus_operator_gets_everything_else_and_says_wha
         applied(MESH),
         applied(SVC),
         applied(CM),
+        no_pods(),
         Expect::get(PDB, None),
         Expect::get(NETPOL, None),
         // What an apiserver without the CRD answers for the kind: plain

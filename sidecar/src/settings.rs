@@ -348,6 +348,9 @@ fn resolve_listeners(
         passthrough,
         &mut node.challenge_passthrough,
     );
+    // Empty is the default, as unset.
+    let check = args.acme_check_url.as_deref();
+    r.set(&flags::ACME_CHECK_URL, check, &mut node.acme.check_url);
 
     node.admin_user = r
         .text(&flags::ADMIN_USER, args.admin_user.as_deref())

@@ -78,6 +78,62 @@ fn san_certificates_are_served_after_rolling_restarts() {
     let counts = pebble.issued_counts(&hosts, &mut cache);
     assert!(counts.values().all(|n| *n == 1), "Pebble issued {counts:?}");
 
+    // A pod added now (a scale-up) starts its proxy after the sidecar's
+    // startup probe, as the operator's pods do: the stored certificate is
+    // written by then, so its proxy serves it from its first start, with
+    // no restart and no order.
+    let mut ips4 = ips.clone();
+    ips4.push(Ipv4Addr::new(127, 0, 61, 4));
+    let added = Pod::spawn_after_startup_probe(
+        &sbproxy,
+        "pod-3",
+        ips4[3],
+        base.path(),
+        &config_path,
+        &fleet_args(3, &ips4, &cluster_id, &pebble, base.path()),
+    );
+    assert!(
+        poll_until(deadline(), || hosts
+            .iter()
+            .all(|h| added.served_serial(h, &roots).as_ref() == Ok(&first))),
+        "the added pod's proxy does not serve the fleet's certificate:\n{}",
+        added.logs()
+    );
+    assert_eq!(
+        added.restarts(),
+        Some(0),
+        "the added pod's proxy was restarted:\n{}",
+        added.logs()
+    );
+    assert!(
+        added.logs().contains("startup probe passed"),
+        "{}",
+        added.logs()
+    );
+    // Ready, and staying so: nothing is left to restart the proxy for.
+    for _ in 0..5 {
+        assert_eq!(
+            http_get(
+                SocketAddr::from((added.ip, SIDECAR_ADMIN_PORT)),
+                "/readyz",
+                None
+            ),
+            Some((200, "ready".to_owned())),
+            "the added pod's readiness:\n{}",
+            added.logs()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    drop(added);
+    assert_eq!(
+        pebble
+            .issued_counts(&hosts, &mut cache)
+            .values()
+            .sum::<usize>(),
+        hosts.len(),
+        "no order for the added pod"
+    );
+
     // One more origin: one more certificate, one more rolling restart.
     hosts.push(unique_hosts("san6", 1).remove(0));
     pebble.route(&hosts[5], ips[2]);

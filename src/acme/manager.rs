@@ -57,19 +57,22 @@ use crate::acme::layout;
 use crate::acme::order::{AriTask, OrderJob, Reseal, read_record_sealed};
 use crate::acme::outcome::{OrderError, OrderOutcome};
 use crate::acme::plan::{Action, Input, Machine, Now, Ordering, Report, Settings, StoredCert};
+use crate::acme::reach::ReachCheck;
 use crate::acme::schedule::Failures;
 use crate::acme::unit::{AcmeStatus, CertUnit, UnitFiles, wanted_units};
 use crate::acme::unit_files::{self, read_local, write_placeholder};
 use crate::config::{AcmeSection, SbConfig};
 use crate::flags;
+use crate::http::passthrough::Upstream;
 use crate::keyring::KeyRing;
 use crate::mesh::{MemberState, Mesh};
 use crate::metrics::Metrics;
 use crate::store::sealed::AtRestRing;
 use crate::store::{Store, now_unix_ms};
 
-/// How much ordering a fleet may do: the four `--acme-*` limits of the
-/// sidecar, whose defaults are the flag table's ([`crate::flags`]).
+/// How much ordering a fleet may do, and where its challenges are checked
+/// first: the `--acme-*` settings of the sidecar, whose defaults are the
+/// flag table's ([`crate::flags`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AcmeLimits {
@@ -83,6 +86,13 @@ pub struct AcmeLimits {
     /// Lease of a host's order lock; a replica that dies mid-order blocks
     /// the host for at most this long (`--acme-order-lock-ttl-secs`).
     pub order_lock_ttl: Duration,
+    /// Where the CA's HTTP-01 request lands, as reached from this node
+    /// (`--acme-check-url`): before an order reaches the CA, a probe token
+    /// published to the store must be answered there
+    /// (docs/reference.md#the-challenge-check). `None`: this node's own
+    /// challenge listener (`challenge_listen`) is asked, or, without one,
+    /// nothing is checked.
+    pub check_url: Option<Upstream>,
 }
 
 impl Default for AcmeLimits {
@@ -92,6 +102,7 @@ impl Default for AcmeLimits {
             max_orders: flags::DEFAULT_ACME_MAX_ORDERS,
             orders_interval: flags::DEFAULT_ACME_ORDERS_INTERVAL,
             order_lock_ttl: flags::DEFAULT_ACME_ORDER_LOCK_TTL,
+            check_url: None,
         }
     }
 }
@@ -123,6 +134,10 @@ pub(crate) struct AcmeManagerConfig {
     pub full_check_every: Duration,
     /// Hosts without a certificate on disk are looked up this often.
     pub missing_check_every: Duration,
+    /// Where the CA's HTTP-01 request lands, as reached from this node:
+    /// each order first has a probe token answered there
+    /// ([`crate::acme::reach`]). `None`: not checked.
+    pub challenge_check: Option<Upstream>,
 }
 
 impl AcmeManagerConfig {
@@ -138,6 +153,7 @@ impl AcmeManagerConfig {
             settle: Duration::from_secs(3),
             full_check_every: Duration::from_secs(60),
             missing_check_every: Duration::from_secs(2),
+            challenge_check: None,
         }
     }
 
@@ -333,6 +349,8 @@ struct Runner {
     reload_pending: bool,
     failed_orders: FailedOrders,
     deferred_orders: FailedOrders,
+    /// The challenge check of every order, when there is one.
+    reach: Option<Arc<ReachCheck>>,
 }
 
 /// The ring after its next change; never, once nobody can change it (a
@@ -372,7 +390,12 @@ impl Runner {
             store_backend: inputs.store.backend().to_owned(),
             store_shared: inputs.store.is_shared(),
         };
+        let reach = cfg
+            .challenge_check
+            .clone()
+            .map(|target| Arc::new(ReachCheck::new(target, inputs.metrics.clone())));
         Self {
+            reach,
             store: inputs.store,
             mesh: inputs.mesh,
             metrics: inputs.metrics,
@@ -510,6 +533,8 @@ impl Runner {
                 OrderOutcome::Busy { wait } => {
                     debug!(unit = %id, wait_ms = wait.as_millis() as u64, "another replica holds the order lock");
                 }
+                // Not an order: nothing reached the CA (the report logs it).
+                OrderOutcome::Unanswered(why) => debug!(unit = %id, "challenge check: {why}"),
                 OrderOutcome::BackingOff(failures) => debug!(
                     unit = %id,
                     failures = failures.count,
@@ -629,6 +654,8 @@ impl Runner {
             Action::ResealAccount => self.spawn_account_reseal(),
             Action::CertificatesChanged => self.reload_pending = true,
             Action::PublishStatus(status) => {
+                let waiting = i64::try_from(status.waiting.len()).unwrap_or(i64::MAX);
+                self.metrics.acme.orders_waiting.set(waiting);
                 self.status_tx.send_if_modified(|s| {
                     if *s == status {
                         false
@@ -681,6 +708,10 @@ impl Runner {
                     self.metrics.acme.order("skipped");
                 }
             }
+            Report::Waiting { id, reason } => match reason {
+                Some(reason) => warn!(unit = %id, "order waits: {reason}"),
+                None => info!(unit = %id, "order no longer waits: its challenge was answered where the CA's request lands"),
+            },
             Report::OrderFailed {
                 id,
                 deferred,
@@ -764,6 +795,7 @@ impl Runner {
             acme,
             issuer: self.issuer.clone(),
             book: self.book.clone(),
+            reach: self.reach.clone(),
         };
         tokio::spawn(async move {
             let outcome = job.run().await;

@@ -22,6 +22,7 @@ internal_mod! {
     ownership;
     placeholder;
     plan;
+    reach;
     schedule;
     unit;
 }

@@ -30,6 +30,7 @@ use crate::acme::issuer::{Issued, Issuer, certificate_identifier};
 use crate::acme::layout;
 use crate::acme::outcome::{Deferral, OrderError, OrderOutcome};
 use crate::acme::plan::{Input, StoredCert, jitter};
+use crate::acme::reach::ReachCheck;
 use crate::acme::schedule::{
     AriCheck, AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, UnitOrderState,
     ari_next_check, renew_at,
@@ -89,6 +90,9 @@ pub(crate) struct OrderJob {
     /// Built (and the account loaded) by the first order that needs it.
     pub(crate) issuer: Arc<Mutex<Option<Arc<Issuer>>>>,
     pub(crate) book: Arc<ChallengeBook>,
+    /// Where the CA's request lands, checked before each order
+    /// ([`crate::acme::reach`]); `None`: not checked.
+    pub(crate) reach: Option<Arc<ReachCheck>>,
 }
 
 /// A step of an order: what the next step needs, or (`Err`) the outcome
@@ -268,6 +272,14 @@ impl OrderJob {
     async fn locked(&self, keeper: &LeaseKeeper) -> Step<CertRecord> {
         let now = now_unix_ms() / 1000;
         let replaces = self.read_again(now).await?;
+        // Before the CA hears of it: a validation the CA cannot complete
+        // is a failure it counts, and a backoff here.
+        if let Some(reach) = &self.reach {
+            reach
+                .check(&self.book, &self.unit.names)
+                .await
+                .map_err(OrderOutcome::Unanswered)?;
+        }
         let history_key = self.keep_duplicate_limit(now).await?;
         // The directory and the account first: an attempt that never
         // reaches the CA does not spend the budget.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use crate::acme::account::AcmeError;
 use crate::acme::certs::{CertError, CertRecord};
+use crate::acme::reach::Unanswered;
 use crate::acme::schedule::{DUPLICATE_LIMIT, Failures};
 use crate::store::StoreError;
 
@@ -28,6 +29,10 @@ pub(crate) enum OrderOutcome {
         /// Until the lease's expiry, or a re-check to notice a release.
         wait: Duration,
     },
+    /// The challenge of a name was not answered where the CA's request
+    /// lands ([`crate::acme::reach`]): nothing was sent to the CA, and the
+    /// order waits (no failure, no backoff).
+    Unanswered(Unanswered),
     /// The shared failures of the unit (another replica's or an earlier
     /// process's attempts) say to wait: nothing was tried.
     BackingOff(Failures),

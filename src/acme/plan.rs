@@ -44,7 +44,7 @@ use crate::acme::schedule::{AriWindow, CertTimes, Failures, renew_at, renew_befo
 use crate::acme::unit::{
     AcmeStatus, CertUnit, Local, UnitFiles, local_store_refusal, needs_placeholder,
 };
-use crate::mesh::CertificateInfo;
+use crate::mesh::{CertificateInfo, OrderWaiting};
 use crate::store::StoreError;
 
 /// How long the set of alive members must hold still before orders start.
@@ -53,6 +53,16 @@ pub(crate) const VIEW_STABLE_FOR: Duration = Duration::from_secs(1);
 /// How often the owner of a unit asks the CA for its renewal window when
 /// the directory offers ARI (RFC 9773 suggests a few times a day).
 pub(crate) const ARI_EVERY: Duration = Duration::from_secs(6 * 3600);
+
+/// How long an order whose challenge was not answered where the CA's
+/// request lands ([`crate::acme::reach`]) waits before it checks again,
+/// after waiting `waited` seconds: every second for the first minute (a
+/// fresh deploy's pods turn Ready within it, and the certificate should
+/// follow within a second), then every 10 s (a Service left broken costs
+/// a probe per name every 10 s, not every second).
+pub(crate) fn unanswered_wait(waited: u64) -> u64 {
+    if waited < 60 { 1 } else { 10 }
+}
 
 /// Pause before a unit's store record is read again after a failed read.
 pub(crate) const READ_RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
@@ -288,6 +298,13 @@ pub(crate) enum Report {
     },
     /// Why this node does not order changed (`None`: it orders again).
     Refusal(Option<String>),
+    /// Why the unit's order waits changed (`None`: it no longer waits).
+    Waiting {
+        /// The unit id.
+        id: String,
+        /// The challenge check's finding ([`crate::acme::reach`]).
+        reason: Option<String>,
+    },
     /// An order failed (or was deferred); the unit backs off like this.
     OrderFailed {
         /// The unit id.
@@ -384,6 +401,9 @@ struct UnitState {
     placeholder_pending: bool,
     /// Certificate installs under way: no placeholder over them.
     installing: u32,
+    /// Its order waits: the challenge was not answered where the CA's
+    /// request lands (since when, unix seconds, and why).
+    waiting: Option<(u64, String)>,
 }
 
 impl UnitState {
@@ -398,6 +418,7 @@ impl UnitState {
             next_check: None,
             ari_next: None,
             renew_warned: None,
+            waiting: None,
             placeholder_failed: false,
             placeholder_pending: false,
             installing: 0,
@@ -435,6 +456,8 @@ pub(crate) struct Machine {
     refusal: Option<String>,
     /// What the status shows changed: published once per step.
     status_dirty: bool,
+    /// [`AcmeStatus::settled`] as last published.
+    settled_published: bool,
 }
 
 impl Machine {
@@ -460,6 +483,7 @@ impl Machine {
             ari_offered: false,
             refusal: None,
             status_dirty: false,
+            settled_published: false,
         }
     }
 
@@ -548,9 +572,23 @@ impl Machine {
     /// config change), not at every answer, which with thousands of units
     /// would rebuild it thousands of times per pass.
     fn publish(&mut self, out: &mut Vec<Action>) {
+        let settled = self.settled();
+        if settled != self.settled_published {
+            self.settled_published = settled;
+            self.status_dirty = true;
+        }
         if std::mem::take(&mut self.status_dirty) {
             out.push(Action::PublishStatus(self.status()));
         }
+    }
+
+    /// Whether every unit's store record was read once and what it held
+    /// is written for the proxy (a proxy started now gets every stored
+    /// certificate).
+    fn settled(&self) -> bool {
+        self.units
+            .values()
+            .all(|s| s.view.checked && s.installing == 0)
     }
 
     /// The status of what is on disk now.
@@ -587,10 +625,24 @@ impl Machine {
                 })
             })
             .collect();
+        let waiting = self
+            .units
+            .values()
+            .filter_map(|s| {
+                let (since, reason) = s.waiting.as_ref()?;
+                Some(OrderWaiting {
+                    host: s.unit.record_host().to_owned(),
+                    since_unix: *since,
+                    reason: reason.clone(),
+                })
+            })
+            .collect();
         AcmeStatus {
             certificates,
             not_eligible: self.not_eligible.clone(),
             refusal: self.refusal.clone(),
+            waiting,
+            settled: self.settled(),
         }
     }
 
@@ -760,7 +812,29 @@ impl Machine {
         state.view.in_flight = false;
         let now_ms = now.unix_ms;
         let now = now.unix();
+        if let OrderOutcome::Unanswered(unanswered) = &outcome {
+            let since = state.waiting.as_ref().map_or(now, |(since, _)| *since);
+            state.view.lock_busy_until = now.saturating_add(unanswered_wait(now.saturating_sub(since)));
+            let reason = unanswered.to_string();
+            if state.waiting.as_ref().map(|(_, r)| r) != Some(&reason) {
+                out.push(Action::Report(Report::Waiting {
+                    id: id.to_owned(),
+                    reason: Some(reason.clone()),
+                }));
+                self.status_dirty = true;
+            }
+            state.waiting = Some((since, reason));
+            return;
+        }
+        if state.waiting.take().is_some() {
+            out.push(Action::Report(Report::Waiting {
+                id: id.to_owned(),
+                reason: None,
+            }));
+            self.status_dirty = true;
+        }
         match outcome {
+            OrderOutcome::Unanswered(_) => {}
             OrderOutcome::Issued(record) => {
                 state.view.failures.clear();
                 self.take_record(id, *record, out);
@@ -982,6 +1056,7 @@ mod tests {
     use crate::acme::account::AcmeError;
     use crate::acme::outcome::OrderError;
     use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
+    use crate::acme::reach::Unanswered;
 
     const START_UNIX: u64 = 1_800_000_000;
     const DAY: u64 = 86_400;
@@ -1207,6 +1282,62 @@ mod tests {
             vec![host.to_owned()],
             "tried again once the wait passed"
         );
+    }
+
+    #[test]
+    fn an_unanswered_challenge_waits_without_a_failure_and_says_why_until_it_is_answered() {
+        let host = "a.example.com";
+        let mut rig = ordering_alone(host);
+        let unanswered = || {
+            OrderOutcome::Unanswered(Unanswered::Unreachable {
+                host: host.into(),
+                target: "http://demo-svc:80".into(),
+                error: "connection refused".into(),
+            })
+        };
+        let waiting_reports = |actions: &[Action]| -> Vec<Option<String>> {
+            actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::Report(Report::Waiting { reason, .. }) => Some(reason.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let actions = rig.finish(host, unanswered());
+        let said = waiting_reports(&actions);
+        assert_eq!(said.len(), 1, "{actions:?}");
+        assert!(
+            said[0].as_deref().is_some_and(|r| r.contains("not answered at http://demo-svc:80")),
+            "{said:?}"
+        );
+        let status = rig.machine.status();
+        assert_eq!(status.waiting.len(), 1, "{status:?}");
+        assert_eq!(status.waiting[0].host, host);
+        let since = status.waiting[0].since_unix;
+        // Not a failure: no backoff, tried again after a second.
+        assert_eq!(rig.machine.units[host].view.failures.count, 0);
+        let again = rig.run_for(Duration::from_millis(1500), &["a"], false);
+        assert_eq!(again, vec![host.to_owned()], "checked again within a second");
+        // The same reason again is not said again, and keeps its start.
+        let actions = rig.finish(host, unanswered());
+        assert!(waiting_reports(&actions).is_empty(), "{actions:?}");
+        assert_eq!(rig.machine.status().waiting[0].since_unix, since);
+        // After a minute of waiting, every 10 s.
+        rig.clock.advance(Duration::from_secs(60));
+        rig.run_for(Duration::from_secs(1), &["a"], false);
+        rig.finish(host, unanswered());
+        let early = rig.run_for(Duration::from_secs(8), &["a"], false);
+        assert!(early.is_empty(), "{early:?}");
+        assert_eq!(rig.run_for(Duration::from_secs(3), &["a"], false).len(), 1);
+        // Answered at last, and issued: the status no longer says it waits.
+        let now = rig.clock.unix();
+        let actions = rig.finish(
+            host,
+            OrderOutcome::Issued(Box::new(record(host, "01", now, now + 90 * 86_400))),
+        );
+        assert_eq!(waiting_reports(&actions), vec![None], "{actions:?}");
+        assert!(rig.machine.status().waiting.is_empty());
     }
 
     #[test]

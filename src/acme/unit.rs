@@ -21,7 +21,7 @@ use crate::acme::deliver::host_dir;
 use crate::acme::layout;
 use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
 use crate::config::{CertificateMode, SbConfig};
-use crate::mesh::CertificateInfo;
+use crate::mesh::{CertificateInfo, OrderWaiting};
 
 /// Where a unit's files go.
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -226,6 +226,13 @@ pub struct AcmeStatus {
     pub not_eligible: Vec<String>,
     /// Why this node does not order, when it does not.
     pub refusal: Option<String>,
+    /// Orders this node holds back until their challenge is answered.
+    pub waiting: Vec<OrderWaiting>,
+    /// Every unit's store record was read once and what it held is
+    /// written for the proxy: a proxy started now serves every stored
+    /// certificate (`/startupz`).
+    #[serde(skip)]
+    pub settled: bool,
 }
 
 /// Why this node must not order with this store, if it must not.

@@ -1,4 +1,4 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics` and `/admin/*`
+//! The admin listener: `/healthz`, `/startupz`, `/readyz`, `/metrics` and `/admin/*`
 //! (docs/reference.md#admin-endpoints); serving it and the challenge
 //! listener (`listener`); the challenge listener's passthrough to the
 //! proxy ([`passthrough`]); the content negotiation of `/metrics`
@@ -39,6 +39,8 @@ pub(crate) struct AdminState {
     pub auth: AdminAuth,
     /// Conditions of `/readyz`, all of which must hold.
     pub readiness: Vec<ReadinessCheck>,
+    /// Conditions of `/startupz`, all of which must hold.
+    pub startup: Vec<ReadinessCheck>,
 }
 
 impl AdminState {
@@ -71,6 +73,7 @@ pub(crate) fn admin_router(state: AdminState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .route("/startupz", get(startupz))
         .route("/metrics", get(metrics))
         .merge(admin)
         .with_state(state)
@@ -84,6 +87,22 @@ async fn readyz(State(state): State<AdminState>) -> Response {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(serde_json::json!({ "ready": false, "reasons": reasons })),
+        )
+            .into_response()
+    }
+}
+
+/// `200 started` once every start-up condition holds (the operator's
+/// startup probe: the proxy container starts after it), else `503` with
+/// the reasons.
+async fn startupz(State(state): State<AdminState>) -> Response {
+    let reasons: Vec<String> = state.startup.iter().filter_map(|check| check()).collect();
+    if reasons.is_empty() {
+        (StatusCode::OK, "started").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "started": false, "reasons": reasons })),
         )
             .into_response()
     }

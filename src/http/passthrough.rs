@@ -48,6 +48,7 @@ use tracing::{debug, warn};
 
 use crate::acme::challenge::CHALLENGE_PATH_PREFIX;
 use crate::acme::challenge::WarnGate;
+use crate::acme::http_client::error_chain;
 use crate::metrics::{Metrics, PASSTHROUGH_RESULTS, ResultLabels};
 
 /// Largest request body passed to the proxy: a plain-HTTP form or upload on
@@ -79,8 +80,8 @@ pub struct Upstream {
 /// Why a text is not an [`Upstream`]; the message says what is accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{text:?} is not an http://host:port URL: {reason}; expected the proxy's plain HTTP \
-     listener, e.g. http://127.0.0.1:8080"
+    "{text:?} is not an http://host:port URL: {reason}; expected a plain HTTP listener, \
+     e.g. http://127.0.0.1:8080"
 )]
 pub struct InvalidUpstream {
     text: String,
@@ -425,18 +426,6 @@ fn is_too_large(error: &(dyn StdError + 'static)) -> bool {
     false
 }
 
-/// An error and its causes, as one line.
-fn error_chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        cause = e.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -469,9 +458,7 @@ mod tests {
             let message = e.to_string();
             assert!(message.contains(reason), "{text}: {message}");
             assert!(
-                message.contains(
-                    "expected the proxy's plain HTTP listener, e.g. http://127.0.0.1:8080"
-                ),
+                message.contains("expected a plain HTTP listener, e.g. http://127.0.0.1:8080"),
                 "{message}"
             );
         }

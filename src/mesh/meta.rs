@@ -56,6 +56,22 @@ pub struct AcmeInfo {
     /// Why the node does not order certificates, when it does not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
+    /// Orders the node holds back because their challenge is not answered
+    /// where the CA's request lands (docs/reference.md#the-challenge-check).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<OrderWaiting>,
+}
+
+/// An order held back until its challenge is answered, as shown in status.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OrderWaiting {
+    /// The certificate's host (for a SAN certificate, its first name).
+    pub host: String,
+    /// Waiting since, unix seconds.
+    pub since_unix: u64,
+    /// What the last check found.
+    pub reason: String,
 }
 
 /// A node's proxy restarts for certificates (`apply: restart`), as shown

@@ -24,6 +24,6 @@ mod wire;
 pub use self::core::SwimTuning;
 pub use discovery::SeedSource;
 pub use member::NodeIdentity;
-pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta, ProxyInfo};
+pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta, OrderWaiting, ProxyInfo};
 pub use runtime::{Mesh, MeshConfig, MeshError};
 pub use view::{ClusterStatus, MemberInfo, MemberState, NodeStatus, Summary};

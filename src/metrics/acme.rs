@@ -1,5 +1,7 @@
-//! The ACME issuer's and challenge responder's metrics: `acme_*` and
-//! `sbproxy_cert_expiry_seconds` (docs/reference.md#acme-metrics).
+//! The ACME issuer's and challenge responder's metrics: `acme_*`,
+//! `sbproxy_cert_expiry_seconds`, and the challenge check's
+//! `sbmesh_acme_challenge_checks_total` and `sbmesh_acme_orders_waiting`
+//! (docs/reference.md#acme-metrics).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -8,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
@@ -28,7 +31,16 @@ pub struct AcmeMetrics {
     pub challenge_requests: Family<ResultLabels, Counter>,
     /// `sbproxy_cert_expiry_seconds{host}`: seconds until notAfter.
     pub cert_expiry_seconds: CertExpiry,
+    /// `sbmesh_acme_challenge_checks_total{result="answered|unreachable|wrong_answer|store"}`.
+    pub challenge_checks: Family<ResultLabels, Counter>,
+    /// `sbmesh_acme_orders_waiting`: certificates whose order waits for
+    /// its challenge to be answered where the CA's request lands.
+    pub orders_waiting: Gauge,
 }
+
+/// Results of `sbmesh_acme_challenge_checks_total`, each declared at zero.
+pub(crate) const CHALLENGE_CHECK_RESULTS: [&str; 4] =
+    ["answered", "unreachable", "wrong_answer", "store"];
 
 impl AcmeMetrics {
     /// Registers the ACME families in `registry`, every result at zero.
@@ -37,7 +49,14 @@ impl AcmeMetrics {
             orders: Family::default(),
             challenge_requests: Family::default(),
             cert_expiry_seconds: CertExpiry::default(),
+            challenge_checks: Family::default(),
+            orders_waiting: Gauge::default(),
         };
+        for result in CHALLENGE_CHECK_RESULTS {
+            let _ = acme
+                .challenge_checks
+                .get_or_create(&ResultLabels { result });
+        }
         for result in ["issued", "failed", "skipped"] {
             let _ = acme.orders.get_or_create(&ResultLabels { result });
         }
@@ -57,6 +76,16 @@ impl AcmeMetrics {
             acme.challenge_requests.clone(),
         );
         registry.register(
+            "sbmesh_acme_challenge_checks",
+            "Probe tokens fetched where the CA's HTTP-01 request lands before an order, by result",
+            acme.challenge_checks.clone(),
+        );
+        registry.register(
+            "sbmesh_acme_orders_waiting",
+            "Certificates whose order waits until its challenge is answered where the CA's request lands",
+            acme.orders_waiting.clone(),
+        );
+        registry.register(
             "sbproxy_cert_expiry_seconds",
             "Seconds until the notAfter of the certificate written for each host",
             acme.cert_expiry_seconds.clone(),
@@ -73,6 +102,13 @@ impl AcmeMetrics {
     #[cfg(test)]
     pub(crate) fn challenge(&self, result: &'static str) {
         self.challenge_requests
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Counts one challenge check of a name (`CHALLENGE_CHECK_RESULTS`).
+    pub(crate) fn challenge_check(&self, result: &'static str) {
+        self.challenge_checks
             .get_or_create(&ResultLabels { result })
             .inc();
     }

@@ -1,10 +1,11 @@
 //! The shell around [`RestartCore`]: the fleet lease in the shared store,
 //! `/proc`, SIGTERM and the health probe.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::Empty;
@@ -60,6 +61,10 @@ pub(crate) struct RestartConfig {
     pub probe_timeout: Duration,
     /// Where processes are listed (`/proc`).
     pub proc_root: PathBuf,
+    /// While the pod starts (60 s), finding no proxy process needs no
+    /// restart: it reads the files when it starts (the sidecar's startup
+    /// probe holds it back until they are written). Later it is reported.
+    pub starting_grace: Duration,
 }
 
 impl RestartConfig {
@@ -76,6 +81,7 @@ impl RestartConfig {
             probe_interval: Duration::from_millis(500),
             probe_timeout: Duration::from_secs(2),
             proc_root: PathBuf::from("/proc"),
+            starting_grace: Duration::from_secs(60),
         }
     }
 }
@@ -200,6 +206,8 @@ impl RestartCoordinator {
             status: tx,
             keeper: None,
             signalled: Vec::new(),
+            stale: BTreeSet::new(),
+            started: Instant::now(),
         };
         let task = tokio::spawn(shell.run());
         Ok(Self {
@@ -258,12 +266,18 @@ struct Shell {
     keeper: Option<LeaseKeeper>,
     /// The pids the last restart signalled.
     signalled: Vec<u32>,
+    /// The proxy processes (pid, start) that ran when new files were
+    /// written since the last restart: only these need one.
+    stale: BTreeSet<(u32, u64)>,
+    /// When the shell started.
+    started: Instant,
 }
 
 impl Shell {
     async fn run(mut self) {
         loop {
             if self.requests.pending.swap(false, Ordering::SeqCst) {
+                self.note_running();
                 self.core.request();
             }
             self.publish();
@@ -354,19 +368,68 @@ impl Shell {
         }
     }
 
-    /// SIGTERM to every process named `process_name`.
+    /// The proxy processes running now, as (pid, start).
+    fn running(&self) -> std::io::Result<Vec<(u32, u64)>> {
+        let root = &self.cfg.proc_root;
+        let pids = procs::find_by_name(root, &self.cfg.process_name)?;
+        Ok(pids
+            .into_iter()
+            .filter_map(|pid| Some((pid, procs::start_ticks(root, pid)?)))
+            .collect())
+    }
+
+    /// New files were written: the proxy processes running now read the
+    /// old ones and need a restart; one started later will not.
+    fn note_running(&mut self) {
+        if let Ok(running) = self.running() {
+            self.stale.extend(running);
+        }
+    }
+
+    /// SIGTERM to every process named `process_name` that ran when new
+    /// files were written; none when every one started since (it read
+    /// them), or none runs yet while the pod starts.
     fn signal(&mut self) -> SignalOutcome {
+        let outcome = self.signal_stale();
+        if !matches!(outcome, SignalOutcome::NotSignalled(_)) {
+            self.stale.clear();
+        }
+        if let SignalOutcome::NotNeeded(why) = &outcome {
+            tracing::info!("new certificate: no proxy restart needed: {why}");
+        }
+        outcome
+    }
+
+    fn signal_stale(&mut self) -> SignalOutcome {
         let name = &self.cfg.process_name;
         let root = &self.cfg.proc_root;
         self.signalled.clear();
-        let pids = match procs::find_by_name(root, name) {
-            Ok(pids) => pids,
+        let running = match self.running() {
+            Ok(running) => running,
             Err(e) => {
                 let why = format!("cannot list processes in {}: {e}", root.display());
                 tracing::warn!("{why}");
                 return SignalOutcome::NotSignalled(why);
             }
         };
+        // While the pod starts the proxy may not run yet; later, finding
+        // none means the process name or shareProcessNamespace is wrong.
+        let starting = self.started.elapsed() < self.cfg.starting_grace;
+        if running.is_empty() && (!self.stale.is_empty() || starting) {
+            return SignalOutcome::NotNeeded(format!(
+                "no proxy process {name} runs now; it reads the new files when it starts"
+            ));
+        }
+        let pids: Vec<u32> = running
+            .iter()
+            .filter(|p| self.stale.contains(p))
+            .map(|(pid, _)| *pid)
+            .collect();
+        if !running.is_empty() && pids.is_empty() {
+            return SignalOutcome::NotNeeded(format!(
+                "every proxy process {name} started after the new files were written"
+            ));
+        }
         if pids.is_empty() {
             let why = format!(
                 "proxy process {name} not found in {} (is shareProcessNamespace: true set?)",

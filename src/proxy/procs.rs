@@ -30,6 +30,16 @@ pub(crate) fn stat_state(stat: &str) -> Option<char> {
     after.trim_start().chars().next()
 }
 
+/// When `pid` under `proc_root` started, in clock ticks since boot (field
+/// 22 of its `stat`): with the pid, it names one process, which a reused
+/// pid does not.
+pub(crate) fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    // Fields 3 (state) onwards; starttime is field 22.
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// Whether the process `pid` under `proc_root` exists and has not exited
 /// (a zombie, exited but not yet reaped by its parent, counts as gone).
 fn running(proc_root: &Path, pid: u32) -> bool {
@@ -89,6 +99,15 @@ pub(crate) fn terminate(pid: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_named_by_its_pid_and_start() {
+        let own = std::process::id();
+        let proc_root = Path::new("/proc");
+        let start = start_ticks(proc_root, own).expect("our own stat");
+        assert_eq!(start_ticks(proc_root, own), Some(start));
+        assert_eq!(start_ticks(proc_root, u32::MAX), None);
+    }
 
     #[test]
     fn comm_compares_exactly_or_by_the_kernel_prefix() {

@@ -43,6 +43,10 @@ pub(crate) enum SignalOutcome {
     Signalled,
     /// No process was signalled; the message says why (for status).
     NotSignalled(String),
+    /// No restart is needed: every proxy process running started after
+    /// the files were written (it read them at its start), or none runs
+    /// yet and it will. The message says which (for the log).
+    NotNeeded(String),
 }
 
 /// One health probe.
@@ -230,6 +234,14 @@ impl RestartCore {
                 self.phase = Phase::Waiting {
                     since: now,
                     seen_down: false,
+                };
+            }
+            SignalOutcome::NotNeeded(_) => {
+                // Not a restart: nothing to wait for, no window spent.
+                self.wanted = false;
+                self.problem = None;
+                self.phase = Phase::Releasing {
+                    then_recover: false,
                 };
             }
             SignalOutcome::NotSignalled(why) => {
@@ -467,6 +479,24 @@ mod tests {
         signal_at(&mut c, retry);
         c.probed(UP_NEW);
         assert_eq!(c.problem(), None);
+    }
+
+    #[test]
+    fn a_proxy_that_already_read_the_files_is_not_restarted_and_spends_no_window() {
+        let mut c = core();
+        c.request();
+        assert_eq!(c.next(1_000), Step::AcquireLease);
+        c.lease_acquired();
+        assert_eq!(c.next(1_000), Step::Signal);
+        c.signalled(1_000, SignalOutcome::NotNeeded("started after".into()));
+        assert_eq!((c.restarts(), c.last_restart_unix_ms(), c.problem()), (0, None, None));
+        assert_eq!(c.next(1_000), Step::ReleaseLease);
+        c.released();
+        assert!(!c.pending());
+        assert_eq!(c.next(1_001), Step::Idle);
+        // The next request restarts at once: no window was spent.
+        c.request();
+        assert_eq!(c.next(1_002), Step::AcquireLease);
     }
 
     #[test]

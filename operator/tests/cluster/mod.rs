@@ -149,11 +149,66 @@ impl Cluster {
         );
     }
 
+    /// Stops the cluster-wide operator (its Deployment scaled to 0, its
+    /// pods gone) until the guard is dropped, which scales it back and
+    /// waits for it: what the cluster's objects do meanwhile is left as
+    /// they are, and nothing puts back what a test changes by hand.
+    pub fn operator_stopped(&self) -> OperatorStopped<'_> {
+        let d = self
+            .get(&["-n", OPERATOR_NAMESPACE, "deployment", OPERATOR_DEPLOYMENT])
+            .expect("the operator's Deployment");
+        let replicas = d["spec"]["replicas"].as_u64().unwrap_or(1);
+        let scale = |n: u64| {
+            self.kubectl(&[
+                "-n",
+                OPERATOR_NAMESPACE,
+                "scale",
+                "deployment",
+                OPERATOR_DEPLOYMENT,
+                &format!("--replicas={n}"),
+            ])
+            .unwrap_or_else(|e| panic!("scaling the operator to {n}: {e}"));
+        };
+        scale(0);
+        wait_for("no operator pod", Duration::from_secs(120), || {
+            self.operator_pods(OPERATOR_NAMESPACE)
+                .is_empty()
+                .then_some(())
+        });
+        OperatorStopped {
+            cluster: self,
+            replicas,
+        }
+    }
+
     /// The operator's pods in `ns` (its Deployment's selector).
     pub fn operator_pods(&self, ns: &str) -> Vec<Value> {
         self.get(&["-n", ns, "pods", "-l", OPERATOR_SELECTOR])
             .and_then(|list| list["items"].as_array().cloned())
             .unwrap_or_default()
+    }
+}
+
+/// The operator stopped by [`Cluster::operator_stopped`].
+pub struct OperatorStopped<'c> {
+    cluster: &'c Cluster,
+    replicas: u64,
+}
+
+impl Drop for OperatorStopped<'_> {
+    fn drop(&mut self) {
+        let replicas = format!("--replicas={}", self.replicas);
+        let _ = self.cluster.kubectl(&[
+            "-n",
+            OPERATOR_NAMESPACE,
+            "scale",
+            "deployment",
+            OPERATOR_DEPLOYMENT,
+            &replicas,
+        ]);
+        if !std::thread::panicking() {
+            self.cluster.operator();
+        }
     }
 }
 
@@ -376,6 +431,16 @@ pub fn issued(c: &Cluster) -> usize {
         .count()
 }
 
+/// Authorizations Pebble's validation failed so far (its log): each one
+/// a failed validation Let's Encrypt would count against the account.
+pub fn invalid_authorizations(c: &Cluster) -> usize {
+    std::fs::read_to_string(&c.pebble_log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" set INVALID by completed challenge"))
+        .count()
+}
+
 /// Pebble's root (what its certificates chain to), in a file for curl,
 /// removed when dropped.
 pub fn pebble_root(c: &Cluster) -> PebbleRoot {
@@ -413,7 +478,11 @@ impl std::ops::Deref for PebbleRoot {
 /// against `root` and answers 200.
 pub fn serves_tls(root: &str, name: &str, ip: &str, port: u16) -> bool {
     let resolve = format!("{name}:{port}:{ip}");
+    // 2 s, not curl()'s 10: a connection a restarting proxy accepted and
+    // never answers must not hold a timed wait up.
     curl(&[
+        "--max-time",
+        "2",
         "--cacert",
         root,
         "--resolve",

@@ -71,13 +71,53 @@ impl Pod {
         config: &Path,
         args: &[String],
     ) -> Pod {
+        Self::spawn_as(proxy, name, ip, base, config, args, false)
+    }
+
+    /// [`Pod::spawn`] with the operator's startup probe: the proxy starts
+    /// once the sidecar's `/startupz` (on `ip`'s admin port) answers 200,
+    /// as the kubelet starts a pod's containers after its native sidecar's
+    /// startup probe passes.
+    pub fn spawn_after_startup_probe(
+        proxy: &Path,
+        name: &str,
+        ip: Ipv4Addr,
+        base: &Path,
+        config: &Path,
+        args: &[String],
+    ) -> Pod {
+        Self::spawn_as(proxy, name, ip, base, config, args, true)
+    }
+
+    fn spawn_as(
+        proxy: &Path,
+        name: &str,
+        ip: Ipv4Addr,
+        base: &Path,
+        config: &Path,
+        args: &[String],
+        startup_probe: bool,
+    ) -> Pod {
         let dir = base.join(name);
+        // The kubelet's startup probe: a GET every 200 ms until 200.
+        let probe = if startup_probe {
+            format!(
+                "until (exec 3<>/dev/tcp/{ip}/{SIDECAR_ADMIN_PORT} && \
+                 printf 'GET /startupz HTTP/1.0\\r\\n\\r\\n' >&3 && head -1 <&3 | grep -q ' 200 ') 2>/dev/null; \
+                 do sleep 0.2; done\n\
+                 echo \"startup probe passed\" >> '{dir}/proxy.log'\n",
+                dir = dir.display()
+            )
+        } else {
+            String::new()
+        };
         std::fs::create_dir_all(dir.join("certs")).unwrap();
         let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
         let script = format!(
             "#!/bin/bash\n\
              export POD_IP={ip} CERT_DIR='{certs}' SBPROXY_SHUTDOWN_GRACE_MS={PROXY_GRACE_MS} NO_COLOR=1\n\
              '{sidecar}' run --config '{config}' {args} >> '{dir}/sidecar.log' 2>&1 &\n\
+             {probe}\
              while true; do\n\
                '{proxy}' -f '{config}' >> '{dir}/proxy.log' 2>&1\n\
                echo \"proxy exited: $?\" >> '{dir}/proxy.log'\n\
