@@ -171,9 +171,16 @@ fn deploy(c: &Cluster, ns: &Namespace) -> (String, f64) {
                 std::thread::sleep(Duration::from_millis(200));
             }
         });
-        let timeline = first_certificate(ns, &root, t0);
-        sampling.store(false, Ordering::Relaxed);
-        timeline
+        // The sampler stops even when a wait below panics: the scope would
+        // otherwise wait for it forever.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(&sampling);
+        first_certificate(ns, &root, t0)
     });
     let first_ready = first_ready.into_inner().unwrap();
     let last_ready = first_ready.values().max().copied().unwrap_or_default();
