@@ -1199,15 +1199,8 @@ fn acme_manager_config(
     mesh: &Mesh,
     challenge_addr: Option<SocketAddr>,
 ) -> AcmeManagerConfig {
-    let own_listener = challenge_addr.and_then(|mut addr| {
-        if addr.ip().is_unspecified() {
-            addr.set_ip(match addr {
-                SocketAddr::V4(_) => IpAddr::from([127, 0, 0, 1]),
-                SocketAddr::V6(_) => IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
-            });
-        }
-        Upstream::parse(&format!("http://{addr}")).ok()
-    });
+    let own_listener =
+        challenge_addr.and_then(|addr| Upstream::parse(&crate::config::local_url(addr)).ok());
     let key_ring = if cfg.cluster_key.is_some() {
         AtRestRing::following(mesh.key_rings())
     } else {
@@ -1215,8 +1208,10 @@ fn acme_manager_config(
     };
     AcmeManagerConfig {
         key_ring,
-        limits: cfg.acme.clone(),
-        challenge_check: cfg.acme.check_url.clone().or(own_listener),
+        limits: AcmeLimits {
+            check_url: cfg.acme.check_url.clone().or(own_listener),
+            ..cfg.acme.clone()
+        },
         ..AcmeManagerConfig::new(cfg.node_id.clone(), cfg.cert_dir.clone())
     }
 }

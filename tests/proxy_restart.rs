@@ -281,11 +281,15 @@ async fn a_proxy_that_starts_after_the_files_is_not_restarted() {
     let health = health_server(Arc::new(AtomicU16::new(200))).await;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new());
-    let coordinator =
-        RestartCoordinator::spawn(config("node-c", &name, &health), store.clone(), metrics)
-            .unwrap();
+    let coordinator = RestartCoordinator::spawn(
+        config("node-c", &name, &health),
+        store.clone(),
+        metrics.clone(),
+    )
+    .unwrap();
     let status = coordinator.status();
-    // No proxy runs yet: the request needs no restart.
+    // No proxy runs yet: the request needs no restart, and is found out
+    // before the fleet lease (the other pods' turns are not held up).
     coordinator.request();
     lease_free(&store).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -294,6 +298,15 @@ async fn a_proxy_that_starts_after_the_files_is_not_restarted() {
         ProxyStatus::default(),
         "no restart, no problem"
     );
+    // Leases this coordinator took (no sample before the first).
+    let leases = || {
+        metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix("store_lock_acquired_total{backend=\"memory\"} "))
+            .map_or(0, |n| n.parse::<u64>().expect("a count"))
+    };
+    assert_eq!(leases(), 0, "the lease was taken");
     // A proxy started now, then new files: it ran before them, so it is
     // restarted (the window of one restart per interval is its own).
     let exit = fake_proxy(tmp.path(), &name).await;
@@ -301,6 +314,7 @@ async fn a_proxy_that_starts_after_the_files_is_not_restarted() {
     coordinator.request();
     let shown = wait_status(&mut status, "one restart", |s| s.restarts == 1).await;
     assert_eq!(shown.problem, None);
+    assert_eq!(leases(), 1, "one lease, for the restart");
     drop(exit);
 }
 

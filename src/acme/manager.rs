@@ -89,9 +89,9 @@ pub struct AcmeLimits {
     /// Where the CA's HTTP-01 request lands, as reached from this node
     /// (`--acme-check-url`): before an order reaches the CA, a probe token
     /// published to the store must be answered there
-    /// (docs/reference.md#the-challenge-check). `None`: this node's own
-    /// challenge listener (`challenge_listen`) is asked, or, without one,
-    /// nothing is checked.
+    /// (docs/reference.md#the-challenge-check). `None` in a `NodeConfig`:
+    /// this node's own challenge listener (`challenge_listen`) is asked;
+    /// `None` for the manager (no listener either): nothing is checked.
     pub check_url: Option<Upstream>,
 }
 
@@ -134,10 +134,6 @@ pub(crate) struct AcmeManagerConfig {
     pub full_check_every: Duration,
     /// Hosts without a certificate on disk are looked up this often.
     pub missing_check_every: Duration,
-    /// Where the CA's HTTP-01 request lands, as reached from this node:
-    /// each order first has a probe token answered there
-    /// ([`crate::acme::reach`]). `None`: not checked.
-    pub challenge_check: Option<Upstream>,
 }
 
 impl AcmeManagerConfig {
@@ -153,7 +149,6 @@ impl AcmeManagerConfig {
             settle: Duration::from_secs(3),
             full_check_every: Duration::from_secs(60),
             missing_check_every: Duration::from_secs(2),
-            challenge_check: None,
         }
     }
 
@@ -391,7 +386,8 @@ impl Runner {
             store_shared: inputs.store.is_shared(),
         };
         let reach = cfg
-            .challenge_check
+            .limits
+            .check_url
             .clone()
             .map(|target| Arc::new(ReachCheck::new(target, inputs.metrics.clone())));
         Self {

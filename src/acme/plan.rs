@@ -456,8 +456,6 @@ pub(crate) struct Machine {
     refusal: Option<String>,
     /// What the status shows changed: published once per step.
     status_dirty: bool,
-    /// [`AcmeStatus::settled`] as last published.
-    settled_published: bool,
 }
 
 impl Machine {
@@ -483,7 +481,6 @@ impl Machine {
             ari_offered: false,
             refusal: None,
             status_dirty: false,
-            settled_published: false,
         }
     }
 
@@ -572,11 +569,6 @@ impl Machine {
     /// config change), not at every answer, which with thousands of units
     /// would rebuild it thousands of times per pass.
     fn publish(&mut self, out: &mut Vec<Action>) {
-        let settled = self.settled();
-        if settled != self.settled_published {
-            self.settled_published = settled;
-            self.status_dirty = true;
-        }
         if std::mem::take(&mut self.status_dirty) {
             out.push(Action::PublishStatus(self.status()));
         }
@@ -584,7 +576,8 @@ impl Machine {
 
     /// Whether every unit's store record was read once and what it held
     /// is written for the proxy (a proxy started now gets every stored
-    /// certificate).
+    /// certificate). What changes it marks the status dirty: a unit added
+    /// (config change), its first read, an install's end.
     fn settled(&self) -> bool {
         self.units
             .values()
@@ -731,6 +724,7 @@ impl Machine {
         match result {
             Ok(Some(record)) => self.take_record(id, record, out),
             Ok(None) => {
+                self.status_dirty |= !state.view.checked;
                 state.view.checked = true;
                 state.view.stored = None;
             }
@@ -746,6 +740,7 @@ impl Machine {
         let Some(state) = self.units.get_mut(id) else {
             return;
         };
+        self.status_dirty |= !state.view.checked;
         state.view.checked = true;
         // The CA's window stays with the certificate it was given for.
         let ari = state
@@ -1338,6 +1333,55 @@ mod tests {
         );
         assert_eq!(waiting_reports(&actions), vec![None], "{actions:?}");
         assert!(rig.machine.status().waiting.is_empty());
+    }
+
+    #[test]
+    fn the_status_says_settled_once_every_record_was_read_and_written() {
+        let published = |actions: &[Action]| {
+            actions.iter().find_map(|a| match a {
+                Action::PublishStatus(s) => Some(s.settled),
+                _ => None,
+            })
+        };
+        // Nothing stored: settled at its first read, published at once.
+        let mut rig = Rig::new("a", &["a.example.com"]);
+        assert!(!rig.machine.status().settled, "nothing read yet");
+        assert_eq!(reads(&rig.step(Input::Tick)).len(), 1);
+        rig.step(Input::RecordRead {
+            id: "a.example.com".into(),
+            result: Ok(None),
+        });
+        assert_eq!(published(&rig.step(Input::Tick)), Some(true));
+
+        let mut rig = Rig::new("a", &["a.example.com", "b.example.com"]);
+        // a: nothing stored; b: a certificate, to be written.
+        let asked = reads(&rig.step(Input::Tick));
+        assert_eq!(asked.len(), 2, "{asked:?}");
+        rig.step(Input::RecordRead {
+            id: "a.example.com".into(),
+            result: Ok(None),
+        });
+        let now = rig.clock.unix();
+        let install = rig.step(Input::RecordRead {
+            id: "b.example.com".into(),
+            result: Ok(Some(record("b.example.com", "0b", now, now + 90 * DAY))),
+        });
+        assert!(
+            install.iter().any(|a| matches!(a, Action::InstallRecord { .. })),
+            "{install:?}"
+        );
+        assert_eq!(published(&rig.step(Input::Tick)), Some(false), "b is being written");
+        let written = Local {
+            names: vec!["b.example.com".into()],
+            serial: "0b".into(),
+            not_after_unix: now + 90 * DAY,
+            placeholder: false,
+        };
+        rig.step(Input::Installed {
+            id: "b.example.com".into(),
+            result: Ok((written, true)),
+        });
+        assert_eq!(published(&rig.step(Input::Tick)), Some(true));
     }
 
     #[test]

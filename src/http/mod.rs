@@ -46,7 +46,27 @@ pub(crate) struct AdminState {
 impl AdminState {
     /// The reasons the node is not ready (empty when it is).
     pub(crate) fn not_ready_reasons(&self) -> Vec<String> {
-        self.readiness.iter().filter_map(|check| check()).collect()
+        failing(&self.readiness)
+    }
+}
+
+/// The reasons of the checks that fail.
+fn failing(checks: &[ReadinessCheck]) -> Vec<String> {
+    checks.iter().filter_map(|check| check()).collect()
+}
+
+/// `200` with `ok` when no reason is given, else `503` with
+/// `{"<key>": false, "reasons": [...]}`: the answer of `/readyz` and
+/// `/startupz`.
+fn verdict(reasons: Vec<String>, ok: &'static str, key: &'static str) -> Response {
+    if reasons.is_empty() {
+        (StatusCode::OK, ok).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ key: false, "reasons": reasons })),
+        )
+            .into_response()
     }
 }
 
@@ -80,32 +100,14 @@ pub(crate) fn admin_router(state: AdminState) -> Router {
 }
 
 async fn readyz(State(state): State<AdminState>) -> Response {
-    let reasons = state.not_ready_reasons();
-    if reasons.is_empty() {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({ "ready": false, "reasons": reasons })),
-        )
-            .into_response()
-    }
+    verdict(state.not_ready_reasons(), "ready", "ready")
 }
 
 /// `200 started` once every start-up condition holds (the operator's
 /// startup probe: the proxy container starts after it), else `503` with
 /// the reasons.
 async fn startupz(State(state): State<AdminState>) -> Response {
-    let reasons: Vec<String> = state.startup.iter().filter_map(|check| check()).collect();
-    if reasons.is_empty() {
-        (StatusCode::OK, "started").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(serde_json::json!({ "started": false, "reasons": reasons })),
-        )
-            .into_response()
-    }
+    verdict(failing(&state.startup), "started", "started")
 }
 
 /// `/metrics` in the format the `Accept` header prefers: OpenMetrics for a

@@ -255,6 +255,16 @@ impl Drop for RestartCoordinator {
     }
 }
 
+/// What a restart would signal, by [`Shell::targets`].
+enum Targets {
+    /// These pids ran when new files were written.
+    Signal(Vec<u32>),
+    /// Nothing: the running proxy read the new files, or will.
+    NotNeeded(String),
+    /// Nothing can be signalled, and that is a problem (for status).
+    Missing(String),
+}
+
 struct Shell {
     core: RestartCore,
     cfg: RestartConfig,
@@ -291,7 +301,15 @@ impl Shell {
                         _ = self.requests.notify.notified() => {}
                     }
                 }
-                Step::AcquireLease => self.acquire().await,
+                // Decided before the fleet lease: a restart nobody needs
+                // must not wait for (or hold up) the other pods' turns.
+                Step::AcquireLease => match self.targets() {
+                    Targets::NotNeeded(why) => {
+                        self.not_needed(&why);
+                        self.core.not_needed();
+                    }
+                    _ => self.acquire().await,
+                },
                 Step::Signal => {
                     let outcome = self.signal();
                     if outcome == SignalOutcome::Signalled {
@@ -386,38 +404,33 @@ impl Shell {
         }
     }
 
-    /// SIGTERM to every process named `process_name` that ran when new
-    /// files were written; none when every one started since (it read
-    /// them), or none runs yet while the pod starts.
-    fn signal(&mut self) -> SignalOutcome {
-        let outcome = self.signal_stale();
-        if !matches!(outcome, SignalOutcome::NotSignalled(_)) {
-            self.stale.clear();
-        }
-        if let SignalOutcome::NotNeeded(why) = &outcome {
-            tracing::info!("new certificate: no proxy restart needed: {why}");
-        }
-        outcome
-    }
-
-    fn signal_stale(&mut self) -> SignalOutcome {
+    /// Which proxy processes a restart must signal: those that ran when
+    /// new files were written. None when every one running started since
+    /// (it read them), or none runs yet while the pod starts.
+    fn targets(&self) -> Targets {
         let name = &self.cfg.process_name;
         let root = &self.cfg.proc_root;
-        self.signalled.clear();
         let running = match self.running() {
             Ok(running) => running,
             Err(e) => {
-                let why = format!("cannot list processes in {}: {e}", root.display());
-                tracing::warn!("{why}");
-                return SignalOutcome::NotSignalled(why);
+                return Targets::Missing(format!(
+                    "cannot list processes in {}: {e}",
+                    root.display()
+                ));
             }
         };
         // While the pod starts the proxy may not run yet; later, finding
         // none means the process name or shareProcessNamespace is wrong.
         let starting = self.started.elapsed() < self.cfg.starting_grace;
         if running.is_empty() && (!self.stale.is_empty() || starting) {
-            return SignalOutcome::NotNeeded(format!(
+            return Targets::NotNeeded(format!(
                 "no proxy process {name} runs now; it reads the new files when it starts"
+            ));
+        }
+        if running.is_empty() {
+            return Targets::Missing(format!(
+                "proxy process {name} not found in {} (is shareProcessNamespace: true set?)",
+                root.display()
             ));
         }
         let pids: Vec<u32> = running
@@ -425,19 +438,37 @@ impl Shell {
             .filter(|p| self.stale.contains(p))
             .map(|(pid, _)| *pid)
             .collect();
-        if !running.is_empty() && pids.is_empty() {
-            return SignalOutcome::NotNeeded(format!(
+        if pids.is_empty() {
+            return Targets::NotNeeded(format!(
                 "every proxy process {name} started after the new files were written"
             ));
         }
-        if pids.is_empty() {
-            let why = format!(
-                "proxy process {name} not found in {} (is shareProcessNamespace: true set?)",
-                root.display()
-            );
-            tracing::warn!("{why}; the new certificate is not served until the proxy restarts");
-            return SignalOutcome::NotSignalled(why);
-        }
+        Targets::Signal(pids)
+    }
+
+    /// Files written, no restart needed: what was noted is served.
+    fn not_needed(&mut self, why: &str) {
+        self.stale.clear();
+        tracing::info!("new certificate: no proxy restart needed: {why}");
+    }
+
+    /// SIGTERM to the [`Shell::targets`].
+    fn signal(&mut self) -> SignalOutcome {
+        let name = &self.cfg.process_name;
+        self.signalled.clear();
+        let pids = match self.targets() {
+            Targets::Signal(pids) => pids,
+            Targets::NotNeeded(why) => {
+                self.not_needed(&why);
+                return SignalOutcome::NotNeeded(why);
+            }
+            Targets::Missing(why) => {
+                tracing::warn!(
+                    "{why}; the new certificate is not served until the proxy restarts"
+                );
+                return SignalOutcome::NotSignalled(why);
+            }
+        };
         if pids.len() > 1 {
             tracing::warn!(process = %name, ?pids, "more than one proxy process found; signalling all of them");
         }
@@ -462,6 +493,8 @@ impl Shell {
             tracing::warn!("{why}");
             return SignalOutcome::NotSignalled(why);
         }
+        // Signalled: what was noted is served by this restart.
+        self.stale.clear();
         if !failures.is_empty() {
             tracing::warn!(process = %name, failures = %failures.join(", "), "some proxy processes could not be signalled");
         }

@@ -211,6 +211,17 @@ impl RestartCore {
         }
     }
 
+    /// Before the lease: no restart is needed after all (the proxy read the
+    /// new files, or will at its start). Nothing waited for, no window
+    /// spent, no problem.
+    pub(crate) fn not_needed(&mut self) {
+        if self.phase == Phase::Acquiring {
+            self.wanted = false;
+            self.problem = None;
+            self.phase = Phase::Idle;
+        }
+    }
+
     /// Taking the lease failed (store error): try again after a pause.
     pub(crate) fn lease_failed(&mut self, now: u64) {
         if self.phase == Phase::Acquiring {
@@ -497,6 +508,10 @@ mod tests {
         // The next request restarts at once: no window was spent.
         c.request();
         assert_eq!(c.next(1_002), Step::AcquireLease);
+        // Found out before the lease: nothing to release either.
+        c.not_needed();
+        assert_eq!((c.pending(), c.problem()), (false, None));
+        assert_eq!(c.next(1_003), Step::Idle);
     }
 
     #[test]
