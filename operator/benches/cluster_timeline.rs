@@ -119,10 +119,7 @@ fn main() {
             invalid_authorizations(&c) - invalid_before
         );
     }
-    let ip = ns.get(&["service", "demo-svc"]).expect("demo-svc")["spec"]["clusterIP"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let ip = ns.cluster_ip("demo-svc");
     let root = pebble_root(&c);
     rss(&c, &ns);
 
@@ -147,11 +144,7 @@ fn deploy(c: &Cluster, ns: &Namespace) -> (String, f64) {
     let t0 = Instant::now();
     let manifest = acme_manifest(c, &ns.name, &NAMES, 2);
     c.apply(&manifest);
-    let ip = wait_for("demo-svc", Duration::from_secs(60), || {
-        ns.get(&["service", "demo-svc"])?["spec"]["clusterIP"]
-            .as_str()
-            .map(str::to_string)
-    });
+    let ip = ns.wait_cluster_ip("demo-svc");
     for name in NAMES {
         add_a(c, name, &ip);
     }
@@ -338,8 +331,47 @@ fn timed_edit(
         .collect()
 }
 
-/// `n` SBProxyConfig edits through the operator: the body of one origin,
-/// `edit <i>`, changed each time. The regressions are printed.
+/// `n` edits of the body of one origin, `edit <i>` (counting on from
+/// `body`'s number), each written by `write(old, new)` (the body lines of
+/// the YAML) and timed; what is printed under `what`: older configs served
+/// after newer ones, and container restarts.
+fn edits(
+    ns: &Namespace,
+    n: usize,
+    body: &mut String,
+    what: &str,
+    mut write: impl FnMut(&str, &str),
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut versions = BTreeMap::new();
+    let mut regressions = 0;
+    let restarts_before = restarts(ns);
+    let first: usize = body
+        .strip_prefix("edit ")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for i in first + 1..=first + n {
+        let next_body = format!("edit {i}");
+        let (old, new) = (origin_body(body), origin_body(&next_body));
+        rows.extend(timed_edit(
+            ns,
+            i,
+            &next_body,
+            &mut versions,
+            &mut regressions,
+            || write(&old, &new),
+        ));
+        *body = next_body;
+    }
+    println!(
+        "\n{what}: {n} edits; an older config served after a newer one: {regressions} times; container restarts: {}",
+        restarts(ns) - restarts_before
+    );
+    rows
+}
+
+/// `n` SBProxyConfig edits through the operator (`current`, the manifest,
+/// follows them).
 fn config_edits(
     c: &Cluster,
     ns: &Namespace,
@@ -347,32 +379,18 @@ fn config_edits(
     current: &mut String,
     body: &mut String,
 ) -> Vec<Row> {
-    let mut rows = Vec::new();
-    let mut versions = BTreeMap::new();
-    let mut regressions = 0;
-    let restarts_before = restarts(ns);
-    for i in 1..=n {
-        let next_body = format!("edit {i}");
-        let next = current.replacen(&origin_body(body), &origin_body(&next_body), 1);
-        assert_ne!(&next, current, "edit {i} changed nothing");
-        rows.extend(timed_edit(
-            ns,
-            i,
-            &next_body,
-            &mut versions,
-            &mut regressions,
-            || {
-                c.apply(&next);
-            },
-        ));
-        *current = next;
-        *body = next_body;
-    }
-    println!(
-        "\nconfig edits through the operator: {n} edits; an older config served after a newer one: {regressions} times; container restarts: {}",
-        restarts(ns) - restarts_before
-    );
-    rows
+    edits(
+        ns,
+        n,
+        body,
+        "config edits through the operator",
+        |old, new| {
+            let next = current.replacen(old, new, 1);
+            assert_ne!(&next, current, "the edit changed nothing");
+            c.apply(&next);
+            *current = next;
+        },
+    )
 }
 
 /// `n` edits the anchors' way: the operator stopped, the ConfigMap
@@ -383,16 +401,8 @@ fn anchor_edits(c: &Cluster, ns: &Namespace, n: usize, body: &mut String) -> Vec
     if n == 0 {
         return Vec::new();
     }
-    let stopped = c.operator_stopped();
-    let mut rows = Vec::new();
-    let mut versions = BTreeMap::new();
-    let mut regressions = 0;
-    let first: usize = body
-        .strip_prefix("edit ")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    for i in first + 1..=first + n {
-        let next_body = format!("edit {i}");
+    let _stopped = c.operator_stopped();
+    edits(ns, n, body, "the anchors' way", |old, new| {
         let mut cm = ns
             .get(&["configmap", "demo-config"])
             .expect("the ConfigMap");
@@ -400,29 +410,15 @@ fn anchor_edits(c: &Cluster, ns: &Namespace, n: usize, body: &mut String) -> Vec
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let next = text.replacen(&origin_body(body), &origin_body(&next_body), 1);
-        assert_ne!(next, text, "anchor edit {i} changed nothing");
+        let next = text.replacen(old, new, 1);
+        assert_ne!(next, text, "the anchor edit changed nothing");
         cm["data"]["sb.yml"] = next.into();
         cm["metadata"]
             .as_object_mut()
             .map(|m| m.remove("resourceVersion"));
-        let json = cm.to_string();
-        rows.extend(timed_edit(
-            ns,
-            i,
-            &next_body,
-            &mut versions,
-            &mut regressions,
-            || {
-                c.kubectl_with(&["apply", "-f", "-"], Some(&json))
-                    .expect("the ConfigMap written");
-            },
-        ));
-        *body = next_body;
-    }
-    drop(stopped);
-    println!("\nthe anchors' way: an older config served after a newer one: {regressions} times");
-    rows
+        c.kubectl_with(&["apply", "-f", "-"], Some(&cm.to_string()))
+            .expect("the ConfigMap written");
+    })
 }
 
 fn report_edits(what: &str, rows: &[Row]) {

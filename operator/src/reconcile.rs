@@ -31,9 +31,9 @@
 //! then either (refusal) PATCH status when it changed + POST a Warning
 //! Event, or (applied) POST the Secret when render asks for one, PATCH the
 //! Secret when a key rotation moves (then a Normal Event), PATCH
-//! (apply) StatefulSet, headless Service, Service, ConfigMap, then LIST
-//! the pods and PATCH each one whose config-hash annotation differs, then
-//! the PDB
+//! (apply) StatefulSet, headless Service, Service, ConfigMap, then (when
+//! the config's hash is not `status.configHash` yet) LIST the pods and
+//! PATCH each one whose config-hash annotation differs, then the PDB
 //! or, without one, GET + DELETE of a PDB left from a larger scale; the
 //! same for the NetworkPolicy and then the PodMonitor (applied when the spec
 //! asks, else GET + DELETE of one left from before); PATCH status when it
@@ -623,7 +623,13 @@ async fn apply_objects(
     server_side_apply(client, ns, &rendered.headless_service).await?;
     server_side_apply(client, ns, &rendered.service).await?;
     server_side_apply(client, ns, &rendered.config_map).await?;
-    nudge_pods(ctx, ns, &name, &rendered.config_hash).await;
+    // Only for a config the status does not show yet: a reconcile for a
+    // pod turning ready, a scale or a periodic check lists no pods (a pod
+    // started since read the ConfigMap at its start).
+    let shown = proxy.status.as_ref().and_then(|s| s.config_hash.as_deref());
+    if shown != Some(rendered.config_hash.as_str()) {
+        nudge_pods(ctx, ns, &name, &rendered.config_hash).await;
+    }
     // An optional object the spec no longer asks for is removed when this
     // operator made it, so what runs is what `render` shows.
     changes.extend(
@@ -703,7 +709,8 @@ pub const CONFIG_HASH_ANNOTATION: &str = "sbproxy.dev/config-hash";
 /// server busy) still gets the config at the kubelet's next sync; the
 /// failure is logged and counted (`sbmesh_operator_config_nudges_total`),
 /// and the reconcile goes on. A pod already annotated with this hash is
-/// left alone, so a reconcile without a config change patches nothing.
+/// left alone. Called only while `status.configHash` is not this hash yet,
+/// so a reconcile without a config change makes no call at all.
 async fn nudge_pods(ctx: &Context, ns: &str, name: &str, hash: &str) {
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
     let selector = render::selector_labels(name)
@@ -717,7 +724,7 @@ async fn nudge_pods(ctx: &Context, ns: &str, name: &str, hash: &str) {
     {
         Ok(list) => list,
         Err(e) => {
-            ctx.metrics.nudged(NudgeResult::failed, 1);
+            ctx.metrics.nudged(NudgeResult::failed);
             warn!(proxy = %format!("{ns}/{name}"), error = %e, "cannot list the pods to tell them of the config; they read it at the kubelet's next sync (up to 90 s)");
             return;
         }
@@ -739,13 +746,13 @@ async fn nudge_pods(ctx: &Context, ns: &str, name: &str, hash: &str) {
             .await
         {
             Ok(_) => {
-                ctx.metrics.nudged(NudgeResult::patched, 1);
+                ctx.metrics.nudged(NudgeResult::patched);
                 debug!(pod = %format!("{ns}/{pod_name}"), %hash, "pod told of the config");
             }
             // Gone since the list: its replacement reads the ConfigMap at start.
             Err(kube::Error::Api(status)) if not_found(&status) => {}
             Err(e) => {
-                ctx.metrics.nudged(NudgeResult::failed, 1);
+                ctx.metrics.nudged(NudgeResult::failed);
                 warn!(pod = %format!("{ns}/{pod_name}"), error = %e, "cannot tell the pod of the config; it reads it at the kubelet's next sync (up to 90 s)");
             }
         }

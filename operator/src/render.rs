@@ -253,20 +253,17 @@ pub fn service_name(instance: &str) -> String {
     format!("{instance}-svc")
 }
 
-/// Where the CA's HTTP-01 request lands, as a pod of `proxy` reaches it:
-/// port 80 of its Service, by the Service's cluster DNS name (kube-proxy
-/// sends it to a ready pod, as it sends the CA's request that came in
-/// through a load balancer). The sidecar fetches a probe token there before
-/// each order (`SBMESH_ACME_CHECK_URL`).
-pub fn acme_check_url(proxy: &SBProxy) -> String {
-    let service = service_name(&proxy.name_any());
-    match &proxy.metadata.namespace {
-        Some(ns) => format!(
-            "http://{service}.{ns}.svc.{}:{ACME_SERVICE_PORT}",
-            proxy.spec.clustering.cluster_domain
-        ),
-        None => format!("http://{service}:{ACME_SERVICE_PORT}"),
-    }
+/// Where the CA's HTTP-01 request lands, as a pod of `proxy` in `ns`
+/// reaches it: port 80 of its Service, by the Service's cluster DNS name
+/// (kube-proxy sends it to a ready pod, as it sends the CA's request that
+/// came in through a load balancer). The sidecar fetches a probe token
+/// there before each order (`SBMESH_ACME_CHECK_URL`).
+pub fn acme_check_url(proxy: &SBProxy, ns: &str) -> String {
+    format!(
+        "http://{}.{ns}.svc.{}:{ACME_SERVICE_PORT}",
+        service_name(&proxy.name_any()),
+        proxy.spec.clustering.cluster_domain
+    )
 }
 
 /// A fresh cluster key: 32 random bytes as 64 lowercase hex chars.
@@ -315,7 +312,7 @@ pub fn render(
     check_replicas(proxy)?;
     let text = &referenced_config(proxy, config, &ns)?.spec.config;
     let facts = check_config(proxy, &ns, text)?;
-    let template = pod_template(proxy, &name, opts, &facts)?;
+    let template = pod_template(proxy, &name, &ns, opts, &facts)?;
 
     let stamp = Stamp {
         ns: &ns,
@@ -560,6 +557,7 @@ fn service_port(name: &str, protocol: &str, port: i32, target: &str) -> ServiceP
 fn pod_template(
     proxy: &SBProxy,
     name: &str,
+    ns: &str,
     opts: &RenderOptions,
     facts: &ConfigFacts,
 ) -> Result<PodTemplateSpec, Refusal> {
@@ -590,7 +588,7 @@ fn pod_template(
         challenge_port: spec.sidecar.challenge_port,
         proxy_admin_port: Some(spec.admin_port),
         proxy_http_port: Some(spec.port),
-        acme_check_url: Some(acme_check_url(proxy)),
+        acme_check_url: Some(acme_check_url(proxy, ns)),
         mesh,
         authorization: spec
             .admin_auth_secret_ref
@@ -1499,7 +1497,7 @@ fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
             flags::CHALLENGE_PASSTHROUGH.env,
             challenge_passthrough_url(spec.port),
         ),
-        (flags::ACME_CHECK_URL.env, acme_check_url(proxy)),
+        (flags::ACME_CHECK_URL.env, acme_check_url(proxy, ns)),
     ]);
     if spec.clustering.enabled {
         env.insert(flags::MESH_SERVICE.env, mesh_name(&name));

@@ -120,11 +120,11 @@ impl Metrics {
         }
     }
 
-    /// Counts `n` pods told (or not) of a new config.
-    pub fn nudged(&self, result: NudgeResult, n: u64) {
+    /// Counts one pod told (or not) of a new config.
+    pub fn nudged(&self, result: NudgeResult) {
         self.config_nudges
             .get_or_create(&NudgeLabels { result })
-            .inc_by(n);
+            .inc();
     }
 
     /// Records one finished reconcile.

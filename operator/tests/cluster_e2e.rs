@@ -619,11 +619,7 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
     c.apply(&acme_manifest(&c, &ns.name, &names, 1));
     // Pebble resolves each name to the Service, as a public DNS record
     // would point at a LoadBalancer in front of it.
-    let ip = wait_for("the Service demo-svc", Duration::from_secs(60), || {
-        ns.get(&["service", "demo-svc"])?["spec"]["clusterIP"]
-            .as_str()
-            .map(str::to_string)
-    });
+    let ip = ns.wait_cluster_ip("demo-svc");
     for name in names {
         add_a(&c, name, &ip);
     }
@@ -707,11 +703,7 @@ fn an_unanswered_challenge_waits_with_a_reason_and_completes_once_the_service_is
     let issued_before = issued(&c);
     let invalid_before = invalid_authorizations(&c);
     c.apply(&acme_manifest(&c, &ns.name, &[name], 3));
-    let ip = wait_for("the Service demo-svc", Duration::from_secs(60), || {
-        ns.get(&["service", "demo-svc"])?["spec"]["clusterIP"]
-            .as_str()
-            .map(str::to_string)
-    });
+    let ip = ns.wait_cluster_ip("demo-svc");
     add_a(&c, name, &ip);
     let stopped = c.operator_stopped();
     c.kubectl(&[

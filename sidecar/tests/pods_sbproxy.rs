@@ -84,13 +84,14 @@ fn san_certificates_are_served_after_rolling_restarts() {
     // no restart and no order.
     let mut ips4 = ips.clone();
     ips4.push(Ipv4Addr::new(127, 0, 61, 4));
-    let added = Pod::spawn_after_startup_probe(
+    let added = Pod::spawn_as(
         &sbproxy,
         "pod-3",
         ips4[3],
         base.path(),
         &config_path,
         &fleet_args(3, &ips4, &cluster_id, &pebble, base.path()),
+        true,
     );
     assert!(
         poll_until(deadline(), || hosts

@@ -300,6 +300,19 @@ impl Namespace {
         )
     }
 
+    /// The ClusterIP of Service `name`, once the operator made it.
+    pub fn wait_cluster_ip(&self, name: &str) -> String {
+        wait_for(
+            &format!("the Service {name}"),
+            Duration::from_secs(60),
+            || {
+                self.get(&["service", name])?["spec"]["clusterIP"]
+                    .as_str()
+                    .map(str::to_string)
+            },
+        )
+    }
+
     /// The ClusterIP of Service `name`.
     pub fn cluster_ip(&self, name: &str) -> String {
         let svc = self

@@ -74,22 +74,11 @@ impl Pod {
         Self::spawn_as(proxy, name, ip, base, config, args, false)
     }
 
-    /// [`Pod::spawn`] with the operator's startup probe: the proxy starts
-    /// once the sidecar's `/startupz` (on `ip`'s admin port) answers 200,
-    /// as the kubelet starts a pod's containers after its native sidecar's
-    /// startup probe passes.
-    pub fn spawn_after_startup_probe(
-        proxy: &Path,
-        name: &str,
-        ip: Ipv4Addr,
-        base: &Path,
-        config: &Path,
-        args: &[String],
-    ) -> Pod {
-        Self::spawn_as(proxy, name, ip, base, config, args, true)
-    }
-
-    fn spawn_as(
+    /// [`Pod::spawn`], with the operator's startup probe when
+    /// `startup_probe`: the proxy starts once the sidecar's `/startupz` (on
+    /// `ip`'s admin port) answers 200, as the kubelet starts a pod's
+    /// containers after its native sidecar's startup probe passes.
+    pub fn spawn_as(
         proxy: &Path,
         name: &str,
         ip: Ipv4Addr,
