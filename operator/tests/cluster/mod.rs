@@ -158,18 +158,8 @@ impl Cluster {
             .get(&["-n", OPERATOR_NAMESPACE, "deployment", OPERATOR_DEPLOYMENT])
             .expect("the operator's Deployment");
         let replicas = d["spec"]["replicas"].as_u64().unwrap_or(1);
-        let scale = |n: u64| {
-            self.kubectl(&[
-                "-n",
-                OPERATOR_NAMESPACE,
-                "scale",
-                "deployment",
-                OPERATOR_DEPLOYMENT,
-                &format!("--replicas={n}"),
-            ])
-            .unwrap_or_else(|e| panic!("scaling the operator to {n}: {e}"));
-        };
-        scale(0);
+        self.scale_operator(0)
+            .unwrap_or_else(|e| panic!("scaling the operator to 0: {e}"));
         wait_for("no operator pod", Duration::from_secs(120), || {
             self.operator_pods(OPERATOR_NAMESPACE)
                 .is_empty()
@@ -179,6 +169,18 @@ impl Cluster {
             cluster: self,
             replicas,
         }
+    }
+
+    /// `kubectl scale` of the cluster-wide operator's Deployment.
+    fn scale_operator(&self, replicas: u64) -> Result<String, String> {
+        self.kubectl(&[
+            "-n",
+            OPERATOR_NAMESPACE,
+            "scale",
+            "deployment",
+            OPERATOR_DEPLOYMENT,
+            &format!("--replicas={replicas}"),
+        ])
     }
 
     /// The operator's pods in `ns` (its Deployment's selector).
@@ -197,15 +199,7 @@ pub struct OperatorStopped<'c> {
 
 impl Drop for OperatorStopped<'_> {
     fn drop(&mut self) {
-        let replicas = format!("--replicas={}", self.replicas);
-        let _ = self.cluster.kubectl(&[
-            "-n",
-            OPERATOR_NAMESPACE,
-            "scale",
-            "deployment",
-            OPERATOR_DEPLOYMENT,
-            &replicas,
-        ]);
+        let _ = self.cluster.scale_operator(self.replicas);
         if !std::thread::panicking() {
             self.cluster.operator();
         }
@@ -437,21 +431,22 @@ pub fn add_a(c: &Cluster, name: &str, ip: &str) {
 
 /// How many certificates Pebble has issued (its log's lines).
 pub fn issued(c: &Cluster) -> usize {
+    pebble_log_lines(c, "Issued certificate serial")
+}
+
+/// Lines of Pebble's log so far that contain `text`.
+fn pebble_log_lines(c: &Cluster, text: &str) -> usize {
     std::fs::read_to_string(&c.pebble_log)
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains("Issued certificate serial"))
+        .filter(|l| l.contains(text))
         .count()
 }
 
 /// Authorizations Pebble's validation failed so far (its log): each one
 /// a failed validation Let's Encrypt would count against the account.
 pub fn invalid_authorizations(c: &Cluster) -> usize {
-    std::fs::read_to_string(&c.pebble_log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.contains(" set INVALID by completed challenge"))
-        .count()
+    pebble_log_lines(c, " set INVALID by completed challenge")
 }
 
 /// Pebble's root (what its certificates chain to), in a file for curl,
