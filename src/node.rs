@@ -1159,15 +1159,18 @@ fn challenge_router_of(
 }
 
 /// How long `/startupz` waits for the stored certificates to be written
-/// for the proxy before it lets the proxy start anyway (a store that does
-/// not answer must not hold a pod back for long).
+/// for the proxy (with peers, for the CA's certificate of every unit)
+/// before it lets the proxy start anyway (a store that does not answer, or
+/// a CA that does not issue, must not hold a pod back for long).
 pub(crate) const STARTUP_CERTIFICATES_WAIT: Duration = Duration::from_secs(5);
 
 /// The start-up condition of `/startupz`: with ACME on (`acme` at start),
-/// the certificates the store holds are written for the proxy, so a proxy
-/// that reads its certificate once at start-up serves the CA's and not a
-/// placeholder (which would cost it a restart seconds later); holds after
-/// [`STARTUP_CERTIFICATES_WAIT`] whatever the store does.
+/// the certificates the store holds are written for the proxy and, when
+/// the node has peers (one of them is likely ordering), every unit has the
+/// CA's certificate, so a proxy that reads its certificate once at start-up
+/// serves the CA's and not a placeholder (which would cost it a restart
+/// seconds later); holds after [`STARTUP_CERTIFICATES_WAIT`] whatever the
+/// store and the CA do.
 fn certificates_written(
     acme: watch::Receiver<AcmeStatus>,
     acme_on: bool,

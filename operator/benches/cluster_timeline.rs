@@ -17,14 +17,23 @@
 //!    kubelet's periodic sync carries them (what configmap-reload and
 //!    prometheus-config-reloader users wait for);
 //! 4. scale 3 -> 5 -> the new pods serve the certificate (no new order);
-//! 5. one more name in the `san` set -> issued -> every proxy serves it
+//! 5. with short-lived certificates from Pebble (the cluster started with
+//!    `SBMESH_CLUSTER_CERT_VALIDITY_SECS`, under 30 minutes): the
+//!    certificate renewed -> every sidecar wrote it -> every proxy serves
+//!    it, for `apply: restart` (the fleet above) and `apply: reload` (a
+//!    second fleet deployed beside it, its own names and store), side by
+//!    side; 1000 s puts the renewal (a third of the lifetime before
+//!    notAfter) past the 10-minute restart interval of the first
+//!    certificate's restart;
+//! 6. one more name in the `san` set -> issued -> every proxy serves it
 //!    (`SBMESH_BENCH_NEW_NAME=0` leaves it out: with `apply: restart` it
 //!    waits out the 10-minute restart interval).
 //!
 //! Needs the cluster and the cluster-scope operator:
 //!
 //! ```text
-//! scripts/cluster up && SBMESH_CLUSTER_PROFILE=debug scripts/cluster images
+//! SBMESH_CLUSTER_CERT_VALIDITY_SECS=1000 scripts/cluster up
+//! SBMESH_CLUSTER_PROFILE=debug scripts/cluster images
 //! eval "$(scripts/cluster env)" && export SBMESH_TEST_KUBECONFIG=$KUBECONFIG
 //! target/debug/sbmesh-operator install --rbac-scope cluster | kubectl apply -f -
 //! cargo bench --profile dev -p sbmesh-operator --bench cluster_timeline
@@ -40,11 +49,41 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cluster::{
     Cluster, Namespace, acme_manifest, add_a, curl, invalid_authorizations, issued, pebble_root,
-    pod_ip, serves_tls, sidecar_status, wait_for,
+    pod_ip, served_serial, serves_tls, sidecar_status, wait_every, wait_for,
 };
 use serde_json::Value;
 
 const NAMES: [&str; 3] = ["a.bench.test", "b.bench.test", "c.bench.test"];
+
+/// One SBProxy `demo` of the bench: its names, its Redis database, and how
+/// its sidecars apply a new certificate.
+struct Fleet {
+    names: &'static [&'static str],
+    db: u8,
+    apply: &'static str,
+}
+
+/// The fleet every step runs on.
+const MAIN: Fleet = Fleet {
+    names: &NAMES,
+    db: 2,
+    apply: "restart",
+};
+
+/// The second fleet of the renewal step, beside the first: names of its
+/// own (Pebble's DNS points each name at one Service).
+const RELOAD: Fleet = Fleet {
+    names: &[
+        "a.reload.bench.test",
+        "b.reload.bench.test",
+        "c.reload.bench.test",
+    ],
+    db: 3,
+    apply: "reload",
+};
+
+/// Certificates living less than this are renewed within a run.
+const SHORT_LIVED: Duration = Duration::from_secs(1800);
 const ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
 
 fn unix_ms() -> f64 {
@@ -96,7 +135,7 @@ fn main() {
         // One name: each deploy waits until the one before is gone (its
         // pods would otherwise still write to the same store).
         let ns = Namespace::new(&c, "bench-deploy", &[]);
-        let (_, served_after_ready) = deploy(&c, &ns);
+        let (_, served_after_ready) = deploy(&c, &ns, &MAIN);
         after_ready.push(served_after_ready);
     }
     let _ = c.kubectl(&[
@@ -108,7 +147,7 @@ fn main() {
         "--timeout=120s",
     ]);
     let ns = Namespace::new(&c, "bench-timeline", &[]);
-    let (manifest, served_after_ready) = deploy(&c, &ns);
+    let (manifest, served_after_ready) = deploy(&c, &ns, &MAIN);
     after_ready.push(served_after_ready);
     if deploys > 1 {
         after_ready.sort_by(f64::total_cmp);
@@ -122,6 +161,13 @@ fn main() {
     let ip = ns.cluster_ip("demo-svc");
     let root = pebble_root(&c);
     rss(&c, &ns);
+    let lifetime = expires_in(&ns);
+    let reload = (lifetime < SHORT_LIVED).then(|| {
+        println!("\nthe second fleet, apply: reload, for the renewal step");
+        let reload = Namespace::new(&c, "bench-reload", &[]);
+        deploy(&c, &reload, &RELOAD);
+        reload
+    });
 
     let mut current = manifest;
     let mut body = NAMES[0].to_string();
@@ -130,6 +176,16 @@ fn main() {
     let rows = anchor_edits(&c, &ns, anchor, &mut body);
     report_edits("the anchors' way: kubelet only", &rows);
     scale_up(&c, &ns, &root);
+    match &reload {
+        Some(reload) => std::thread::scope(|s| {
+            s.spawn(|| renewal(&ns, &MAIN, Duration::from_secs(300)));
+            s.spawn(|| renewal(reload, &RELOAD, Duration::from_secs(60)));
+        }),
+        None => println!(
+            "\nrenewal: skipped, the certificate expires in {} s; start the cluster with SBMESH_CLUSTER_CERT_VALIDITY_SECS=1000 for it",
+            lifetime.as_secs()
+        ),
+    }
     if env_count("SBMESH_BENCH_NEW_NAME", 1) > 0 {
         new_name(&c, &ns, &root, &ip, current);
     }
@@ -138,14 +194,19 @@ fn main() {
 /// One fresh deploy in `ns`, from `kubectl apply` to every proxy serving
 /// the CA's certificate, printed; the manifest and how long after the last
 /// pod's first Ready every proxy served the certificate (s).
-fn deploy(c: &Cluster, ns: &Namespace) -> (String, f64) {
+fn deploy(c: &Cluster, ns: &Namespace, fleet: &Fleet) -> (String, f64) {
     let invalid_before = invalid_authorizations(c);
     let issued_before = issued(c);
     let t0 = Instant::now();
-    let manifest = acme_manifest(c, &ns.name, &NAMES, 2);
+    let manifest = acme_manifest(c, &ns.name, fleet.names, fleet.db);
+    let manifest = manifest.replacen("apply: restart", &format!("apply: {}", fleet.apply), 1);
+    assert!(
+        manifest.contains(&format!("apply: {}", fleet.apply)),
+        "acme_manifest has no apply line"
+    );
     c.apply(&manifest);
     let ip = ns.wait_cluster_ip("demo-svc");
-    for name in NAMES {
+    for name in fleet.names {
         add_a(c, name, &ip);
     }
     let root = pebble_root(c);
@@ -173,7 +234,7 @@ fn deploy(c: &Cluster, ns: &Namespace) -> (String, f64) {
             }
         }
         let _stop = Stop(&sampling);
-        first_certificate(ns, &root, t0)
+        first_certificate(ns, &root, t0, fleet)
     });
     let first_ready = first_ready.into_inner().unwrap();
     let last_ready = first_ready.values().max().copied().unwrap_or_default();
@@ -190,8 +251,13 @@ fn deploy(c: &Cluster, ns: &Namespace) -> (String, f64) {
         "apply -> mesh formed           {:6.1} s",
         mesh.as_secs_f64()
     );
+    let what = if fleet.apply == "reload" {
+        "every sidecar wrote it"
+    } else {
+        "every proxy serves it"
+    };
     println!(
-        "apply -> every proxy serves it {:6.1} s = the last pod's first Ready + {:.1} s",
+        "apply -> {what} {:6.1} s = the last pod's first Ready + {:.1} s",
         served.as_secs_f64(),
         (served.saturating_sub(last_ready)).as_secs_f64()
     );
@@ -205,7 +271,17 @@ fn deploy(c: &Cluster, ns: &Namespace) -> (String, f64) {
 
 /// apply -> 3 pods Ready -> mesh formed -> every proxy serving the CA's
 /// certificate, each from `t0`.
-fn first_certificate(ns: &Namespace, root: &str, t0: Instant) -> (Duration, Duration, Duration) {
+///
+/// With `apply: reload`, every sidecar writing it instead: sbproxy 1.13
+/// reads its certificate file only at start-up, so a proxy that started on
+/// the placeholder keeps serving that (counted and printed).
+fn first_certificate(
+    ns: &Namespace,
+    root: &str,
+    t0: Instant,
+    fleet: &Fleet,
+) -> (Duration, Duration, Duration) {
+    let names = fleet.names;
     let pods = ns.ready_pods("demo", 3);
     let ready = t0.elapsed();
     wait_for("the mesh formed", Duration::from_secs(120), || {
@@ -217,6 +293,23 @@ fn first_certificate(ns: &Namespace, root: &str, t0: Instant) -> (Duration, Dura
             .then_some(())
     });
     let mesh = t0.elapsed();
+    if fleet.apply == "reload" {
+        wait_for(
+            "every sidecar writing Pebble's certificate",
+            Duration::from_secs(300),
+            || pods.iter().all(|p| !written(p).is_empty()).then_some(()),
+        );
+        let written = t0.elapsed();
+        let serving = pods
+            .iter()
+            .filter(|p| names.iter().all(|n| serves_tls(root, n, &pod_ip(p), 8443)))
+            .count();
+        println!(
+            "apply: reload, every sidecar wrote the certificate; proxies serving it: {serving} of {}",
+            pods.len()
+        );
+        return (ready, mesh, written);
+    }
     wait_for(
         "every proxy serving Pebble's certificate",
         Duration::from_secs(300),
@@ -225,7 +318,7 @@ fn first_certificate(ns: &Namespace, root: &str, t0: Instant) -> (Duration, Dura
             (pods.len() == 3
                 && pods.iter().all(|p| {
                     cluster::pod_ready(p)
-                        && NAMES.iter().all(|n| serves_tls(root, n, &pod_ip(p), 8443))
+                        && names.iter().all(|n| serves_tls(root, n, &pod_ip(p), 8443))
                 }))
             .then_some(())
         },
@@ -556,5 +649,107 @@ fn new_name(c: &Cluster, ns: &Namespace, root: &str, ip: &str, current: String) 
         "\nnew certificate ({name} added): apply -> issued {:.1} s, issued -> every proxy serves it {:.1} s",
         (issued - applied).as_secs_f64(),
         (served - issued).as_secs_f64()
+    );
+}
+
+/// The certificates a pod's sidecar reports for its own node: (serial
+/// without leading zeros, notAfter) of each one the CA issued.
+fn written(pod: &Value) -> Vec<(String, u64)> {
+    let Some(status) = sidecar_status(&pod_ip(pod), ADMIN) else {
+        return Vec::new();
+    };
+    status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["local"] == true)
+        .flat_map(|n| n["certificates"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["placeholder"] != true)
+        .map(|c| {
+            (
+                c["serial"]
+                    .as_str()
+                    .unwrap_or("")
+                    .trim_start_matches('0')
+                    .to_string(),
+                c["not_after_unix"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// How long until the first pod's certificate expires.
+fn expires_in(ns: &Namespace) -> Duration {
+    let pods = ns.proxy_pods("demo");
+    let not_after = pods
+        .first()
+        .and_then(|p| written(p).first().map(|(_, t)| *t))
+        .expect("a written certificate");
+    Duration::from_secs(not_after.saturating_sub(unix_ms() as u64 / 1000))
+}
+
+/// The certificate renewed -> every sidecar wrote it -> every proxy serves
+/// it (each pod's TLS port sampled every 200 ms, for at most
+/// `served_limit` after the last write), with the proxy restarts it took.
+fn renewal(ns: &Namespace, fleet: &Fleet, served_limit: Duration) {
+    let pods = ns.proxy_pods("demo");
+    let name = fleet.names[0];
+    let (old, _) = written(&pods[0])
+        .into_iter()
+        .next()
+        .expect("a written certificate");
+    let restarts_before = restarts(ns);
+    let due = expires_in(ns);
+    let (new, issued) = wait_every(
+        &format!("the renewed certificate of {}", ns.name),
+        due + Duration::from_secs(120),
+        Duration::from_millis(200),
+        || {
+            pods.iter()
+                .flat_map(written)
+                .find(|(serial, _)| *serial != old)
+                .map(|(serial, _)| (serial, Instant::now()))
+        },
+    );
+    let all_written = wait_every(
+        &format!(
+            "every sidecar of {} writing the renewed certificate",
+            ns.name
+        ),
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            pods.iter()
+                .all(|p| written(p).iter().any(|(s, _)| *s == new))
+                .then(Instant::now)
+        },
+    );
+    let mut serving = 0;
+    let mut served = None;
+    while all_written.elapsed() < served_limit {
+        let pods = ns.proxy_pods("demo");
+        serving = pods
+            .iter()
+            .filter(|p| served_serial(name, &pod_ip(p), 8443).as_deref() == Some(new.as_str()))
+            .count();
+        if serving == pods.len() {
+            served = Some(Instant::now());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let served = match served {
+        Some(t) => format!("every proxy serves it {:.1} s", (t - issued).as_secs_f64()),
+        None => format!(
+            "{serving} of {} proxies serve it {} s after the last write",
+            pods.len(),
+            served_limit.as_secs()
+        ),
+    };
+    println!(
+        "\nrenewal, apply: {}: issued -> every sidecar wrote it {:.1} s, {served}; proxy restarts: {}",
+        fleet.apply,
+        (all_written - issued).as_secs_f64(),
+        restarts(ns) - restarts_before
     );
 }

@@ -6,15 +6,22 @@
 //! `sbmesh-sidecar` (an older injection, or a hand-written sidecar among
 //! the containers) is replaced, in place when it is already an
 //! initContainer.
+//!
+//! When `sb.yml` comes from a ConfigMap volume, the pod template is
+//! labelled with the ConfigMap's name ([`CONFIG_MAP_LABEL`]): the operator,
+//! when it runs, then tells each such pod of an edit of that ConfigMap at
+//! once ([`crate::injected`]).
 
 use std::process::ExitCode;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{PodSpec, VolumeMount};
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, VolumeMount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::cli::InjectArgs;
+use crate::injected::CONFIG_MAP_LABEL;
 use crate::render::{self, MeshSettings, SidecarSettings};
 
 /// Kinds `inject` accepts.
@@ -83,24 +90,24 @@ pub fn inject(manifest: &Value, opts: &InjectOptions) -> Result<Value, InjectErr
         "StatefulSet" => {
             let mut sts: StatefulSet = serde_json::from_value(manifest.clone()).map_err(invalid)?;
             let name = sts.name_any();
-            let pod = sts
+            let template = sts
                 .spec
                 .as_mut()
-                .and_then(|s| s.template.spec.as_mut())
+                .map(|s| &mut s.template)
                 .ok_or_else(|| InjectError::NoPodSpec(kind.to_string()))?;
-            inject_pod(pod, &name, opts)?;
+            inject_template(template, kind, &name, opts)?;
             Ok(serde_json::to_value(&sts).unwrap_or(Value::Null))
         }
         "Deployment" => {
             let mut deploy: Deployment =
                 serde_json::from_value(manifest.clone()).map_err(invalid)?;
             let name = deploy.name_any();
-            let pod = deploy
+            let template = deploy
                 .spec
                 .as_mut()
-                .and_then(|s| s.template.spec.as_mut())
+                .map(|s| &mut s.template)
                 .ok_or_else(|| InjectError::NoPodSpec(kind.to_string()))?;
-            inject_pod(pod, &name, opts)?;
+            inject_template(template, kind, &name, opts)?;
             Ok(serde_json::to_value(&deploy).unwrap_or(Value::Null))
         }
         other => Err(InjectError::Kind(other.to_string())),
@@ -115,11 +122,40 @@ fn mounted_at<'a>(pod: &'a PodSpec, path: &str) -> Option<&'a VolumeMount> {
         .find(|m| m.mount_path.trim_end_matches('/') == path)
 }
 
-fn inject_pod(pod: &mut PodSpec, workload: &str, opts: &InjectOptions) -> Result<(), InjectError> {
+/// The longest label value Kubernetes accepts.
+const LABEL_VALUE_MAX: usize = 63;
+
+fn inject_template(
+    template: &mut PodTemplateSpec,
+    kind: &str,
+    workload: &str,
+    opts: &InjectOptions,
+) -> Result<(), InjectError> {
+    let PodTemplateSpec { metadata, spec } = template;
+    let pod = spec
+        .as_mut()
+        .ok_or_else(|| InjectError::NoPodSpec(kind.to_string()))?;
     // The sidecar reads the config the proxy reads: the same volume.
     let config_volume = mounted_at(pod, render::CONFIG_DIR)
         .map(|m| m.name.clone())
         .ok_or(InjectError::NoConfigMount)?;
+    let config_map = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == config_volume)
+        .and_then(|v| v.config_map.as_ref())
+        .map(|c| c.name.clone())
+        .filter(|name| !name.is_empty() && name.len() <= LABEL_VALUE_MAX);
+    // What the operator's config nudge finds the pods by.
+    let labels = metadata
+        .get_or_insert_with(ObjectMeta::default)
+        .labels
+        .get_or_insert_with(Default::default);
+    match config_map {
+        Some(name) => labels.insert(CONFIG_MAP_LABEL.to_string(), name),
+        None => labels.remove(CONFIG_MAP_LABEL),
+    };
     // Certificates go where the proxy reads them: a volume already mounted
     // at /var/lib/sbproxy, else a new shared emptyDir in every container.
     let data_volume = match mounted_at(pod, render::DATA_DIR) {

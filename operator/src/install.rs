@@ -73,8 +73,15 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     },
     Rule {
         api_group: "",
-        resources: &["services", "configmaps"],
+        resources: &["services"],
         verbs: &["list", "watch", "create", "patch"],
+    },
+    // The ConfigMaps of injected pods are read by name (their
+    // resourceVersion) and watched with every other ConfigMap of the scope.
+    Rule {
+        api_group: "",
+        resources: &["configmaps"],
+        verbs: &["get", "list", "watch", "create", "patch"],
     },
     Rule {
         api_group: "policy",
@@ -87,12 +94,13 @@ pub const CONTROLLER_RULES: &[Rule] = &[
         verbs: &["get", "list", "watch", "create", "patch", "delete"],
     },
     // A config edit reaches the pods at once: each pod of the SBProxy is
-    // annotated with the config's hash, which makes its kubelet sync the
+    // annotated with the config's hash (each injected pod with its
+    // ConfigMap's version, watched), which makes its kubelet sync the
     // ConfigMap volume now instead of at its next periodic sync.
     Rule {
         api_group: "",
         resources: &["pods"],
-        verbs: &["list", "patch"],
+        verbs: &["list", "watch", "patch"],
     },
     // prometheus-operator's kind, which may not be served: applied and
     // removed by name, never watched.

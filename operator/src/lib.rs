@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod crd;
 pub mod inject;
+pub mod injected;
 pub mod install;
 pub mod leader;
 pub mod podmonitor;

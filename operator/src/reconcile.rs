@@ -221,7 +221,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    fn api<K>(&self, client: &Client) -> Api<K>
+    pub(crate) fn api<K>(&self, client: &Client) -> Api<K>
     where
         K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
         K::DynamicType: Default,

@@ -189,15 +189,16 @@ async fn lead_and_reconcile(
         metrics.clone(),
         reconcile::reporter(Some(plan.identity)),
     ));
-    let trigger = {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(Option::is_some).await;
-        }
+    let trigger = |mut rx: watch::Receiver<Option<Stop>>| async move {
+        let _ = rx.wait_for(Option::is_some).await;
     };
     info!(scope = ?plan.scope, "starting the controller");
     let running = ctx.clone();
-    let controller = reconcile::run(ctx, plan.scope, trigger);
+    let injected = crate::injected::run(ctx.clone(), plan.scope.clone(), trigger(stop_rx.clone()));
+    let controller = reconcile::run(ctx, plan.scope, trigger(stop_rx.clone()));
+    let controller = async move {
+        futures::join!(controller, injected);
+    };
     tokio::pin!(controller);
     let grace = plan.grace;
     let mut stopped = stop_rx.clone();

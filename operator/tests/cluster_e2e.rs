@@ -799,3 +799,125 @@ fn an_unanswered_challenge_waits_with_a_reason_and_completes_once_the_service_is
         },
     );
 }
+
+/// A StatefulSet of the user's own, given the sidecar by `inject`: an edit
+/// of the ConfigMap it reads reaches every proxy without a restart, and the
+/// operator told each pod of the ConfigMap's new version (the pod update
+/// that makes its kubelet write the volume at once, not at its next
+/// periodic sync).
+#[test]
+fn an_edit_of_an_injected_workloads_configmap_reaches_its_pods_through_the_operator() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let ns = Namespace::new(&c, "e2e-inject", &[]);
+    let config_map = |body: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{ name: edge-config, namespace: {ns} }}
+data:
+  sb.yml: |
+    proxy:
+      admin: {{ enabled: true, port: 9090, username: admin, password: secret }}
+    origins:
+      "edge.example.com":
+        action: {{ type: static, status_code: 200, body: "{body}\n" }}
+"#,
+            ns = ns.name
+        )
+    };
+    let workload = format!(
+        r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata: {{ name: edge, namespace: {ns} }}
+spec:
+  replicas: 2
+  serviceName: edge-mesh
+  selector:
+    matchLabels: {{ app: edge }}
+  template:
+    metadata:
+      labels: {{ app: edge }}
+    spec:
+      securityContext: {{ runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, fsGroup: 65532 }}
+      containers:
+      - name: proxy
+        image: soapbucket/sbproxy:1.13.0
+        ports:
+        - {{ name: http, containerPort: 8080 }}
+        volumeMounts:
+        - {{ name: config, mountPath: /etc/sbproxy, readOnly: true }}
+      volumes:
+      - name: config
+        configMap: {{ name: edge-config }}
+"#,
+        ns = ns.name
+    );
+    let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-inject.yaml");
+    std::fs::write(&file, workload).expect("writing the workload");
+    let injected = cluster::operator(&["inject", "-f", &file.display().to_string()]);
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        injected.contains("sbproxy.dev/config-map: edge-config"),
+        "inject labels the pods with their ConfigMap:\n{injected}"
+    );
+    c.apply(&config_map("v1"));
+    c.apply(&injected);
+    let pods = wait_for("2 Ready pods of edge", Duration::from_secs(240), || {
+        let pods: Vec<Value> = ns.get(&["pods", "-l", "app=edge"])?["items"]
+            .as_array()?
+            .clone();
+        (pods.len() == 2 && pods.iter().all(cluster::pod_ready)).then_some(pods)
+    });
+    let before = identities(&pods);
+    let urls: Vec<String> = pods
+        .iter()
+        .map(|p| format!("http://{}:8080/", pod_ip(p)))
+        .collect();
+    for url in &urls {
+        wait_for_answer(url, "edge.example.com", "v1\n", Duration::from_secs(60));
+    }
+
+    let start = Instant::now();
+    c.apply(&config_map("v2"));
+    for url in &urls {
+        wait_for_answer(url, "edge.example.com", "v2\n", Duration::from_secs(180));
+    }
+    eprintln!(
+        "ConfigMap edit -> every injected proxy: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    let version = ns
+        .get(&["configmap", "edge-config"])
+        .and_then(|m| {
+            m["metadata"]["resourceVersion"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("the ConfigMap's resourceVersion");
+    wait_for(
+        "every injected pod annotated with the ConfigMap's new version",
+        Duration::from_secs(30),
+        || {
+            let pods = ns.get(&["pods", "-l", "app=edge"])?;
+            pods["items"]
+                .as_array()?
+                .iter()
+                .all(|p| {
+                    p["metadata"]["annotations"]["sbproxy.dev/config-map-version"]
+                        == version.as_str()
+                })
+                .then_some(())
+        },
+    );
+    let after = identities(
+        &ns.get(&["pods", "-l", "app=edge"]).expect("pods")["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    assert_eq!(
+        before, after,
+        "the same pods (by UID), no container restarted"
+    );
+}

@@ -99,6 +99,36 @@ fn a_statefulset_gets_the_native_sidecar_and_the_shared_volume() {
 }
 
 #[test]
+fn the_pods_are_labelled_with_the_configmap_they_read() {
+    let sts = example("inject-statefulset.yaml");
+    let labels = |m: &Value| m["spec"]["template"]["metadata"]["labels"].clone();
+    let out = inject::inject(&sts, &opts(None)).unwrap();
+    assert_eq!(labels(&out)["sbproxy.dev/config-map"], "edge-config");
+    // The workload's own labels stay (the selector still matches).
+    assert_eq!(
+        labels(&out)["app"],
+        sts["spec"]["template"]["metadata"]["labels"]["app"]
+    );
+    // Not a ConfigMap volume (or a name too long for a label): no label,
+    // and one left from an earlier injection goes.
+    let mut projected = out.clone();
+    projected["spec"]["template"]["spec"]["volumes"][0] = json!({
+        "name": "config",
+        "projected": { "sources": [{ "configMap": { "name": "edge-config" } }] }
+    });
+    let again = inject::inject(&projected, &opts(None)).unwrap();
+    assert!(
+        labels(&again).get("sbproxy.dev/config-map").is_none(),
+        "{}",
+        labels(&again)
+    );
+    let mut long = sts.clone();
+    long["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] = "c".repeat(64).into();
+    let out = inject::inject(&long, &opts(None)).unwrap();
+    assert!(labels(&out).get("sbproxy.dev/config-map").is_none());
+}
+
+#[test]
 fn the_injected_sidecar_is_the_rendered_one() {
     // Same settings on both sides: cluster id, mesh, ports, image.
     let rendered = fx::render_scenario("three-replicas-clustered");

@@ -446,6 +446,21 @@ fn resolve_proxy(
     } else {
         args.watch_tls.clone()
     };
+    if node.proxy.cert_apply == CertApply::Reload
+        && node.config.acme().is_some()
+        && node.config.proxy.tls_cert_file.is_some()
+    {
+        r.problems.push(Problem::warning(
+            flags::PROXY_CERT_APPLY.flag(),
+            format!(
+                "new certificates are applied by the reload POST, and sbproxy 1.13 reads \
+                 proxy.tls_cert_file only at start-up: a renewed certificate would be served only \
+                 after the proxy's next restart, the old one until it expires; set \
+                 proxy.extensions.sbmesh.acme.apply: restart (or {} restart)",
+                flags::PROXY_CERT_APPLY.flag(),
+            ),
+        ));
+    }
     if node.proxy.cert_apply == CertApply::Restart
         && args.proxy_health_url.is_none()
         && (r.env)(flags::PROXY_HEALTH_URL.env).is_none()
@@ -950,7 +965,7 @@ origins: { api.example.com: {} }
     fn san_warns_when_the_proxy_reads_another_pair() {
         let yml = |crt: &str, key: &str| {
             format!(
-                "proxy:\n  https_bind_port: 8443\n  tls_cert_file: {crt}\n  tls_key_file: {key}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, storage_backend: memory, certificates: san }}\n"
+                "proxy:\n  https_bind_port: 8443\n  tls_cert_file: {crt}\n  tls_key_file: {key}\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, storage_backend: memory, certificates: san, apply: none }}\n"
             )
         };
         let ours = Case::new(&yml("/certs/tls.crt", "/certs/tls.key"))
@@ -963,6 +978,50 @@ origins: { api.example.com: {} }
         let paths: Vec<&str> = other.warnings.iter().map(|w| w.path.as_str()).collect();
         assert_eq!(paths, ["proxy.tls_cert_file"]);
         assert!(other.warnings[0].message.contains("/certs/tls.crt"));
+    }
+
+    #[test]
+    fn a_reload_that_cannot_serve_a_certificate_file_is_a_warning() {
+        let yml = |apply: &str| {
+            format!(
+                "proxy:\n  admin: {{ enabled: true, username: a, password: a-long-secret }}\n  https_bind_port: 8443\n  tls_cert_file: /certs/tls.crt\n  tls_key_file: /certs/tls.key\n  extensions:\n    sbmesh:\n      acme: {{ enabled: true, storage_backend: memory, certificates: san{apply} }}\n"
+            )
+        };
+        let cert_dir = |c: Case| c.env("SBMESH_CERT_DIR", "/certs").ok();
+        for (apply, flag) in [
+            ("", None),
+            (", apply: reload", None),
+            (", apply: restart", Some("reload")),
+        ] {
+            let mut case = Case::new(&yml(apply));
+            if let Some(flag) = flag {
+                case = case.env("SBMESH_PROXY_CERT_APPLY", flag);
+            }
+            let s = cert_dir(case);
+            let paths: Vec<&str> = s.warnings.iter().map(|w| w.path.as_str()).collect();
+            assert_eq!(paths, ["--proxy-cert-apply"], "{apply} {flag:?}");
+            assert!(
+                s.warnings[0].message.contains("acme.apply: restart"),
+                "{}",
+                s.warnings[0].message
+            );
+        }
+        // restart, files only, or no certificate file: nothing to say
+        for (apply, file) in [
+            (", apply: restart", true),
+            (", apply: none", true),
+            ("", false),
+        ] {
+            let mut text = yml(apply);
+            if !file {
+                text = text.replace(
+                    "  tls_cert_file: /certs/tls.crt\n  tls_key_file: /certs/tls.key\n",
+                    "",
+                );
+            }
+            let s = cert_dir(Case::new(&text));
+            assert!(s.warnings.is_empty(), "{apply} {file}: {:?}", s.warnings);
+        }
     }
 
     #[test]

@@ -515,7 +515,10 @@ impl Machine {
                     self.alive = alive;
                     self.view_changed = now.mono;
                 }
-                self.has_peers = has_peers;
+                if has_peers != self.has_peers {
+                    self.has_peers = has_peers;
+                    self.status_dirty = true;
+                }
                 self.skew_isolated = skew_isolated;
             }
             Input::PeerCerts(certs) => self.peer_certs(&certs),
@@ -576,12 +579,19 @@ impl Machine {
 
     /// Whether every unit's store record was read once and what it held
     /// is written for the proxy (a proxy started now gets every stored
-    /// certificate). What changes it marks the status dirty: a unit added
-    /// (config change), its first read, an install's end.
+    /// certificate), and, when this node has peers, every unit has the
+    /// CA's certificate on disk: a peer is most likely ordering what the
+    /// store lacks (a fleet's first pods start one after another), and a
+    /// proxy that starts on the placeholder is restarted seconds later.
+    /// `/startupz` bounds the wait. What changes it marks the status dirty:
+    /// a unit added (config change), its first read, an install's end, the
+    /// node's first or last peer.
     fn settled(&self) -> bool {
-        self.units
-            .values()
-            .all(|s| s.view.checked && s.installing == 0)
+        self.units.values().all(|s| {
+            s.view.checked
+                && s.installing == 0
+                && (!self.has_peers || s.local.as_ref().is_some_and(|l| l.is_real_for(&s.unit)))
+        })
     }
 
     /// The status of what is on disk now.
@@ -1335,14 +1345,16 @@ mod tests {
         assert!(rig.machine.status().waiting.is_empty());
     }
 
+    /// `settled` of the status these actions publish, if they publish one.
+    fn published(actions: &[Action]) -> Option<bool> {
+        actions.iter().find_map(|a| match a {
+            Action::PublishStatus(s) => Some(s.settled),
+            _ => None,
+        })
+    }
+
     #[test]
     fn the_status_says_settled_once_every_record_was_read_and_written() {
-        let published = |actions: &[Action]| {
-            actions.iter().find_map(|a| match a {
-                Action::PublishStatus(s) => Some(s.settled),
-                _ => None,
-            })
-        };
         // Nothing stored: settled at its first read, published at once.
         let mut rig = Rig::new("a", &["a.example.com"]);
         assert!(!rig.machine.status().settled, "nothing read yet");
@@ -1382,6 +1394,54 @@ mod tests {
             result: Ok((written, true)),
         });
         assert_eq!(published(&rig.step(Input::Tick)), Some(true));
+    }
+
+    #[test]
+    fn with_peers_a_unit_without_the_cas_certificate_is_not_settled() {
+        // A fleet's second pod: a peer is ordering what the store lacks.
+        let mut rig = Rig::new("b", &["a.example.com"]);
+        rig.members(&["a", "b"], false);
+        assert_eq!(reads(&rig.step(Input::Tick)).len(), 1);
+        rig.step(Input::RecordRead {
+            id: "a.example.com".into(),
+            result: Ok(None),
+        });
+        assert_eq!(published(&rig.step(Input::Tick)), Some(false));
+        // The peer's certificate arrives and is written: settled.
+        let now = rig.clock.unix();
+        let install = rig.step(Input::RecordRead {
+            id: "a.example.com".into(),
+            result: Ok(Some(record("a.example.com", "0a", now, now + 90 * DAY))),
+        });
+        assert!(
+            install.iter().any(|a| matches!(a, Action::InstallRecord { .. })),
+            "{install:?}"
+        );
+        rig.step(Input::Installed {
+            id: "a.example.com".into(),
+            result: Ok((
+                Local {
+                    names: vec!["a.example.com".into()],
+                    serial: "0a".into(),
+                    not_after_unix: now + 90 * DAY,
+                    placeholder: false,
+                },
+                true,
+            )),
+        });
+        assert_eq!(published(&rig.step(Input::Tick)), Some(true));
+
+        // Alone (a fleet's first pod), nothing stored: settled at its first
+        // read, and unsettled again when a peer appears.
+        let mut rig = Rig::new("a", &["a.example.com"]);
+        rig.step(Input::Tick);
+        rig.step(Input::RecordRead {
+            id: "a.example.com".into(),
+            result: Ok(None),
+        });
+        assert_eq!(published(&rig.step(Input::Tick)), Some(true));
+        rig.members(&["a", "b"], false);
+        assert_eq!(published(&rig.step(Input::Tick)), Some(false));
     }
 
     #[test]

@@ -229,8 +229,9 @@ pub struct AcmeStatus {
     /// Orders this node holds back until their challenge is answered.
     pub waiting: Vec<OrderWaiting>,
     /// Every unit's store record was read once and what it held is
-    /// written for the proxy: a proxy started now serves every stored
-    /// certificate (`/startupz`).
+    /// written for the proxy, and with peers every unit has the CA's
+    /// certificate: a proxy started now serves every stored certificate
+    /// and no placeholder a peer's order is about to replace (`/startupz`).
     #[serde(skip)]
     pub settled: bool,
 }

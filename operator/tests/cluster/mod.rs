@@ -500,6 +500,32 @@ pub fn serves_tls(root: &str, name: &str, ip: &str, port: u16) -> bool {
     .is_ok_and(|(code, _)| code == 200)
 }
 
+/// The serial (lowercase hex, no leading zeros) of the certificate served
+/// for SNI `name` at `ip:port`; `None` when no handshake completes within 2 s.
+pub fn served_serial(name: &str, ip: &str, port: u16) -> Option<String> {
+    let connect = format!("{ip}:{port}");
+    let pem = run(
+        Command::new("timeout").args([
+            "2",
+            "openssl",
+            "s_client",
+            "-connect",
+            &connect,
+            "-servername",
+            name,
+        ]),
+        Some(""),
+    )
+    .ok()?;
+    let serial = run(
+        Command::new("openssl").args(["x509", "-noout", "-serial"]),
+        Some(&pem),
+    )
+    .ok()?;
+    let hex = serial.trim().strip_prefix("serial=")?.to_ascii_lowercase();
+    Some(hex.trim_start_matches('0').to_string())
+}
+
 /// A pod's `Ready` condition is `True`.
 pub fn pod_ready(pod: &Value) -> bool {
     pod["status"]["conditions"].as_array().is_some_and(|cs| {
