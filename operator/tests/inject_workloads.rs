@@ -284,6 +284,10 @@ fn the_inject_command_prints_what_else_to_create() {
         stdout.contains("kubectl create secret generic edge-cluster-key"),
         "{stdout}"
     );
+    assert!(
+        stdout.contains("# The pods are labelled sbproxy.dev/config-map: edge-config."),
+        "{stdout}"
+    );
     let docs = fx::yaml_docs_of(&stdout);
     assert_eq!(docs.len(), 1);
     assert_eq!(docs[0]["kind"], "StatefulSet");
