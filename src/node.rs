@@ -1180,8 +1180,8 @@ fn certificates_written(
         (acme_on && !acme.borrow().settled && started.elapsed() < STARTUP_CERTIFICATES_WAIT).then(
             || {
                 format!(
-                    "certificates: the stored certificates are not written for the proxy yet \
-                     (waiting up to {} s)",
+                    "certificates: the stored certificates are not written for the proxy yet, \
+                     or (with peers) a certificate is not the CA's yet (waiting up to {} s)",
                     STARTUP_CERTIFICATES_WAIT.as_secs()
                 )
             },

@@ -17,15 +17,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tracing::{debug, warn};
 
-use crate::reconcile::{Context, Scope};
+use crate::reconcile::{Context, Scope, tell_pod};
 use crate::telemetry::NudgeResult;
 
 /// Pod label `inject` sets: the name of the ConfigMap that holds the pod's
@@ -95,9 +94,6 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, kube::Err
     let (Some(ns), Some(name)) = (pod.namespace(), pod.labels().get(CONFIG_MAP_LABEL)) else {
         return Ok(Action::await_change());
     };
-    if pod.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
     let config_maps = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
     let Some(version) = config_maps
         .get_metadata_opt(name)
@@ -107,27 +103,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, kube::Err
         // Created later: its creation triggers this again.
         return Ok(Action::await_change());
     };
-    if pod.annotations().get(CONFIG_VERSION_ANNOTATION) == Some(&version) {
-        return Ok(Action::await_change());
-    }
-    let patch = json!({ "metadata": { "annotations": { CONFIG_VERSION_ANNOTATION: version } } });
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
-    match pods
-        .patch_metadata(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => {
-            ctx.metrics.nudged(NudgeResult::patched);
-            debug!(pod = %format!("{ns}/{}", pod.name_any()), config_map = %name, %version, "pod told of its ConfigMap");
-            Ok(Action::await_change())
-        }
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Action::await_change()),
-        Err(e) => Err(e),
-    }
+    tell_pod(&ctx, &pods, pod.meta(), CONFIG_VERSION_ANNOTATION, &version).await?;
+    Ok(Action::await_change())
 }
 
 fn error_policy(pod: Arc<Pod>, error: &kube::Error, ctx: Arc<Context>) -> Action {

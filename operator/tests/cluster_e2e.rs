@@ -863,12 +863,7 @@ spec:
     );
     c.apply(&config_map("v1"));
     c.apply(&injected);
-    let pods = wait_for("2 Ready pods of edge", Duration::from_secs(240), || {
-        let pods: Vec<Value> = ns.get(&["pods", "-l", "app=edge"])?["items"]
-            .as_array()?
-            .clone();
-        (pods.len() == 2 && pods.iter().all(cluster::pod_ready)).then_some(pods)
-    });
+    let pods = ns.ready("app=edge", "the StatefulSet edge", 2);
     let before = identities(&pods);
     let urls: Vec<String> = pods
         .iter()
@@ -899,23 +894,16 @@ spec:
         "every injected pod annotated with the ConfigMap's new version",
         Duration::from_secs(30),
         || {
-            let pods = ns.get(&["pods", "-l", "app=edge"])?;
-            pods["items"]
-                .as_array()?
-                .iter()
-                .all(|p| {
+            let pods = ns.pods("app=edge");
+            (pods.len() == 2
+                && pods.iter().all(|p| {
                     p["metadata"]["annotations"]["sbproxy.dev/config-map-version"]
                         == version.as_str()
-                })
-                .then_some(())
+                }))
+            .then_some(())
         },
     );
-    let after = identities(
-        &ns.get(&["pods", "-l", "app=edge"]).expect("pods")["items"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default(),
-    );
+    let after = identities(&ns.pods("app=edge"));
     assert_eq!(
         before, after,
         "the same pods (by UID), no container restarted"

@@ -1345,6 +1345,32 @@ mod tests {
         assert!(rig.machine.status().waiting.is_empty());
     }
 
+    /// The store's record of `id` (serial `serial`, 90 days) read, and its
+    /// install for the proxy done.
+    fn read_and_install(rig: &mut Rig, id: &str, serial: &str) {
+        let now = rig.clock.unix();
+        let install = rig.step(Input::RecordRead {
+            id: id.into(),
+            result: Ok(Some(record(id, serial, now, now + 90 * DAY))),
+        });
+        assert!(
+            install.iter().any(|a| matches!(a, Action::InstallRecord { .. })),
+            "{install:?}"
+        );
+        rig.step(Input::Installed {
+            id: id.into(),
+            result: Ok((
+                Local {
+                    names: vec![id.into()],
+                    serial: serial.into(),
+                    not_after_unix: now + 90 * DAY,
+                    placeholder: false,
+                },
+                true,
+            )),
+        });
+    }
+
     /// `settled` of the status these actions publish, if they publish one.
     fn published(actions: &[Action]) -> Option<bool> {
         actions.iter().find_map(|a| match a {
@@ -1408,27 +1434,7 @@ mod tests {
         });
         assert_eq!(published(&rig.step(Input::Tick)), Some(false));
         // The peer's certificate arrives and is written: settled.
-        let now = rig.clock.unix();
-        let install = rig.step(Input::RecordRead {
-            id: "a.example.com".into(),
-            result: Ok(Some(record("a.example.com", "0a", now, now + 90 * DAY))),
-        });
-        assert!(
-            install.iter().any(|a| matches!(a, Action::InstallRecord { .. })),
-            "{install:?}"
-        );
-        rig.step(Input::Installed {
-            id: "a.example.com".into(),
-            result: Ok((
-                Local {
-                    names: vec!["a.example.com".into()],
-                    serial: "0a".into(),
-                    not_after_unix: now + 90 * DAY,
-                    placeholder: false,
-                },
-                true,
-            )),
-        });
+        read_and_install(&mut rig, "a.example.com", "0a");
         assert_eq!(published(&rig.step(Input::Tick)), Some(true));
 
         // Alone (a fleet's first pod), nothing stored: settled at its first

@@ -252,25 +252,39 @@ impl Namespace {
         self.cluster.get(&all)
     }
 
-    /// The pods of SBProxy `instance`, by name.
-    pub fn proxy_pods(&self, instance: &str) -> Vec<Value> {
-        let selector = format!("app.kubernetes.io/instance={instance}");
+    /// The pods `selector` (a label selector) selects, by name.
+    pub fn pods(&self, selector: &str) -> Vec<Value> {
         let mut pods: Vec<Value> = self
-            .get(&["pods", "-l", &selector])
+            .get(&["pods", "-l", selector])
             .and_then(|l| l["items"].as_array().cloned())
             .unwrap_or_default();
         pods.sort_by_key(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string());
         pods
     }
 
+    /// The pods of SBProxy `instance`, by name.
+    pub fn proxy_pods(&self, instance: &str) -> Vec<Value> {
+        self.pods(&format!("app.kubernetes.io/instance={instance}"))
+    }
+
     /// Waits until SBProxy `instance` has `n` pods, every one Ready, and
     /// returns them.
     pub fn ready_pods(&self, instance: &str, n: usize) -> Vec<Value> {
+        self.ready(
+            &format!("app.kubernetes.io/instance={instance}"),
+            &format!("SBProxy {}/{instance}", self.name),
+            n,
+        )
+    }
+
+    /// Waits until `selector` selects `n` pods, every one Ready (`what`
+    /// names them in the time-out's message), and returns them.
+    pub fn ready(&self, selector: &str, what: &str, n: usize) -> Vec<Value> {
         wait_for(
-            &format!("{n} Ready pods of SBProxy {}/{instance}", self.name),
+            &format!("{n} Ready pods of {what}"),
             Duration::from_secs(240),
             || {
-                let pods = self.proxy_pods(instance);
+                let pods = self.pods(selector);
                 (pods.len() == n && pods.iter().all(pod_ready)).then_some(pods)
             },
         )
