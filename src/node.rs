@@ -493,9 +493,9 @@ impl Node {
         let mesh_cfg = mesh_config(&cfg, keys);
         let mesh = Mesh::start(mesh_cfg, metrics.clone(), meta.clone()).await?;
 
-        let (store_rx, store_check) = probe_store(&cfg, &metrics, &mut follow_tasks, &stop_rx);
+        let (store_rx, store_checks) = probe_store(&cfg, &metrics, &mut follow_tasks, &stop_rx);
         let hand_off = HandOff::start(&cfg.proxy, reload_trigger, &metrics);
-        let mut readiness = vec![mesh_running(mesh.clone()), store_check];
+        let mut readiness = vec![mesh_running(mesh.clone()), store_checks.readiness];
         readiness.extend(hand_off.readiness(cfg.proxy.cert_apply));
         let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
         let startup = vec![certificates_written(
@@ -508,6 +508,7 @@ impl Node {
             metrics: metrics.clone(),
             auth: AdminAuth::new(cfg.admin_user.as_deref(), cfg.admin_password.as_deref()),
             readiness,
+            degraded: vec![store_checks.degraded],
             startup,
         };
 
@@ -966,7 +967,7 @@ fn probe_store(
     metrics: &Arc<Metrics>,
     tasks: &mut Vec<JoinHandle<()>>,
     stop: &watch::Receiver<bool>,
-) -> (watch::Receiver<Option<Arc<dyn Store>>>, ReadinessCheck) {
+) -> (watch::Receiver<Option<Arc<dyn Store>>>, StoreChecks) {
     let health = Arc::new(std::sync::Mutex::new(Some(
         "store: not probed yet".to_owned(),
     )));
@@ -995,7 +996,49 @@ fn probe_store(
             .map(|h| h.clone())
             .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
     });
-    (store_rx, check)
+    (store_rx, store_checks(check))
+}
+
+/// The store's probe as `/readyz` weighs it: a reason not to be ready
+/// until the store first answered (a pod that never reached its store has
+/// nothing to serve from it); after that, an outage is a degradation,
+/// said in `/readyz` and status but not failing it. Every replica shares
+/// the store: failing readiness would take the whole fleet out of its
+/// Services at once, for a fault no replica can mend, while the
+/// certificates already written keep being served.
+fn store_checks(probe: ReadinessCheck) -> StoreChecks {
+    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = answered.clone();
+    let until_answered = probe.clone();
+    StoreChecks {
+        readiness: Arc::new(move || {
+            if seen.load(std::sync::atomic::Ordering::Relaxed) {
+                return None;
+            }
+            let reason = until_answered();
+            if reason.is_none() {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            reason
+        }),
+        degraded: Arc::new(move || {
+            if !answered.load(std::sync::atomic::Ordering::Relaxed) {
+                return None;
+            }
+            probe().map(|r| {
+                format!(
+                    "{r} (certificates already written are still served; orders and renewals \
+                     wait for the store)"
+                )
+            })
+        }),
+    }
+}
+
+/// The store's two checks ([`store_checks`]).
+struct StoreChecks {
+    readiness: ReadinessCheck,
+    degraded: ReadinessCheck,
 }
 
 /// The certificate files of every unit `config` asks for, as they are in
@@ -1478,6 +1521,25 @@ mod tests {
 
     fn config() -> SbConfig {
         crate::config::parse(ORIGINS).expect("a valid sb.yml")
+    }
+
+    #[test]
+    fn a_store_outage_after_its_first_answer_degrades_and_does_not_unready() {
+        let probe = Arc::new(std::sync::Mutex::new(Some("store: refused".to_owned())));
+        let seen = probe.clone();
+        let checks = store_checks(Arc::new(move || seen.lock().unwrap().clone()));
+        // Never answered: not ready, nothing degraded.
+        assert_eq!((checks.readiness)().as_deref(), Some("store: refused"));
+        assert_eq!((checks.degraded)(), None);
+        // Answered once.
+        *probe.lock().unwrap() = None;
+        assert_eq!((checks.readiness)(), None);
+        assert_eq!((checks.degraded)(), None);
+        // Away again: ready still, and said.
+        *probe.lock().unwrap() = Some("store: timed out".to_owned());
+        assert_eq!((checks.readiness)(), None);
+        let said = (checks.degraded)().expect("a degradation");
+        assert!(said.starts_with("store: timed out ("), "{said}");
     }
 
     #[test]

@@ -655,23 +655,11 @@ fn new_name(c: &Cluster, ns: &Namespace, root: &str, ip: &str, current: String) 
 /// The certificates a pod's sidecar reports for its own node: (serial
 /// without leading zeros, notAfter) of each one the CA issued.
 fn written(pod: &Value) -> Vec<(String, u64)> {
-    let Some(status) = sidecar_status(&pod_ip(pod), ADMIN) else {
-        return Vec::new();
-    };
-    status["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["local"] == true)
-        .flat_map(|n| n["certificates"].as_array().cloned().unwrap_or_default())
-        .filter(|c| c["placeholder"] != true)
+    cluster::local_certificates(&pod_ip(pod))
+        .iter()
         .map(|c| {
             (
-                c["serial"]
-                    .as_str()
-                    .unwrap_or("")
-                    .trim_start_matches('0')
-                    .to_string(),
+                cluster::serial_of(c),
                 c["not_after_unix"].as_u64().unwrap_or(0),
             )
         })

@@ -251,6 +251,16 @@ pub fn render_status_table(status: &Value) -> String {
         }
     }
 
+    for reason in status
+        .get("degraded")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        let _ = writeln!(out, "degraded: {reason}");
+    }
+
     let nodes = status
         .get("nodes")
         .and_then(Value::as_array)
@@ -493,6 +503,17 @@ demo-proxy-2          10.0.0.7:7946  down     unhealthy  1            1h02m ago 
         doc["summary"]["config_hashes"] = json!({ "sha256:abc": 3 });
         let table = render_status_table(&doc);
         assert!(table.contains("\nconfig: abc on 3 nodes\n"), "{table}");
+    }
+
+    #[test]
+    fn a_degradation_is_said_under_the_header() {
+        let mut doc = example();
+        doc["degraded"] = json!(["store: redis: connection refused"]);
+        let table = render_status_table(&doc);
+        assert!(
+            table.contains("\ndegraded: store: redis: connection refused\n"),
+            "{table}"
+        );
     }
 
     #[test]

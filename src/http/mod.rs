@@ -39,6 +39,9 @@ pub(crate) struct AdminState {
     pub auth: AdminAuth,
     /// Conditions of `/readyz`, all of which must hold.
     pub readiness: Vec<ReadinessCheck>,
+    /// Conditions `/readyz` and status report without failing readiness
+    /// (a shared store's outage after it first answered).
+    pub degraded: Vec<ReadinessCheck>,
     /// Conditions of `/startupz`, all of which must hold.
     pub startup: Vec<ReadinessCheck>,
 }
@@ -47,6 +50,11 @@ impl AdminState {
     /// The reasons the node is not ready (empty when it is).
     pub(crate) fn not_ready_reasons(&self) -> Vec<String> {
         failing(&self.readiness)
+    }
+
+    /// What degrades the node without making it unready (empty when nothing).
+    pub(crate) fn degraded_reasons(&self) -> Vec<String> {
+        failing(&self.degraded)
     }
 }
 
@@ -100,7 +108,16 @@ pub(crate) fn admin_router(state: AdminState) -> Router {
 }
 
 async fn readyz(State(state): State<AdminState>) -> Response {
-    verdict(state.not_ready_reasons(), "ready", "ready")
+    let reasons = state.not_ready_reasons();
+    let degraded = state.degraded_reasons();
+    if reasons.is_empty() && !degraded.is_empty() {
+        return (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({ "ready": true, "degraded": degraded })),
+        )
+            .into_response();
+    }
+    verdict(reasons, "ready", "ready")
 }
 
 /// `200 started` once every start-up condition holds (the operator's
@@ -130,7 +147,19 @@ async fn metrics(State(state): State<AdminState>, headers: HeaderMap) -> Respons
 
 async fn cluster_status(State(state): State<AdminState>) -> Response {
     match state.mesh.status().await {
-        Some(status) => axum::Json(status).into_response(),
+        Some(status) => {
+            // The local node's degradations beside the mesh's view (not
+            // gossiped: each node says its own).
+            let degraded = state.degraded_reasons();
+            if degraded.is_empty() {
+                return axum::Json(status).into_response();
+            }
+            let mut body = serde_json::to_value(&status).unwrap_or_default();
+            if let Some(object) = body.as_object_mut() {
+                object.insert("degraded".to_owned(), serde_json::json!(degraded));
+            }
+            axum::Json(body).into_response()
+        }
         None => (StatusCode::SERVICE_UNAVAILABLE, "mesh stopped").into_response(),
     }
 }

@@ -950,3 +950,266 @@ pub fn redis_ping(host: &str, port: &str) -> Result<String, String> {
     )
     .map(|out| out.trim().to_string())
 }
+
+/// How many validations Pebble ran for `name` so far (its log's "Pulled a
+/// task" lines): with authorization reuse off, one per order that names it,
+/// so a count that does not move means no new order for `name`.
+pub fn validations_for(c: &Cluster, name: &str) -> usize {
+    pebble_log_lines(c, &format!("Value:\"{name}\"}}"))
+}
+
+/// The Admin credentials of [`acme_manifest`]'s config (the sidecar's admin
+/// API takes the proxy's).
+pub const ACME_ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
+
+/// A fleet of [`acme_manifest`]: SBProxy `demo`, 3 replicas, clustered, the
+/// sidecar's ACME on Redis database `db` with two names of its own
+/// (`a.NS.test`, `b.NS.test`), deployed and whole: the certificate issued
+/// once and served by every proxy. What a fleet-life scenario compares
+/// against afterwards: the serial, and Pebble's validations of the names.
+pub struct Fleet {
+    pub ns: Namespace,
+    pub names: Vec<String>,
+    pub root: PebbleRoot,
+    /// The ClusterIP of `demo-svc`, where Pebble validates.
+    pub service_ip: String,
+    /// The serial of the certificate every proxy serves.
+    pub serial: String,
+    /// The manifest applied.
+    pub manifest: String,
+    validations: usize,
+}
+
+impl Fleet {
+    /// Deploys the fleet in a new namespace `ns`, `edit` applied to the
+    /// manifest first (e.g. a clustering knob), and waits until it is whole.
+    pub fn deploy(c: &Cluster, ns: &str, db: u8, edit: impl FnOnce(String) -> String) -> Fleet {
+        let namespace = Namespace::new(c, ns, &[]);
+        let names: Vec<String> = ["a", "b"]
+            .iter()
+            .map(|p| format!("{p}.{ns}.test"))
+            .collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let manifest = edit(acme_manifest(c, ns, &refs, db));
+        // Pebble's log is the cluster's: an earlier run's orders for the
+        // same names are in it.
+        let earlier: usize = names.iter().map(|n| validations_for(c, n)).sum();
+        c.apply(&manifest);
+        let service_ip = namespace.wait_cluster_ip("demo-svc");
+        for name in &names {
+            add_a(c, name, &service_ip);
+        }
+        let root = pebble_root(c);
+        let mut fleet = Fleet {
+            ns: namespace,
+            names,
+            root,
+            service_ip,
+            serial: String::new(),
+            manifest,
+            validations: 0,
+        };
+        fleet.serial = wait_for(
+            "the fleet's first certificate served by a proxy",
+            Duration::from_secs(240),
+            || {
+                let pod = fleet.ns.proxy_pods("demo").into_iter().find(pod_ready)?;
+                let ip = pod_ip(&pod);
+                serves_tls(&fleet.root, &fleet.names[0], &ip, 8443)
+                    .then(|| served_serial(&fleet.names[0], &ip, 8443))?
+            },
+        );
+        fleet.whole(3);
+        fleet.validations = fleet.validations_now(c);
+        assert_eq!(
+            fleet.validations - earlier,
+            fleet.names.len(),
+            "one validation per name for the first certificate: more means a second order"
+        );
+        fleet
+    }
+
+    /// Waits until the fleet is whole with `n` replicas: `n` pods, every one
+    /// Ready; every sidecar sees `n` members alive and healthy (its
+    /// `total_nodes` and `healthy_nodes`), none of them listed twice; every
+    /// proxy serves the fleet's certificate (its serial) for every name,
+    /// through a TLS handshake that verifies against Pebble's root. Returns
+    /// the pods and how long it took.
+    pub fn whole(&self, n: usize) -> (Vec<Value>, Duration) {
+        let start = Instant::now();
+        let pods = wait_every(
+            &format!("the fleet whole with {n} replicas"),
+            Duration::from_secs(300),
+            Duration::from_millis(250),
+            || {
+                let pods = self.ns.proxy_pods("demo");
+                if pods.len() != n || !pods.iter().all(pod_ready) {
+                    return None;
+                }
+                for pod in &pods {
+                    let ip = pod_ip(pod);
+                    let s = sidecar_status(&ip, ACME_ADMIN)?;
+                    if s["summary"]["total_nodes"] != n || s["summary"]["healthy_nodes"] != n {
+                        return None;
+                    }
+                    let live: Vec<&str> = s["nodes"]
+                        .as_array()?
+                        .iter()
+                        .filter(|m| m["membership_state"] != "down")
+                        .filter_map(|m| m["node_id"].as_str())
+                        .collect();
+                    let distinct: std::collections::BTreeSet<&str> = live.iter().copied().collect();
+                    if distinct.len() != live.len() {
+                        return None;
+                    }
+                    for name in &self.names {
+                        if served_serial(name, &ip, 8443).as_deref() != Some(&self.serial) {
+                            return None;
+                        }
+                    }
+                }
+                Some(pods)
+            },
+        );
+        for pod in &pods {
+            for name in &self.names {
+                assert!(
+                    serves_tls(&self.root, name, &pod_ip(pod), 8443),
+                    "{} serves {name} with the serial {} but not verified by Pebble's root",
+                    pod["metadata"]["name"],
+                    self.serial
+                );
+            }
+        }
+        (pods, start.elapsed())
+    }
+
+    /// Pebble's validations of the fleet's names so far.
+    fn validations_now(&self, c: &Cluster) -> usize {
+        self.names.iter().map(|n| validations_for(c, n)).sum()
+    }
+
+    /// Orders the CA saw for the fleet's names since it was deployed (0:
+    /// every pod got the certificate from the store).
+    pub fn new_validations(&self, c: &Cluster) -> usize {
+        self.validations_now(c) - self.validations
+    }
+
+    /// `kubectl patch sbproxy demo --type=merge -p PATCH`.
+    pub fn patch(&self, patch: &str) {
+        self.ns
+            .kubectl(&["patch", "sbproxy", "demo", "--type=merge", "-p", patch])
+            .unwrap_or_else(|e| panic!("patching SBProxy demo with {patch}: {e}"));
+    }
+
+    /// The fleet's pods by name, with their UIDs and restart counts.
+    pub fn identities(&self) -> std::collections::BTreeMap<String, (String, Vec<(String, i64)>)> {
+        identities(&self.ns.proxy_pods("demo"))
+    }
+}
+
+/// A thread that calls a function every `period` until [`Sampler::finish`],
+/// keeping each answer with when it came: what a scenario asserts held at
+/// every moment (never two pods down, the mesh never split).
+pub struct Sampler<T: Send + 'static> {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<Vec<(Duration, T)>>>,
+}
+
+impl<T: Send + 'static> Sampler<T> {
+    pub fn start(period: Duration, mut f: impl FnMut() -> T + Send + 'static) -> Sampler<T> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let start = Instant::now();
+            let mut samples = Vec::new();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                samples.push((start.elapsed(), f()));
+                std::thread::sleep(period);
+            }
+            samples
+        });
+        Sampler {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops the thread and returns every sample.
+    pub fn finish(mut self) -> Vec<(Duration, T)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle
+            .take()
+            .expect("finished once")
+            .join()
+            .expect("the sampler panicked")
+    }
+}
+
+impl<T: Send + 'static> Drop for Sampler<T> {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How many of SBProxy `demo`'s pods in `ns` are Ready and not being
+/// deleted, and each such pod's IP.
+pub fn ready_ips(c: &Cluster, ns: &str) -> Vec<String> {
+    c.get(&["-n", ns, "pods", "-l", "app.kubernetes.io/instance=demo"])
+        .and_then(|l| l["items"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|p| pod_ready(p) && p["metadata"]["deletionTimestamp"].is_null())
+        .map(pod_ip)
+        .collect()
+}
+
+/// Gives the node's image `from` a second name `to` (`ctr images tag`), as
+/// a new tag of the same build would arrive: nothing is pulled.
+pub fn tag_image(c: &Cluster, from: &str, to: &str) {
+    ctr(c, &["images", "tag", "--force", from, to]);
+}
+
+/// Removes a name [`tag_image`] gave (the image stays under its own).
+pub fn untag_image(c: &Cluster, name: &str) {
+    if let Err(e) = try_ctr(c, &["images", "rm", name]) {
+        eprintln!("ctr images rm {name}: {e}");
+    }
+}
+
+/// `scripts/cluster restart PART...`: each part of the cluster (`etcd`,
+/// `kube-apiserver`, `redis`, …) stopped and started again with its state
+/// kept, one after the other; returns once the last answers.
+pub fn restart_parts(parts: &[&str]) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster");
+    run(
+        Command::new("bash").arg(&script).arg("restart").args(parts),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("scripts/cluster restart {}: {e}", parts.join(" ")));
+}
+
+/// The certificates the CA issued that a pod's sidecar (at `ip`) reports
+/// for its own node, as its status lists them (no placeholder).
+pub fn local_certificates(ip: &str) -> Vec<Value> {
+    let Some(status) = sidecar_status(ip, ACME_ADMIN) else {
+        return Vec::new();
+    };
+    status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["local"] == true)
+        .flat_map(|n| n["certificates"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["placeholder"] != true)
+        .collect()
+}
+
+/// A certificate's serial as status shows it, without leading zeros.
+pub fn serial_of(cert: &Value) -> String {
+    cert["serial"]
+        .as_str()
+        .unwrap_or("")
+        .trim_start_matches('0')
+        .to_ascii_lowercase()
+}

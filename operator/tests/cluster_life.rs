@@ -1,0 +1,893 @@
+//! A fleet's life on the real cluster: the events an operator of a fleet
+//! lives through, made by Kubernetes itself (the StatefulSet controller
+//! replacing pods, the kubelet swapping a Secret volume, the eviction API
+//! honouring the PodDisruptionBudget, the operator's watches against a
+//! user's edits). Each scenario runs on a 3-replica clustered SBProxy with
+//! the sidecar's ACME ([`Fleet`]: Redis, Pebble through the Service) and
+//! checks what a user would: the mesh formed, the certificate served by
+//! every proxy, no new order at the CA, no pod restarted that the scenario
+//! did not restart.
+//!
+//! Each prints how long the fleet took to be whole again ("whole again
+//! after"), the figures BENCHMARKS.md reports.
+
+mod cluster;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cluster::{
+    ACME_ADMIN, Cluster, Fleet, Namespace, Sampler, metric, pod_ip, ready_ips, sidecar_status,
+    wait_for,
+};
+use serde_json::Value;
+
+/// The fleet's pod names, in order.
+fn names_of(pods: &[Value]) -> Vec<String> {
+    pods.iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// A member as one sidecar's status lists it.
+#[derive(Debug, PartialEq)]
+struct Member {
+    state: String,
+    address: String,
+    incarnation: u64,
+}
+
+impl std::fmt::Display for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} #{}", self.state, self.address, self.incarnation)
+    }
+}
+
+/// Samples, every 250 ms, how many of the fleet's pods are Ready (and not
+/// being deleted), and the fewest members any of those pods' sidecars
+/// counts (`total_nodes`).
+fn availability(c: &Cluster, ns: &str) -> Sampler<(usize, usize)> {
+    let c = c.clone();
+    let ns = ns.to_string();
+    Sampler::start(Duration::from_millis(250), move || {
+        let ips = ready_ips(&c, &ns);
+        let fewest = ips
+            .iter()
+            .filter_map(|ip| sidecar_status(ip, ACME_ADMIN))
+            .filter_map(|s| s["summary"]["total_nodes"].as_u64())
+            .min()
+            .unwrap_or(0);
+        (ips.len(), fewest as usize)
+    })
+}
+
+/// Asserts that at every sample at least `n` pods were Ready and every
+/// Ready pod's sidecar counted at least `n` members.
+fn never_below(what: &str, samples: &[(Duration, (usize, usize))], n: usize) {
+    assert!(samples.len() > 10, "{what}: only {} samples", samples.len());
+    let low: Vec<String> = samples
+        .iter()
+        .filter(|(_, (ready, fewest))| *ready < n || *fewest < n)
+        .map(|(t, (ready, fewest))| {
+            format!(
+                "{:.2} s: {ready} Ready, fewest members {fewest}",
+                t.as_secs_f64()
+            )
+        })
+        .collect();
+    assert!(
+        low.is_empty(),
+        "{what}: fewer than {n} Ready pods or mesh members at {} of {} samples:\n{}",
+        low.len(),
+        samples.len(),
+        low.join("\n")
+    );
+    let least = samples.iter().map(|(_, (r, _))| *r).min().unwrap_or(0);
+    eprintln!(
+        "{what}: {} samples, fewest Ready pods {least}",
+        samples.len()
+    );
+}
+
+/// Scale 3 → 5 → 2 → 3 through `spec.replicas`: after each step the mesh
+/// has exactly the replicas (every sidecar's `total_nodes`), the pods that
+/// stayed were neither replaced nor restarted, and the new pods serve the
+/// certificate from the store: no new order at the CA.
+#[test]
+fn scaling_3_5_2_3_the_mesh_follows_and_nothing_restarts_or_orders() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-scale", 4, |m| m);
+    let mut before = fleet.identities();
+    for n in [5usize, 2, 3] {
+        fleet.patch(&format!(r#"{{"spec":{{"replicas":{n}}}}}"#));
+        let (pods, took) = fleet.whole(n);
+        eprintln!(
+            "scale to {n}: whole again after {:.1} s",
+            took.as_secs_f64()
+        );
+        let now = cluster::identities(&pods);
+        for (name, identity) in &now {
+            if let Some(old) = before.get(name) {
+                assert_eq!(
+                    identity, old,
+                    "scale to {n}: {name} was replaced or restarted"
+                );
+            }
+        }
+        before = now;
+    }
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// `kubectl delete pod demo-proxy-1`, then the same with `--grace-period=0
+/// --force`: the StatefulSet brings the pod back under its name, it rejoins
+/// under its node id (listed once), the other sidecars saw it go and come
+/// back, the others were not restarted, and no order was placed.
+#[test]
+fn a_deleted_pod_comes_back_under_its_name_and_rejoins() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-delete", 5, |m| m);
+    let ns = fleet.ns.name.clone();
+    for force in [false, true] {
+        let before = fleet.identities();
+        let uid = before["demo-proxy-1"].0.clone();
+        // What demo-proxy-0's sidecar says of demo-proxy-1.
+        let watcher = pod_ip(&fleet.ns.proxy_pods("demo")[0]);
+        let seen = Sampler::start(Duration::from_millis(200), move || {
+            sidecar_status(&watcher, ACME_ADMIN).map(|s| {
+                s["nodes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["node_id"] == "demo-proxy-1")
+                    .map(|n| Member {
+                        state: n["membership_state"].as_str().unwrap_or("").to_string(),
+                        address: n["address"].as_str().unwrap_or("").to_string(),
+                        incarnation: n["incarnation"].as_u64().unwrap_or(0),
+                    })
+                    .collect::<Vec<_>>()
+            })
+        });
+        let mut args = vec!["delete", "pod", "demo-proxy-1", "--wait=false"];
+        if force {
+            args.extend(["--grace-period=0", "--force"]);
+        }
+        fleet
+            .ns
+            .kubectl(&args)
+            .unwrap_or_else(|e| panic!("kubectl -n {ns} {}: {e}", args.join(" ")));
+        wait_for("demo-proxy-1 replaced", Duration::from_secs(120), || {
+            let p = fleet.ns.get(&["pod", "demo-proxy-1"])?;
+            (p["metadata"]["uid"] != uid.as_str()).then_some(())
+        });
+        let (pods, took) = fleet.whole(3);
+        let what = if force { "force-deleted" } else { "deleted" };
+        eprintln!("pod {what}: whole again after {:.1} s", took.as_secs_f64());
+        let views: Vec<Vec<Member>> = seen.finish().into_iter().filter_map(|(_, v)| v).collect();
+        let mut changes: Vec<String> = views
+            .iter()
+            .map(|v| {
+                v.iter()
+                    .map(Member::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            })
+            .collect();
+        changes.dedup();
+        eprintln!("{what}: demo-proxy-0's view of demo-proxy-1: {changes:?}");
+        let (first, last) = match (views.first(), views.last()) {
+            (Some(f), Some(l)) if f.len() == 1 && l.len() == 1 => (&f[0], &l[0]),
+            _ => panic!("{what}: demo-proxy-1 listed once at the start and the end: {changes:?}"),
+        };
+        let new_ip = pod_ip(&pods[1]);
+        assert!(
+            last.state == "alive"
+                && last.address.starts_with(&format!("{new_ip}:"))
+                && last.incarnation > first.incarnation,
+            "{what}: demo-proxy-1 rejoined under its node id, alive at the new pod's \
+             address {new_ip} with a higher incarnation: {changes:?}"
+        );
+        // A pod deleted with its grace leaves the mesh (SIGTERM); one
+        // force-deleted may be replaced before the others' failure
+        // detection notices (the new one's higher incarnation wins).
+        if !force {
+            assert!(
+                views.iter().flatten().any(|m| m.state == "down"),
+                "{what}: demo-proxy-0 never saw demo-proxy-1 leave: {changes:?}"
+            );
+        }
+        let after = fleet.identities();
+        for name in ["demo-proxy-0", "demo-proxy-2"] {
+            assert_eq!(after[name], before[name], "{what}: {name} was disturbed");
+        }
+    }
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// `kubectl rollout restart`, then a new sidecar image tag in
+/// `spec.sidecar.image`: the StatefulSet replaces one pod at a time
+/// (OrderedReady): a sampler shows at least two pods Ready and every Ready
+/// sidecar in a mesh of at least two at every moment; the fleet is whole
+/// after each step, with the same certificate and no new order.
+#[test]
+fn a_rolling_restart_and_a_new_sidecar_image_keep_two_pods_serving() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-roll", 6, |m| m);
+    let ns = fleet.ns.name.clone();
+
+    let before = fleet.identities();
+    let sampler = availability(&c, &ns);
+    fleet
+        .ns
+        .kubectl(&["rollout", "restart", "statefulset/demo-proxy"])
+        .expect("kubectl rollout restart");
+    wait_for(
+        "every pod replaced by the rollout",
+        Duration::from_secs(300),
+        || {
+            let now = fleet.identities();
+            (now.len() == 3
+                && now
+                    .iter()
+                    .all(|(name, (uid, _))| before.get(name).is_some_and(|(old, _)| old != uid)))
+            .then_some(())
+        },
+    );
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "rollout restart: whole again {:.1} s after the last pod was replaced",
+        took.as_secs_f64()
+    );
+    never_below("rollout restart", &sampler.finish(), 2);
+
+    // The same image under a new tag: what an upgrade's manifest change is
+    // to the StatefulSet.
+    let sts = fleet
+        .ns
+        .get(&["statefulset", "demo-proxy"])
+        .expect("StatefulSet");
+    let image = sts["spec"]["template"]["spec"]["initContainers"][0]["image"]
+        .as_str()
+        .expect("the sidecar's image")
+        .to_string();
+    let (repo, _) = image.rsplit_once(':').expect("an image with a tag");
+    let tagged = format!("{repo}:life-roll");
+    cluster::tag_image(&c, &image, &tagged);
+    let before = fleet.identities();
+    let sampler = availability(&c, &ns);
+    fleet.patch(&format!(
+        r#"{{"spec":{{"sidecar":{{"image":"{tagged}"}}}}}}"#
+    ));
+    wait_for(
+        "every pod running the new sidecar image",
+        Duration::from_secs(300),
+        || {
+            let pods = fleet.ns.proxy_pods("demo");
+            (pods.len() == 3
+                && pods.iter().all(|p| {
+                    p["spec"]["initContainers"][0]["image"] == tagged.as_str()
+                        && before
+                            .get(p["metadata"]["name"].as_str().unwrap_or(""))
+                            .is_some_and(|(uid, _)| p["metadata"]["uid"] != uid.as_str())
+                }))
+            .then_some(())
+        },
+    );
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "new sidecar image: whole again {:.1} s after the last pod was replaced",
+        took.as_secs_f64()
+    );
+    never_below("new sidecar image", &sampler.finish(), 2);
+    cluster::untag_image(&c, &tagged);
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// Every pod evicted through the eviction API at once, as `kubectl drain`
+/// does, retried while refused: the PodDisruptionBudget (maxUnavailable 1)
+/// refuses the evictions beyond one, so at least two pods are Ready and
+/// every Ready sidecar counts at least two members at every moment; the
+/// fleet ends whole, every pod replaced, the certificate the same.
+#[test]
+fn evicting_every_pod_at_once_is_held_to_one_at_a_time_by_the_budget() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-drain", 7, |m| m);
+    let ns = fleet.ns.name.clone();
+    let before = fleet.identities();
+    let sampler = availability(&c, &ns);
+    let mut left: BTreeMap<String, String> = before
+        .iter()
+        .map(|(name, (uid, _))| (name.clone(), uid.clone()))
+        .collect();
+    let (mut evicted, mut refused) = (0, 0);
+    let start = std::time::Instant::now();
+    while !left.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(400),
+            "evictions still refused after 400 s: {left:?} ({evicted} evicted, {refused} refused)"
+        );
+        let pods = names_of(&fleet.ns.proxy_pods("demo"));
+        for name in left.keys().cloned().collect::<Vec<_>>() {
+            // A pod already replaced (a new UID under the name) is done.
+            let current = fleet.ns.get(&["pod", &name]);
+            let uid = current.as_ref().map(|p| p["metadata"]["uid"].clone());
+            if uid.is_some_and(|u| u != left[&name].as_str()) || !pods.contains(&name) {
+                continue;
+            }
+            let body = format!(
+                r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{name}","namespace":"{ns}"}}}}"#
+            );
+            let path = format!("/api/v1/namespaces/{ns}/pods/{name}/eviction");
+            match c.kubectl_with(&["create", "--raw", &path, "-f", "-"], Some(&body)) {
+                Ok(_) => {
+                    evicted += 1;
+                    left.remove(&name);
+                }
+                Err(e) if e.contains("disruption budget") || e.contains("TooManyRequests") => {
+                    refused += 1
+                }
+                // Being deleted already (evicted a moment ago).
+                Err(e) if e.contains("NotFound") || e.contains("not found") => {}
+                Err(e) => panic!("evicting {name}: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    wait_for(
+        "every pod replaced after its eviction",
+        Duration::from_secs(300),
+        || {
+            let now = fleet.identities();
+            (now.len() == 3
+                && now
+                    .iter()
+                    .all(|(name, (uid, _))| before.get(name).is_some_and(|(old, _)| old != uid)))
+            .then_some(())
+        },
+    );
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "drain: {evicted} evictions, {refused} refused by the budget; whole again {:.1} s after the last replacement ({:.1} s from the first eviction)",
+        took.as_secs_f64(),
+        start.elapsed().as_secs_f64()
+    );
+    never_below("drain", &sampler.finish(), 2);
+    assert_eq!(evicted, 3, "every pod evicted once");
+    assert!(
+        refused > 0,
+        "the budget refused no eviction: was there one? (kubectl -n {ns} get pdb)"
+    );
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// `kubectl annotate sbproxy demo sbproxy.dev/rotate-cluster-key=…`: the
+/// operator writes `[new, old]`, the real kubelet updates each pod's Secret
+/// volume at its own moment, every sidecar seals with the new key, and
+/// after `keyRotationGraceSeconds` the Secret holds `[new]`:
+/// `status.clusterKey` goes Rotating → Stable, no sidecar rejected a packet
+/// it could not open, no container restarted, and a pod replaced afterwards
+/// still gets the certificate sealed in the store before the rotation.
+#[test]
+fn rotating_the_cluster_key_drops_no_packet_and_restarts_nothing() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    // Beyond the kubelet's update of a mounted Secret (its sync period, a
+    // minute), as the reference asks of the grace.
+    let fleet = Fleet::deploy(&c, "life-rotate", 8, |m| {
+        m.replacen(
+            "clustering: { enabled: true }",
+            "clustering: { enabled: true, keyRotationGraceSeconds: 100 }",
+            1,
+        )
+    });
+    let key_of = |p: &Value| p["status"]["clusterKey"].clone();
+    let first = wait_for("status.clusterKey", Duration::from_secs(60), || {
+        let k = key_of(&fleet.ns.get(&["sbproxy", "demo"])?);
+        (k["phase"] == "Stable").then_some(k)
+    });
+    let before = fleet.identities();
+    let start = std::time::Instant::now();
+    fleet
+        .ns
+        .kubectl(&[
+            "annotate",
+            "sbproxy",
+            "demo",
+            "sbproxy.dev/rotate-cluster-key=life-1",
+        ])
+        .expect("kubectl annotate");
+    let rotating = wait_for(
+        "status.clusterKey Rotating",
+        Duration::from_secs(60),
+        || {
+            let k = key_of(&fleet.ns.get(&["sbproxy", "demo"])?);
+            (k["phase"] == "Rotating" && k["keyId"] != first["keyId"]).then_some(k)
+        },
+    );
+    let new_id = rotating["keyId"].as_str().expect("keyId").to_string();
+    let pods = fleet.ns.proxy_pods("demo");
+    wait_for(
+        &format!("every sidecar sealing with key {new_id}"),
+        Duration::from_secs(240),
+        || {
+            pods.iter()
+                .all(|p| {
+                    sidecar_status(&pod_ip(p), ACME_ADMIN).is_some_and(|s| {
+                        s["nodes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|n| n["local"] == true && n["key_id"] == new_id.as_str())
+                    })
+                })
+                .then_some(())
+        },
+    );
+    let every_pod_new = start.elapsed();
+    wait_for("status.clusterKey Stable", Duration::from_secs(240), || {
+        let k = key_of(&fleet.ns.get(&["sbproxy", "demo"])?);
+        (k["phase"] == "Stable" && k["keyId"] == new_id.as_str()).then_some(())
+    });
+    let stable = start.elapsed();
+    // The Secret now holds only the new key: give the kubelet its minute
+    // to hand that to every pod, then a mesh round on it.
+    let secret_keys = || -> Option<usize> {
+        let s = fleet.ns.get(&["secret", "demo-cluster-key"])?;
+        let b64 = s["data"]["cluster-key"].as_str()?;
+        let out = std::process::Command::new("base64")
+            .arg("-d")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .ok()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child.stdin.take()?.write_all(b64.as_bytes()).ok()?;
+                child.wait_with_output().ok()
+            })?;
+        Some(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count(),
+        )
+    };
+    assert_eq!(secret_keys(), Some(1), "the Secret holds the new key only");
+    std::thread::sleep(Duration::from_secs(75));
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "key rotation: every sidecar on the new key {:.1} s after the annotation, Stable at {:.1} s, whole {:.1} s later",
+        every_pod_new.as_secs_f64(),
+        stable.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    for p in &pods {
+        let ip = pod_ip(p);
+        let decrypt = metric(&ip, "mesh_packets_rejected_total{reason=\"decrypt\"}");
+        assert!(
+            decrypt.is_none_or(|v| v == 0.0),
+            "{}: {decrypt:?} packets it could not open",
+            p["metadata"]["name"]
+        );
+    }
+    assert_eq!(
+        fleet.identities(),
+        before,
+        "a pod was replaced or restarted"
+    );
+    // A pod that starts now reads the store with the new key only.
+    fleet
+        .ns
+        .kubectl(&["delete", "pod", "demo-proxy-2"])
+        .expect("kubectl delete pod");
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "key rotation: a replaced pod whole {:.1} s after its deletion",
+        took.as_secs_f64()
+    );
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// Two writers: a field the operator owns edited by hand (the StatefulSet's
+/// replicas, a key of the rendered ConfigMap) is put back; an annotation a
+/// user adds to the StatefulSet is left alone; a user's server-side apply
+/// of an owned field under another field manager gets Kubernetes' conflict,
+/// naming the operator.
+#[test]
+fn a_field_the_operator_owns_is_put_back_and_a_users_own_is_left() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let ns = Namespace::new(&c, "life-writers", &[]);
+    c.apply(&ns.seed("clustered"));
+    ns.ready_pods("demo", 3);
+
+    let replicas = |ns: &Namespace| {
+        ns.get(&["statefulset", "demo-proxy"])
+            .and_then(|s| s["spec"]["replicas"].as_i64())
+    };
+    ns.kubectl(&["scale", "statefulset", "demo-proxy", "--replicas=5"])
+        .expect("kubectl scale");
+    let back = wait_for(
+        "the StatefulSet's replicas put back to 3",
+        Duration::from_secs(60),
+        || (replicas(&ns) == Some(3)).then(std::time::Instant::now),
+    );
+    let _ = back;
+    ns.ready_pods("demo", 3);
+
+    let cm = ns.get(&["configmap", "demo-config"]).expect("ConfigMap");
+    let data = cm["data"].as_object().expect("data").clone();
+    let (key, value) = data.iter().next().expect("a key");
+    let patch = serde_json::json!({"data": {key.clone(): "tampered: true\n"}}).to_string();
+    ns.kubectl(&[
+        "patch",
+        "configmap",
+        "demo-config",
+        "--type=merge",
+        "-p",
+        &patch,
+    ])
+    .expect("kubectl patch configmap");
+    wait_for(
+        &format!("the ConfigMap's {key} put back"),
+        Duration::from_secs(60),
+        || {
+            let cm = ns.get(&["configmap", "demo-config"])?;
+            (cm["data"][key.as_str()] == *value).then_some(())
+        },
+    );
+
+    ns.kubectl(&[
+        "annotate",
+        "statefulset",
+        "demo-proxy",
+        "example.com/owner=team-a",
+    ])
+    .expect("kubectl annotate");
+    // A reconcile after it: the replicas edited again and put back again.
+    ns.kubectl(&["scale", "statefulset", "demo-proxy", "--replicas=4"])
+        .expect("kubectl scale");
+    wait_for(
+        "the StatefulSet's replicas put back to 3 again",
+        Duration::from_secs(60),
+        || (replicas(&ns) == Some(3)).then_some(()),
+    );
+    let sts = ns.get(&["statefulset", "demo-proxy"]).expect("StatefulSet");
+    assert_eq!(
+        sts["metadata"]["annotations"]["example.com/owner"], "team-a",
+        "the user's annotation was removed: {}",
+        sts["metadata"]["annotations"]
+    );
+
+    let mine = format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {{name: demo-proxy, namespace: {}}}\nspec: {{replicas: 4}}\n",
+        ns.name
+    );
+    let err = c
+        .kubectl_with(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=team-a",
+                "-f",
+                "-",
+            ],
+            Some(&mine),
+        )
+        .expect_err("a server-side apply of the operator's field without --force-conflicts");
+    assert!(
+        err.contains("conflict")
+            && err.contains("sbmesh-operator")
+            && err.contains(".spec.replicas"),
+        "the conflict names the operator's field manager and the field: {err}"
+    );
+    assert_eq!(replicas(&ns), Some(3), "a refused apply changed nothing");
+    ns.ready_pods("demo", 3);
+}
+
+/// Each sidecar's `total_nodes`, asked at the pods' addresses (no API
+/// server needed), every 250 ms.
+fn mesh_sizes(ips: Vec<String>) -> Sampler<Vec<Option<u64>>> {
+    Sampler::start(Duration::from_millis(250), move || {
+        ips.iter()
+            .map(|ip| {
+                sidecar_status(ip, ACME_ADMIN).and_then(|s| s["summary"]["total_nodes"].as_u64())
+            })
+            .collect()
+    })
+}
+
+/// The control plane restarts under a running fleet: kube-apiserver, then
+/// etcd behind it. After each, an edit of the config made at once reaches
+/// the rendered ConfigMap and every proxy (the operator's watches came
+/// back and it reconciled); the sidecars never noticed (they do not talk
+/// to the API: every one counted 3 members at every sample); no container
+/// restarted but the operator's leader, which exits when it cannot renew
+/// its Lease (the contract) and comes back as a follower.
+///
+/// It runs alone (`.config/nextest.toml`): every other test's kubectl
+/// would fail while the API server is down.
+#[test]
+fn the_control_plane_restarts_under_the_fleet_and_the_sidecars_never_notice() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-control-plane", 9, |m| m);
+    let before = fleet.identities();
+    let operator_before = cluster::identities(&c.operator_pods(cluster::OPERATOR_NAMESPACE));
+    let ips: Vec<String> = fleet.ns.proxy_pods("demo").iter().map(pod_ip).collect();
+    let sizes = mesh_sizes(ips.clone());
+    let mut manifest = fleet.manifest.clone();
+    for part in ["kube-apiserver", "etcd"] {
+        let start = std::time::Instant::now();
+        cluster::restart_parts(&[part]);
+        let down = start.elapsed();
+        // A new answer of an existing origin (a new origin would be a new
+        // name for the certificate: an order), seen by every proxy once the
+        // edit reached it.
+        let host = fleet.names[0].clone();
+        let next = manifest.replacen(&format!("body: \"{host}\\n\""), "body: \"after\\n\"", 1);
+        let next = next.replacen(
+            "body: \"after\\n\"",
+            &format!("body: \"after {part}\\n\""),
+            1,
+        );
+        let next = next.replacen(
+            "body: \"after kube-apiserver\\n\"",
+            &format!("body: \"after {part}\\n\""),
+            1,
+        );
+        assert_ne!(next, manifest, "no body of {host} to edit");
+        manifest = next;
+        let edited = std::time::Instant::now();
+        wait_for(
+            &format!("the edit applied after restarting {part}"),
+            Duration::from_secs(120),
+            || c.kubectl_with(&["apply", "-f", "-"], Some(&manifest)).ok(),
+        );
+        for ip in &ips {
+            cluster::wait_for_answer(
+                &format!("http://{ip}:8080/"),
+                &host,
+                &format!("after {part}\n"),
+                Duration::from_secs(120),
+            );
+        }
+        eprintln!(
+            "{part} restarted in {:.1} s; an edit made then reached every proxy {:.1} s later",
+            down.as_secs_f64(),
+            edited.elapsed().as_secs_f64()
+        );
+    }
+    let samples = sizes.finish();
+    let short: Vec<String> = samples
+        .iter()
+        .filter(|(_, s)| s.iter().any(|n| *n != Some(3)))
+        .map(|(t, s)| format!("{:.2} s: {s:?}", t.as_secs_f64()))
+        .collect();
+    assert!(
+        samples.len() > 20 && short.is_empty(),
+        "every sidecar counts 3 members at every one of {} samples; not at:\n{}",
+        samples.len(),
+        short.join("\n")
+    );
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "control plane restarted: whole {:.1} s after the last edit arrived",
+        took.as_secs_f64()
+    );
+    assert_eq!(
+        fleet.identities(),
+        before,
+        "a proxy pod was replaced or restarted"
+    );
+    // The leader that could not renew its Lease while the API server was
+    // away exits 0 by contract (SPEC section 9) and comes back as a
+    // follower in place: the same pods, each restarted at most once.
+    c.operator();
+    let operator_after = cluster::identities(&c.operator_pods(cluster::OPERATOR_NAMESPACE));
+    let restarted: Vec<&String> = operator_after
+        .iter()
+        .filter(|(name, now)| operator_before.get(*name) != Some(*now))
+        .map(|(name, _)| name)
+        .collect();
+    for (name, (uid, counts)) in &operator_after {
+        let (old_uid, old_counts) = operator_before
+            .get(name)
+            .unwrap_or_else(|| panic!("operator pod {name} is new: {operator_before:?}"));
+        assert_eq!(uid, old_uid, "operator pod {name} was replaced");
+        for ((_, now), (_, then)) in counts.iter().zip(old_counts) {
+            assert!(
+                now - then <= 1,
+                "operator pod {name} restarted {} times",
+                now - then
+            );
+        }
+    }
+    eprintln!(
+        "control plane restarted: operator pods restarted (a lost Lease exits): {restarted:?}"
+    );
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// The local certificates a pod's sidecar reports: (names, serial).
+fn written(ip: &str) -> Vec<(Vec<String>, String)> {
+    cluster::local_certificates(ip)
+        .iter()
+        .map(|c| {
+            let names = c["names"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect();
+            (names, cluster::serial_of(c))
+        })
+        .collect()
+}
+
+/// The shared store goes away under a running fleet: Redis restarted
+/// while an order is in flight (a name added to the config), then Redis
+/// answering nothing for 2 minutes (`CLIENT PAUSE`, every connection
+/// hanging, as an unreachable server looks to a client). The new name is
+/// ordered once and reaches every sidecar; meanwhile every pod stays Ready
+/// and in the Service and every proxy keeps serving the certificate it
+/// has; `/readyz` and the status say the store is away; everything
+/// resumes by itself.
+///
+/// It runs alone (`.config/nextest.toml`): the cluster's Redis is every
+/// cluster test's store.
+#[test]
+fn the_store_goes_away_and_the_fleet_keeps_serving() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-store", 10, |m| m);
+    let before = fleet.identities();
+    let ips: Vec<String> = fleet.ns.proxy_pods("demo").iter().map(pod_ip).collect();
+
+    // 1. Redis restarted while the order for a new name is in flight.
+    let added = format!("c.{}.test", fleet.ns.name);
+    cluster::add_a(&c, &added, &fleet.service_ip);
+    let origin = format!(
+        "    origins:\n      \"{added}\":\n        action: {{ type: static, status_code: 200, body: \"{added}\\n\" }}\n"
+    );
+    let next = fleet.manifest.replacen("    origins:\n", &origin, 1);
+    assert_ne!(next, fleet.manifest);
+    let validations = cluster::validations_for(&c, &added);
+    // It runs alone: every issuance and failed validation is this test's.
+    let (issued, invalid) = (cluster::issued(&c), cluster::invalid_authorizations(&c));
+    c.apply(&next);
+    wait_for(
+        &format!("the order for {added} at the CA"),
+        Duration::from_secs(120),
+        || (cluster::validations_for(&c, &added) > validations).then_some(()),
+    );
+    cluster::restart_parts(&["redis"]);
+    let serial = wait_for(
+        &format!("every sidecar writing the certificate for {added}"),
+        Duration::from_secs(240),
+        || {
+            let serials: std::collections::BTreeSet<String> = ips
+                .iter()
+                .map(|ip| {
+                    written(ip)
+                        .into_iter()
+                        .find(|(names, _)| names.contains(&added))
+                        .map(|(_, s)| s)
+                })
+                .collect::<Option<_>>()?;
+            (serials.len() == 1).then(|| serials.into_iter().next())?
+        },
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        cluster::issued(&c) - issued,
+        1,
+        "certificates the CA issued across the Redis restart"
+    );
+    eprintln!(
+        "redis restarted mid-order: one certificate with {added} (serial {serial}), written by \
+         every sidecar; validations of {added}: {}, failed validations: {}",
+        cluster::validations_for(&c, &added) - validations,
+        cluster::invalid_authorizations(&c) - invalid
+    );
+
+    // The proxies restart onto it one at a time (`apply: restart`): done
+    // before the store goes away, so that a restart's moment of
+    // unreadiness is not counted against the store below.
+    let added_serial = serial.clone();
+    wait_for(
+        "every proxy serving the certificate with the added name",
+        Duration::from_secs(120),
+        || {
+            ips.iter()
+                .all(|ip| {
+                    cluster::served_serial(&added, ip, 8443).as_deref()
+                        == Some(added_serial.as_str())
+                })
+                .then_some(())
+        },
+    );
+
+    // 2. Redis answers nothing for 2 minutes.
+    let redis = format!("{}/10", c.redis_url);
+    let pause = std::process::Command::new("redis-cli")
+        .args(["-u", &redis, "CLIENT", "PAUSE", "120000", "ALL"])
+        .output()
+        .expect("redis-cli");
+    assert!(pause.status.success(), "CLIENT PAUSE: {pause:?}");
+    let paused = std::time::Instant::now();
+    let c2 = c.clone();
+    let ns = fleet.ns.name.clone();
+    let sampler = Sampler::start(Duration::from_secs(1), move || ready_ips(&c2, &ns).len());
+    let said = wait_for(
+        "every pod's /readyz saying the store is away, still 200",
+        Duration::from_secs(60),
+        || {
+            ips.iter()
+                .map(|ip| {
+                    let (code, body) =
+                        cluster::curl(&["--max-time", "2", &format!("http://{ip}:9091/readyz")])
+                            .ok()?;
+                    (code == 200 && body.contains("\"degraded\"") && body.contains("store"))
+                        .then_some(body)
+                })
+                .collect::<Option<Vec<_>>>()
+        },
+    );
+    eprintln!("redis paused: /readyz says {}", said[0]);
+    let status = sidecar_status(&ips[0], ACME_ADMIN).expect("status");
+    assert!(
+        status["degraded"].to_string().contains("store"),
+        "the status says the store is away: {}",
+        status["degraded"]
+    );
+    // Served all along.
+    while paused.elapsed() < Duration::from_secs(110) {
+        for name in &fleet.names {
+            for ip in &ips {
+                let served = cluster::served_serial(name, ip, 8443);
+                assert!(
+                    served.as_deref() == Some(fleet.serial.as_str())
+                        || served.as_deref() == Some(serial.as_str()),
+                    "{ip} serves {name} while the store is away: {served:?}, not {} or {serial}",
+                    fleet.serial
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    wait_for(
+        "every pod's /readyz plain ready again",
+        Duration::from_secs(90),
+        || {
+            ips.iter()
+                .all(|ip| {
+                    cluster::curl(&["--max-time", "2", &format!("http://{ip}:9091/readyz")])
+                        .is_ok_and(|(code, body)| code == 200 && !body.contains("degraded"))
+                })
+                .then_some(())
+        },
+    );
+    let samples = sampler.finish();
+    let fewest = samples.iter().map(|(_, n)| *n).min().unwrap_or(0);
+    assert_eq!(
+        fewest,
+        3,
+        "Ready pods while the store was away (every second): {:?}",
+        samples.iter().map(|(_, n)| *n).collect::<Vec<_>>()
+    );
+    eprintln!(
+        "redis paused 120 s: 3 pods Ready at every one of {} samples; resumed {:.1} s after the pause began",
+        samples.len(),
+        paused.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        fleet.identities(),
+        before,
+        "a pod was replaced or restarted"
+    );
+}
