@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use cluster::{
     ACME_ADMIN, Cluster, Fleet, Namespace, Sampler, metric, pod_ip, ready_ips, sidecar_status,
-    wait_for,
+    wait_every, wait_for,
 };
 use serde_json::Value;
 
@@ -745,7 +745,6 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
     let fleet = Fleet::deploy(&c, "life-store", 10, |m| m);
-    let before = fleet.identities();
     let ips: Vec<String> = fleet.ns.proxy_pods("demo").iter().map(pod_ip).collect();
 
     // 1. Redis restarted while the order for a new name is in flight.
@@ -795,24 +794,31 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
         cluster::invalid_authorizations(&c) - invalid
     );
 
-    // The proxies restart onto it one at a time (`apply: restart`): done
-    // before the store goes away, so that a restart's moment of
+    // The proxies restart onto it one at a time (`apply: restart`; one
+    // whose proxy restarted at deploy waits out its 10-minute interval):
+    // settled before the store goes away, so that a restart's moment of
     // unreadiness is not counted against the store below.
-    let added_serial = serial.clone();
-    wait_for(
-        "every proxy serving the certificate with the added name",
-        Duration::from_secs(120),
+    let c3 = c.clone();
+    let ns3 = fleet.ns.name.clone();
+    let mut last = None;
+    wait_every(
+        "the served certificates unchanged for 10 s, every pod Ready",
+        Duration::from_secs(150),
+        Duration::from_secs(10),
         || {
-            ips.iter()
-                .all(|ip| {
-                    cluster::served_serial(&added, ip, 8443).as_deref()
-                        == Some(added_serial.as_str())
-                })
-                .then_some(())
+            let now: Vec<Option<String>> = ips
+                .iter()
+                .map(|ip| cluster::served_serial(&added, ip, 8443))
+                .collect();
+            let settled = ready_ips(&c3, &ns3).len() == 3 && last.as_ref() == Some(&now);
+            last = Some(now);
+            settled.then_some(())
         },
     );
 
-    // 2. Redis answers nothing for 2 minutes.
+    // 2. Redis answers nothing for 2 minutes. (The proxies' restarts onto
+    // the added name's certificate are done: none may happen from here.)
+    let before = fleet.identities();
     let redis = format!("{}/10", c.redis_url);
     let pause = std::process::Command::new("redis-cli")
         .args(["-u", &redis, "CLIENT", "PAUSE", "120000", "ALL"])
