@@ -961,16 +961,14 @@ fn mesh_config(cfg: &NodeConfig, keys: Vec<[u8; 32]>) -> MeshConfig {
 }
 
 /// Opens the store in the background, retried, never fatal: the store as
-/// soon as it is open, and the readiness check that tells why it is not.
+/// soon as it is open, and its checks for `/readyz` ([`StoreHealth`]).
 fn probe_store(
     cfg: &NodeConfig,
     metrics: &Arc<Metrics>,
     tasks: &mut Vec<JoinHandle<()>>,
     stop: &watch::Receiver<bool>,
 ) -> (watch::Receiver<Option<Arc<dyn Store>>>, StoreChecks) {
-    let health = Arc::new(std::sync::Mutex::new(Some(
-        "store: not probed yet".to_owned(),
-    )));
+    let health = Arc::new(std::sync::Mutex::new(StoreHealth::default()));
     let (store_tx, store_rx) = watch::channel(None);
     let acme = cfg.config.sbmesh().acme.as_ref();
     let place = StorePlace {
@@ -990,52 +988,75 @@ fn probe_store(
         store_tx,
         stop.clone(),
     )));
-    let check: ReadinessCheck = Arc::new(move || {
-        health
-            .lock()
-            .map(|h| h.clone())
-            .unwrap_or_else(|_| Some("store: health unknown".to_owned()))
-    });
-    (store_rx, store_checks(check))
+    let unknown = || Some("store: health unknown".to_owned());
+    let ready = health.clone();
+    let checks = StoreChecks {
+        readiness: Arc::new(move || ready.lock().map_or_else(|_| unknown(), |h| h.not_ready())),
+        degraded: Arc::new(move || health.lock().map_or_else(|_| unknown(), |h| h.degraded())),
+    };
+    (store_rx, checks)
 }
 
-/// The store's probe as `/readyz` weighs it: a reason not to be ready
-/// until the store first answered (a pod that never reached its store has
-/// nothing to serve from it); after that, an outage is a degradation,
-/// said in `/readyz` and status but not failing it. Every replica shares
-/// the store: failing readiness would take the whole fleet out of its
+/// The store as its probe last found it.
+///
+/// `/readyz` weighs it in two ways. Until the store first answered it is a
+/// reason not to be ready (a pod that never reached its store has nothing
+/// to serve from it). After that an outage is a degradation, said in
+/// `/readyz` and status but not failing it: every replica shares the
+/// store, and failing readiness would take the whole fleet out of its
 /// Services at once, for a fault no replica can mend, while the
 /// certificates already written keep being served.
-fn store_checks(probe: ReadinessCheck) -> StoreChecks {
-    let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = answered.clone();
-    let until_answered = probe.clone();
-    StoreChecks {
-        readiness: Arc::new(move || {
-            if seen.load(std::sync::atomic::Ordering::Relaxed) {
-                return None;
+#[derive(Debug, Default)]
+struct StoreHealth {
+    /// The store has answered a probe since the process started.
+    answered: bool,
+    /// What the last open or probe found wrong.
+    problem: Option<String>,
+}
+
+impl StoreHealth {
+    /// The reason `/readyz` fails, until the store first answered.
+    fn not_ready(&self) -> Option<String> {
+        (!self.answered).then(|| {
+            self.problem
+                .clone()
+                .unwrap_or_else(|| "store: not probed yet".to_owned())
+        })
+    }
+
+    /// The degradation `/readyz` and status report once it answered.
+    fn degraded(&self) -> Option<String> {
+        self.problem.as_ref().filter(|_| self.answered).map(|r| {
+            format!(
+                "{r} (certificates already written are still served; orders and renewals \
+                 wait for the store)"
+            )
+        })
+    }
+
+    /// Records a probe's or an open's outcome; logs an outage and the
+    /// store's return once each.
+    fn record(&mut self, backend: StorageBackend, outcome: Result<(), String>) {
+        match outcome {
+            Ok(()) => {
+                if self.answered && self.problem.is_some() {
+                    info!(backend = %backend, "certificate store answers again");
+                }
+                self.answered = true;
+                self.problem = None;
             }
-            let reason = until_answered();
-            if reason.is_none() {
-                seen.store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(e) => {
+                if self.answered && self.problem.is_none() {
+                    warn!(backend = %backend, error = %e, "certificate store does not answer; \
+                        certificates already written are still served, orders and renewals wait");
+                }
+                self.problem = Some(format!("store: {e}"));
             }
-            reason
-        }),
-        degraded: Arc::new(move || {
-            if !answered.load(std::sync::atomic::Ordering::Relaxed) {
-                return None;
-            }
-            probe().map(|r| {
-                format!(
-                    "{r} (certificates already written are still served; orders and renewals \
-                     wait for the store)"
-                )
-            })
-        }),
+        }
     }
 }
 
-/// The store's two checks ([`store_checks`]).
+/// The store's two checks (see [`StoreHealth`]).
 struct StoreChecks {
     readiness: ReadinessCheck,
     degraded: ReadinessCheck,
@@ -1450,14 +1471,14 @@ struct StorePlace {
 async fn keep_store_probed(
     place: StorePlace,
     metrics: Arc<Metrics>,
-    health: Arc<std::sync::Mutex<Option<String>>>,
+    health: Arc<std::sync::Mutex<StoreHealth>>,
     opened: watch::Sender<Option<Arc<dyn Store>>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let backend = place.backend;
-    let set = |v: Option<String>| {
+    let set = |outcome: Result<(), String>| {
         if let Ok(mut h) = health.lock() {
-            *h = v;
+            h.record(backend, outcome);
         }
     };
     let mut store = None;
@@ -1486,15 +1507,12 @@ async fn keep_store_probed(
                         warn!(backend = %backend, error = %e, "certificate store cannot be opened yet; retrying");
                         logged = true;
                     }
-                    set(Some(format!("store: {e}")));
+                    set(Err(e.to_string()));
                 }
             }
         }
         if let Some(s) = &store {
-            match probe(s.as_ref()).await {
-                Ok(()) => set(None),
-                Err(e) => set(Some(format!("store: {e}"))),
-            }
+            set(probe(s.as_ref()).await.map_err(|e| e.to_string()));
             if tokio::time::Instant::now() >= next_sweep {
                 next_sweep = tokio::time::Instant::now() + Duration::from_secs(600);
                 match s.sweep_expired().await {
@@ -1525,20 +1543,20 @@ mod tests {
 
     #[test]
     fn a_store_outage_after_its_first_answer_degrades_and_does_not_unready() {
-        let probe = Arc::new(std::sync::Mutex::new(Some("store: refused".to_owned())));
-        let seen = probe.clone();
-        let checks = store_checks(Arc::new(move || seen.lock().unwrap().clone()));
+        let mut health = StoreHealth::default();
+        let backend = StorageBackend::Redis;
         // Never answered: not ready, nothing degraded.
-        assert_eq!((checks.readiness)().as_deref(), Some("store: refused"));
-        assert_eq!((checks.degraded)(), None);
+        health.record(backend, Err("refused".to_owned()));
+        assert_eq!(health.not_ready().as_deref(), Some("store: refused"));
+        assert_eq!(health.degraded(), None);
         // Answered once.
-        *probe.lock().unwrap() = None;
-        assert_eq!((checks.readiness)(), None);
-        assert_eq!((checks.degraded)(), None);
+        health.record(backend, Ok(()));
+        assert_eq!(health.not_ready(), None);
+        assert_eq!(health.degraded(), None);
         // Away again: ready still, and said.
-        *probe.lock().unwrap() = Some("store: timed out".to_owned());
-        assert_eq!((checks.readiness)(), None);
-        let said = (checks.degraded)().expect("a degradation");
+        health.record(backend, Err("timed out".to_owned()));
+        assert_eq!(health.not_ready(), None);
+        let said = health.degraded().expect("a degradation");
         assert!(said.starts_with("store: timed out ("), "{said}");
     }
 

@@ -35,6 +35,8 @@ struct Counting {
     in_flight: Arc<AtomicUsize>,
     max_in_flight: AtomicUsize,
     fail: bool,
+    /// Reads to fail before answering (a store coming back).
+    fail_first: AtomicUsize,
     hang: bool,
 }
 
@@ -55,8 +57,15 @@ impl Counting {
             in_flight: Arc::default(),
             max_in_flight: AtomicUsize::new(0),
             fail: false,
+            fail_first: AtomicUsize::new(0),
             hang: false,
         })
+    }
+    /// The first `n` reads fail, the next ones answer from `inner`.
+    fn back_after(inner: Arc<dyn Store>, n: usize) -> Arc<Self> {
+        let store = Self::new(inner);
+        store.fail_first.store(n, Ordering::SeqCst);
+        store
     }
     fn failing() -> Arc<Self> {
         Arc::new(Self {
@@ -65,6 +74,7 @@ impl Counting {
             in_flight: Arc::default(),
             max_in_flight: AtomicUsize::new(0),
             fail: true,
+            fail_first: AtomicUsize::new(0),
             hang: false,
         })
     }
@@ -76,6 +86,7 @@ impl Counting {
             in_flight: Arc::default(),
             max_in_flight: AtomicUsize::new(0),
             fail: false,
+            fail_first: AtomicUsize::new(0),
             hang: true,
         })
     }
@@ -103,7 +114,11 @@ impl Store for Counting {
         if self.hang {
             std::future::pending::<()>().await;
         }
-        if self.fail {
+        let failing_first = self
+            .fail_first
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if self.fail || failing_first {
             return Err(StoreError::Backend {
                 backend: "test",
                 message: "connection refused".into(),
@@ -441,18 +456,19 @@ async fn records_expire_with_their_ttl() {
     assert!(store.get("acme/challenges/short").await.unwrap().is_none());
 }
 
+/// A store that fails every read: the CA's request gets `404` once the
+/// responder's 3 s of asking again are spent (never a panic), and a
+/// publish is an error.
 #[tokio::test]
 async fn store_failures_are_404_never_a_panic() {
     let store = Counting::failing();
     let metrics = Arc::new(Metrics::new());
     let book = ChallengeBook::new(store.clone(), metrics.clone());
     let addr = serve(book.clone()).await;
-    for i in 0..20 {
-        let a = get(addr, &format!("t{i}"), Some(HOST)).await;
-        assert_eq!(a.status, 404);
-    }
-    assert_eq!(store.gets(), 20);
-    assert_eq!(count(&metrics, "miss"), 20);
+    let a = get(addr, "t0", Some(HOST)).await;
+    assert_eq!(a.status, 404);
+    assert!(store.gets() > 1, "the store was asked again");
+    assert_eq!(count(&metrics, "miss"), 1);
     // A publish whose store write fails is an error, and nothing is served.
     assert!(
         book.publish("t0", HOST, &key_auth("t0"), TTL)
@@ -460,6 +476,49 @@ async fn store_failures_are_404_never_a_panic() {
             .is_err()
     );
     assert_eq!(book.lookup("t0", Some(HOST)).await, Lookup::Miss);
+}
+
+/// Every lookup against a failing store asks it again within its 3 s
+/// (paused clock: no real waiting) and ends a miss.
+#[tokio::test(start_paused = true)]
+async fn a_failing_store_is_asked_again_within_the_lookup_time() {
+    let store = Counting::failing();
+    let metrics = Arc::new(Metrics::new());
+    let book = ChallengeBook::new(store.clone(), metrics.clone());
+    for i in 0..20 {
+        let start = tokio::time::Instant::now();
+        let before = store.gets();
+        assert_eq!(
+            book.lookup(&format!("t{i}"), Some(HOST)).await,
+            Lookup::Miss
+        );
+        assert!(store.gets() - before > 1, "t{i}: the store was asked again");
+        assert!(
+            start.elapsed() >= Duration::from_secs(3),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+    assert_eq!(count(&metrics, "miss"), 20);
+}
+
+/// The store fails for a moment (a Redis restarting) as the CA's request
+/// arrives: the responder asks again and the CA gets its answer.
+#[tokio::test(start_paused = true)]
+async fn a_store_back_within_the_lookup_time_answers_the_ca() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let publisher = ChallengeBook::new(inner.clone(), Arc::new(Metrics::new()));
+    publisher
+        .publish("back", HOST, &key_auth("back"), TTL)
+        .await
+        .unwrap();
+    let store = Counting::back_after(inner, 5);
+    let book = ChallengeBook::new(store.clone(), Arc::new(Metrics::new()));
+    assert_eq!(
+        book.lookup("back", Some(HOST)).await,
+        Lookup::Hit(key_auth("back"))
+    );
+    assert_eq!(store.gets(), 6, "five failed reads, then the answer");
 }
 
 #[tokio::test]

@@ -48,8 +48,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cluster::{
-    Cluster, Namespace, acme_manifest, add_a, curl, invalid_authorizations, issued, pebble_root,
-    pod_ip, served_serial, serves_tls, sidecar_status, wait_every, wait_for,
+    ADMIN, Cluster, Namespace, acme_manifest, add_a, curl, invalid_authorizations, issued,
+    pebble_root, pod_ip, served_serial, serves_tls, sidecar_status, wait_every, wait_for,
 };
 use serde_json::Value;
 
@@ -84,7 +84,6 @@ const RELOAD: Fleet = Fleet {
 
 /// Certificates living less than this are renewed within a run.
 const SHORT_LIVED: Duration = Duration::from_secs(1800);
-const ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
 
 fn unix_ms() -> f64 {
     SystemTime::now()

@@ -11,14 +11,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cluster::{
-    Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE, acme_manifest,
-    add_a, container_id, curl, identities, invalid_authorizations, issued, kill_container, metric,
-    mock_answer, pebble_root, pod_ip, serves_tls, sidecar_status, sidecar_status_forwarded,
-    wait_every, wait_for, wait_for_answer,
+    ADMIN, Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE,
+    acme_manifest, add_a, container_id, curl, identities, invalid_authorizations, issued,
+    kill_container, metric, mock_answer, pebble_root, pod_ip, serves_tls, sidecar_status,
+    sidecar_status_forwarded, wait_every, wait_for, wait_for_answer,
 };
 use serde_json::{Value, json};
-
-const ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
 
 /// Every sidecar of `pods` sees `n` alive nodes, the same config hash everywhere.
 fn mesh_of(pods: &[Value], n: usize) -> BTreeMap<String, Value> {

@@ -13,21 +13,14 @@
 
 mod cluster;
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use cluster::{
-    ACME_ADMIN, Cluster, Fleet, Namespace, Sampler, metric, pod_ip, ready_ips, sidecar_status,
+    ADMIN, Cluster, Fleet, Namespace, Sampler, metric, pod_ip, ready_ips, sidecar_status,
     wait_every, wait_for,
 };
 use serde_json::Value;
-
-/// The fleet's pod names, in order.
-fn names_of(pods: &[Value]) -> Vec<String> {
-    pods.iter()
-        .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
-        .collect()
-}
 
 /// A member as one sidecar's status lists it.
 #[derive(Debug, PartialEq)]
@@ -53,7 +46,7 @@ fn availability(c: &Cluster, ns: &str) -> Sampler<(usize, usize)> {
         let ips = ready_ips(&c, &ns);
         let fewest = ips
             .iter()
-            .filter_map(|ip| sidecar_status(ip, ACME_ADMIN))
+            .filter_map(|ip| sidecar_status(ip, ADMIN))
             .filter_map(|s| s["summary"]["total_nodes"].as_u64())
             .min()
             .unwrap_or(0);
@@ -136,7 +129,7 @@ fn a_deleted_pod_comes_back_under_its_name_and_rejoins() {
         // What demo-proxy-0's sidecar says of demo-proxy-1.
         let watcher = pod_ip(&fleet.ns.proxy_pods("demo")[0]);
         let seen = Sampler::start(Duration::from_millis(200), move || {
-            sidecar_status(&watcher, ACME_ADMIN).map(|s| {
+            sidecar_status(&watcher, ADMIN).map(|s| {
                 s["nodes"]
                     .as_array()
                     .into_iter()
@@ -299,10 +292,7 @@ fn evicting_every_pod_at_once_is_held_to_one_at_a_time_by_the_budget() {
     let ns = fleet.ns.name.clone();
     let before = fleet.identities();
     let sampler = availability(&c, &ns);
-    let mut left: BTreeMap<String, String> = before
-        .iter()
-        .map(|(name, (uid, _))| (name.clone(), uid.clone()))
-        .collect();
+    let mut left: BTreeSet<String> = before.keys().cloned().collect();
     let (mut evicted, mut refused) = (0, 0);
     let start = std::time::Instant::now();
     while !left.is_empty() {
@@ -310,14 +300,7 @@ fn evicting_every_pod_at_once_is_held_to_one_at_a_time_by_the_budget() {
             start.elapsed() < Duration::from_secs(400),
             "evictions still refused after 400 s: {left:?} ({evicted} evicted, {refused} refused)"
         );
-        let pods = names_of(&fleet.ns.proxy_pods("demo"));
-        for name in left.keys().cloned().collect::<Vec<_>>() {
-            // A pod already replaced (a new UID under the name) is done.
-            let current = fleet.ns.get(&["pod", &name]);
-            let uid = current.as_ref().map(|p| p["metadata"]["uid"].clone());
-            if uid.is_some_and(|u| u != left[&name].as_str()) || !pods.contains(&name) {
-                continue;
-            }
+        for name in left.clone() {
             let body = format!(
                 r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{name}","namespace":"{ns}"}}}}"#
             );
@@ -416,7 +399,7 @@ fn rotating_the_cluster_key_drops_no_packet_and_restarts_nothing() {
         || {
             pods.iter()
                 .all(|p| {
-                    sidecar_status(&pod_ip(p), ACME_ADMIN).is_some_and(|s| {
+                    sidecar_status(&pod_ip(p), ADMIN).is_some_and(|s| {
                         s["nodes"]
                             .as_array()
                             .into_iter()
@@ -435,28 +418,22 @@ fn rotating_the_cluster_key_drops_no_packet_and_restarts_nothing() {
     let stable = start.elapsed();
     // The Secret now holds only the new key: give the kubelet its minute
     // to hand that to every pod, then a mesh round on it.
-    let secret_keys = || -> Option<usize> {
-        let s = fleet.ns.get(&["secret", "demo-cluster-key"])?;
-        let b64 = s["data"]["cluster-key"].as_str()?;
-        let out = std::process::Command::new("base64")
-            .arg("-d")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .ok()
-            .and_then(|mut child| {
-                use std::io::Write;
-                child.stdin.take()?.write_all(b64.as_bytes()).ok()?;
-                child.wait_with_output().ok()
-            })?;
-        Some(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .count(),
-        )
-    };
-    assert_eq!(secret_keys(), Some(1), "the Secret holds the new key only");
+    // The Secret's keys, one per line (kubectl decodes the data).
+    let keys = fleet
+        .ns
+        .kubectl(&[
+            "get",
+            "secret",
+            "demo-cluster-key",
+            "-o",
+            "go-template={{index .data \"cluster-key\" | base64decode}}",
+        ])
+        .expect("the cluster-key Secret");
+    assert_eq!(
+        keys.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "the Secret holds the new key only"
+    );
     std::thread::sleep(Duration::from_secs(75));
     let (_, took) = fleet.whole(3);
     eprintln!(
@@ -594,9 +571,7 @@ fn a_field_the_operator_owns_is_put_back_and_a_users_own_is_left() {
 fn mesh_sizes(ips: Vec<String>) -> Sampler<Vec<Option<u64>>> {
     Sampler::start(Duration::from_millis(250), move || {
         ips.iter()
-            .map(|ip| {
-                sidecar_status(ip, ACME_ADMIN).and_then(|s| s["summary"]["total_nodes"].as_u64())
-            })
+            .map(|ip| sidecar_status(ip, ADMIN).and_then(|s| s["summary"]["total_nodes"].as_u64()))
             .collect()
     })
 }
@@ -618,30 +593,26 @@ fn the_control_plane_restarts_under_the_fleet_and_the_sidecars_never_notice() {
     let fleet = Fleet::deploy(&c, "life-control-plane", 9, |m| m);
     let before = fleet.identities();
     let operator_before = cluster::identities(&c.operator_pods(cluster::OPERATOR_NAMESPACE));
-    let ips: Vec<String> = fleet.ns.proxy_pods("demo").iter().map(pod_ip).collect();
+    let ips = fleet.ips();
     let sizes = mesh_sizes(ips.clone());
+    // Each edit is a new answer of an existing origin (a new origin would
+    // be a new name for the certificate: an order), seen by every proxy
+    // once the edit reached it.
+    let host = fleet.names[0].clone();
     let mut manifest = fleet.manifest.clone();
+    let mut body = format!("{host}\\n");
     for part in ["kube-apiserver", "etcd"] {
         let start = std::time::Instant::now();
         cluster::restart_parts(&[part]);
         let down = start.elapsed();
-        // A new answer of an existing origin (a new origin would be a new
-        // name for the certificate: an order), seen by every proxy once the
-        // edit reached it.
-        let host = fleet.names[0].clone();
-        let next = manifest.replacen(&format!("body: \"{host}\\n\""), "body: \"after\\n\"", 1);
-        let next = next.replacen(
-            "body: \"after\\n\"",
-            &format!("body: \"after {part}\\n\""),
+        let next_body = format!("after {part}\\n");
+        let next = manifest.replacen(
+            &format!("body: \"{body}\""),
+            &format!("body: \"{next_body}\""),
             1,
         );
-        let next = next.replacen(
-            "body: \"after kube-apiserver\\n\"",
-            &format!("body: \"after {part}\\n\""),
-            1,
-        );
-        assert_ne!(next, manifest, "no body of {host} to edit");
-        manifest = next;
+        assert_ne!(next, manifest, "no body {body:?} of {host} to edit");
+        (manifest, body) = (next, next_body);
         let edited = std::time::Instant::now();
         wait_for(
             &format!("the edit applied after restarting {part}"),
@@ -745,7 +716,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
     let fleet = Fleet::deploy(&c, "life-store", 10, |m| m);
-    let ips: Vec<String> = fleet.ns.proxy_pods("demo").iter().map(pod_ip).collect();
+    let ips = fleet.ips();
 
     // 1. Redis restarted while the order for a new name is in flight.
     let added = format!("c.{}.test", fleet.ns.name);
@@ -845,7 +816,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
         },
     );
     eprintln!("redis paused: /readyz says {}", said[0]);
-    let status = sidecar_status(&ips[0], ACME_ADMIN).expect("status");
+    let status = sidecar_status(&ips[0], ADMIN).expect("status");
     assert!(
         status["degraded"].to_string().contains("store"),
         "the status says the store is away: {}",

@@ -71,9 +71,6 @@ const STORE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// [`STORE_LOOKUP_TIMEOUT`].
 const STORE_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-/// The store did not answer a challenge lookup within its time.
-struct StoreAway;
-
 /// Most store reads in flight at once: a flood of distinct unknown tokens
 /// (which the miss cache cannot absorb) costs the store at most this much
 /// concurrency; the excess waits its turn, within the timeout above.
@@ -371,12 +368,7 @@ impl ChallengeBook {
             return Found::Miss;
         }
         match self.in_store(token).await {
-            // Not remembered as a miss: the CA's next try asks the store again.
-            Err(StoreAway) => {
-                self.missed.inc();
-                Found::Miss
-            }
-            Ok(Some(published)) => {
+            Some(published) => {
                 let found = if host_matches(&published.host, host_header) {
                     self.hits.inc();
                     Found::Hit(published.body.clone())
@@ -387,7 +379,7 @@ impl ChallengeBook {
                 self.remember(token, published, now);
                 found
             }
-            Ok(None) => {
+            None => {
                 self.remember_miss(token, now);
                 self.missed.inc();
                 Found::Miss
@@ -433,8 +425,9 @@ impl ChallengeBook {
     }
 
     /// The token's record from the store; `None` when absent, expired,
-    /// malformed or unreadable (the last two logged).
-    async fn in_store(&self, token: &str) -> Result<Option<Published>, StoreAway> {
+    /// malformed or unreadable within [`STORE_LOOKUP_TIMEOUT`] (the last
+    /// two logged).
+    async fn in_store(&self, token: &str) -> Option<Published> {
         let key = layout::challenge(token);
         let mut last_error = None;
         let read = async {
@@ -446,43 +439,36 @@ impl ChallengeBook {
             // may have come in the second the store was away.
             loop {
                 match self.store.get(&key).await {
-                    Ok(found) => return Ok::<_, std::convert::Infallible>(found),
-                    Err(e) => {
-                        last_error = Some(e.to_string());
-                        tokio::time::sleep(STORE_RETRY_PAUSE).await;
-                    }
+                    Ok(found) => break found,
+                    Err(e) => last_error = Some(e.to_string()),
                 }
+                tokio::time::sleep(STORE_RETRY_PAUSE).await;
             }
         };
         let outcome = tokio::time::timeout(STORE_LOOKUP_TIMEOUT, read).await;
-        let entry = match outcome {
-            Ok(Ok(Some(entry))) => entry,
-            Ok(Ok(None)) => return Ok(None),
-            Ok(Err(never)) => match never {},
-            Err(_) => {
-                let why = match &last_error {
-                    Some(e) => format!("store read failed for {STORE_LOOKUP_TIMEOUT:?}: {e}"),
-                    None => format!(
-                        "store read took longer than {STORE_LOOKUP_TIMEOUT:?} (or \
-                         {MAX_STORE_LOOKUPS} reads were already in flight)"
-                    ),
-                };
-                self.warn_limited(&why);
-                return Err(StoreAway);
-            }
+        let Ok(found) = outcome else {
+            self.warn_limited(&match &last_error {
+                Some(e) => format!("store read failed for {STORE_LOOKUP_TIMEOUT:?}: {e}"),
+                None => format!(
+                    "store read took longer than {STORE_LOOKUP_TIMEOUT:?} (or \
+                     {MAX_STORE_LOOKUPS} reads were already in flight)"
+                ),
+            });
+            return None;
         };
+        let entry = found?;
         if entry.value.len() > MAX_RECORD_BYTES {
             self.warn_limited(&format!(
                 "record {key} is {} bytes, not a challenge record",
                 entry.value.len()
             ));
-            return Ok(None);
+            return None;
         }
         let record: ChallengeRecord = match serde_json::from_slice(&entry.value) {
             Ok(r) => r,
             Err(e) => {
                 self.warn_limited(&format!("record {key} is not a challenge record: {e}"));
-                return Ok(None);
+                return None;
             }
         };
         let host = normalize_host(&record.host);
@@ -490,18 +476,18 @@ impl ChallengeBook {
             self.warn_limited(&format!(
                 "record {key} does not hold a key authorization for this token"
             ));
-            return Ok(None);
+            return None;
         }
         let now = Instant::now();
         let mut ttl = STORE_HIT_CACHE_TTL;
         if let Some(at) = entry.expires_at_unix_ms {
             ttl = ttl.min(Duration::from_millis(at.saturating_sub(now_unix_ms())));
         }
-        Ok(Some(Published {
+        Some(Published {
             host,
             body: Bytes::from(record.key_authorization),
             expires_at: deadline(now, ttl),
-        }))
+        })
     }
 
     /// A warning at most every 10 s, with the count of those held back.

@@ -958,9 +958,9 @@ pub fn validations_for(c: &Cluster, name: &str) -> usize {
     pebble_log_lines(c, &format!("Value:\"{name}\"}}"))
 }
 
-/// The Admin credentials of [`acme_manifest`]'s config (the sidecar's admin
-/// API takes the proxy's).
-pub const ACME_ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
+/// The admin credentials of the seed's manifests and of [`acme_manifest`]'s
+/// config (`proxy.admin`): the sidecar's admin API takes the proxy's.
+pub const ADMIN: Option<(&str, &str)> = Some(("admin", "secret"));
 
 /// A fleet of [`acme_manifest`]: SBProxy `demo`, 3 replicas, clustered, the
 /// sidecar's ACME on Redis database `db` with two names of its own
@@ -1048,7 +1048,7 @@ impl Fleet {
                 }
                 for pod in &pods {
                     let ip = pod_ip(pod);
-                    let s = sidecar_status(&ip, ACME_ADMIN)?;
+                    let s = sidecar_status(&ip, ADMIN)?;
                     if s["summary"]["total_nodes"] != n || s["summary"]["healthy_nodes"] != n {
                         return None;
                     }
@@ -1102,6 +1102,11 @@ impl Fleet {
             .unwrap_or_else(|e| panic!("patching SBProxy demo with {patch}: {e}"));
     }
 
+    /// The IPs of the fleet's pods, by pod name.
+    pub fn ips(&self) -> Vec<String> {
+        self.ns.proxy_pods("demo").iter().map(pod_ip).collect()
+    }
+
     /// The fleet's pods by name, with their UIDs and restart counts.
     pub fn identities(&self) -> std::collections::BTreeMap<String, (String, Vec<(String, i64)>)> {
         identities(&self.ns.proxy_pods("demo"))
@@ -1152,8 +1157,8 @@ impl<T: Send + 'static> Drop for Sampler<T> {
     }
 }
 
-/// How many of SBProxy `demo`'s pods in `ns` are Ready and not being
-/// deleted, and each such pod's IP.
+/// The IPs of SBProxy `demo`'s pods in `ns` that are Ready and not being
+/// deleted.
 pub fn ready_ips(c: &Cluster, ns: &str) -> Vec<String> {
     c.get(&["-n", ns, "pods", "-l", "app.kubernetes.io/instance=demo"])
         .and_then(|l| l["items"].as_array().cloned())
@@ -1192,7 +1197,7 @@ pub fn restart_parts(parts: &[&str]) {
 /// The certificates the CA issued that a pod's sidecar (at `ip`) reports
 /// for its own node, as its status lists them (no placeholder).
 pub fn local_certificates(ip: &str) -> Vec<Value> {
-    let Some(status) = sidecar_status(ip, ACME_ADMIN) else {
+    let Some(status) = sidecar_status(ip, ADMIN) else {
         return Vec::new();
     };
     status["nodes"]
