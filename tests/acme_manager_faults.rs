@@ -15,6 +15,8 @@
 //!   read places no order;
 //! - attempts that never reach the CA (its directory unreachable) do not
 //!   spend the cluster's order budget.
+//! - a certificate the CA issued that the store does not take at first is
+//!   kept and written once the store answers, not ordered again.
 //!
 //! Meshes bind 127.0.43.1-9, responders 127.0.43.1x; 127.0.43.99 is where
 //! a hostname goes to fail its validation (nothing listens there).
@@ -37,10 +39,10 @@ use sbmesh::acme::unit::CertUnit;
 use sbmesh::config::SbConfig;
 use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta};
 use sbmesh::metrics::Metrics;
-use sbmesh::store::Store;
 use sbmesh::store::instrumented::Instrumented;
 use sbmesh::store::lock::LeaseLock;
 use sbmesh::store::memory::MemoryStore;
+use sbmesh::store::{Entry, Store, StoreError, Version};
 use tokio::sync::watch;
 
 use acme_ca::{Pebble, eventually, serve_responder, unique_host};
@@ -799,6 +801,138 @@ async fn a_renewal_asked_for_by_ari_names_the_certificate_it_replaces() {
     assert!(
         ari.next_check_unix > now + 3500 && ari.next_check_unix <= now + 3600,
         "not asked again before the CA's Retry-After of an hour: {ari:?}"
+    );
+    replica.stop().await;
+}
+
+/// A memory store whose fenced writes of one key fail a number of times
+/// first (the store restarting just as the CA's certificate arrives).
+#[derive(Debug)]
+struct CertWriteFails {
+    inner: MemoryStore,
+    key: String,
+    fails_left: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Store for CertWriteFails {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn is_shared(&self) -> bool {
+        true
+    }
+    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<Version, StoreError> {
+        self.inner.put(key, value, ttl).await
+    }
+    async fn put_if_absent(
+        &self,
+        key: &str,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<Option<Version>, StoreError> {
+        self.inner.put_if_absent(key, value, ttl).await
+    }
+    async fn compare_and_swap(
+        &self,
+        key: &str,
+        expected: &Version,
+        value: &[u8],
+        ttl: Option<Duration>,
+    ) -> Result<Option<Version>, StoreError> {
+        self.inner.compare_and_swap(key, expected, value, ttl).await
+    }
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn put_fenced(
+        &self,
+        key: &str,
+        value: &[u8],
+        lock_key: &str,
+        fence: u64,
+    ) -> Result<Version, StoreError> {
+        let failing = key == self.key
+            && self
+                .fails_left
+                .fetch_update(
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                    |n| n.checked_sub(1),
+                )
+                .is_ok();
+        if failing {
+            return Err(StoreError::Backend {
+                backend: "memory",
+                message: "connection reset (the store restarting)".into(),
+            });
+        }
+        self.inner.put_fenced(key, value, lock_key, fence).await
+    }
+}
+
+/// The store does not take the CA's certificate at first (it restarts as
+/// the certificate arrives): the certificate is kept and written once the
+/// store answers, not lost and ordered again: one order, issued, none failed.
+#[tokio::test]
+async fn a_certificate_the_store_refuses_at_first_is_kept_not_ordered_again() {
+    let Some(pebble) = Pebble::start() else {
+        return;
+    };
+    let responder_ip = Ipv4Addr::new(127, 0, 43, 16);
+    let host = unique_host("kept");
+    pebble.add_a(&host, responder_ip).await;
+    let store: Arc<dyn Store> = Arc::new(CertWriteFails {
+        inner: MemoryStore::new(),
+        key: layout::certificate(&host),
+        fails_left: std::sync::atomic::AtomicUsize::new(3),
+    });
+    let _responder = serve_responder(
+        ChallengeBook::new(store.clone(), Arc::new(Metrics::new())),
+        responder_ip,
+        pebble.http_port,
+    )
+    .await;
+    let replica = Replica::start(
+        "faults-kept",
+        Ipv4Addr::new(127, 0, 43, 6),
+        &store,
+        config(
+            &pebble.directory,
+            &pebble.ca_root,
+            std::slice::from_ref(&host),
+        ),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "the CA's certificate on disk",
+        || {
+            let done = replica.has_real_cert(&host);
+            async move { done }
+        },
+    )
+    .await;
+    assert_eq!(replica.orders("issued"), 1.0, "orders issued");
+    assert_eq!(replica.orders("failed"), 0.0, "orders failed");
+    assert!(
+        store
+            .get(&layout::certificate(&host))
+            .await
+            .unwrap()
+            .is_some(),
+        "the certificate is in the store"
     );
     replica.stop().await;
 }

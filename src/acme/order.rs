@@ -63,6 +63,16 @@ const BUSY_RECHECK: Duration = Duration::from_secs(5);
 /// clock that disagrees with the holder's must not make us spin).
 const BUSY_MIN_WAIT: Duration = Duration::from_secs(1);
 
+/// How long the CA's certificate is kept while its write to the store
+/// fails (the store restarting, unreachable): written as soon as the
+/// store answers within this, instead of lost and ordered again (a second
+/// certificate at the CA for the same names).
+const ISSUED_WRITE_PATIENCE: Duration = Duration::from_secs(120);
+/// The first pause between two writes of the CA's certificate; doubled
+/// each time, up to [`ISSUED_WRITE_MAX_PAUSE`].
+const ISSUED_WRITE_FIRST_PAUSE: Duration = Duration::from_millis(500);
+const ISSUED_WRITE_MAX_PAUSE: Duration = Duration::from_secs(8);
+
 /// How long to leave a lock alone that is held until `expires_at_unix_ms`.
 fn busy_wait(expires_at_unix_ms: u64, now_unix_ms: u64) -> Duration {
     Duration::from_millis(expires_at_unix_ms.saturating_sub(now_unix_ms))
@@ -413,10 +423,47 @@ impl OrderJob {
         let bytes = record
             .encode(self.ring.current().as_deref(), &key)
             .map_err(|e| failed(OrderError::Seal(e)))?;
-        put_fenced(self.store.as_ref(), &key, &bytes, &keeper.lease())
+        self.write_issued(&key, &bytes, keeper)
             .await
             .map_err(|e| failed(OrderError::StoreCertificate(e)))?;
         Ok(record)
+    }
+
+    /// The fenced write of the CA's certificate, tried again while the
+    /// store fails (not when a newer lease holder refuses it) for up to
+    /// [`ISSUED_WRITE_PATIENCE`]: the certificate exists at the CA, and
+    /// losing it would order a second one. A write after the lease
+    /// lapsed is still refused if another replica took the lock since.
+    async fn write_issued(
+        &self,
+        key: &str,
+        bytes: &[u8],
+        keeper: &LeaseKeeper,
+    ) -> Result<(), StoreError> {
+        let started = tokio::time::Instant::now();
+        let mut pause = ISSUED_WRITE_FIRST_PAUSE;
+        let mut retried = false;
+        loop {
+            match put_fenced(self.store.as_ref(), key, bytes, &keeper.lease()).await {
+                Ok(_) => {
+                    if retried {
+                        info!(unit = %self.unit.id, "the CA's certificate is stored: the store answers again");
+                    }
+                    return Ok(());
+                }
+                Err(e @ (StoreError::Timeout { .. } | StoreError::Backend { .. }))
+                    if started.elapsed() + pause < ISSUED_WRITE_PATIENCE =>
+                {
+                    if !retried {
+                        warn!(unit = %self.unit.id, error = %one_line(&e.to_string()), "the CA issued the certificate but the store did not take it; keeping it and writing it again");
+                        retried = true;
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ISSUED_WRITE_MAX_PAUSE);
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Counts the issuance towards the duplicate limit; a failure is only
