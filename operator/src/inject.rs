@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::cli::InjectArgs;
 use crate::injected::CONFIG_MAP_LABEL;
-use crate::render::{self, MeshSettings, SidecarSettings};
+use crate::render::{self, KeySecret, MeshSettings, SidecarSettings};
 
 /// Kinds `inject` accepts.
 pub const ACCEPTED_KINDS: &str = "StatefulSet or Deployment (apps/v1)";
@@ -187,14 +187,16 @@ fn inject_template(
         cluster_domain: CLUSTER_DOMAIN.to_string(),
         gossip_port: GOSSIP_PORT,
         transport_port: TRANSPORT_PORT,
-        key_secret: format!("{workload}-cluster-key"),
-        key_secret_key: render::CLUSTER_KEY_KEY.to_string(),
+    });
+    let cluster_key = mesh.as_ref().map(|_| KeySecret {
+        name: format!("{workload}-cluster-key"),
+        key: render::CLUSTER_KEY_KEY.to_string(),
     });
     // The key ring reaches the sidecar as a file (rotation without restarts).
-    if let Some(mesh) = &mesh {
+    if let Some(secret) = &cluster_key {
         let volumes = pod.volumes.get_or_insert_with(Vec::new);
         volumes.retain(|v| v.name != render::CLUSTER_KEY_VOLUME);
-        volumes.push(render::cluster_key_volume(mesh));
+        volumes.push(render::cluster_key_volume(secret));
     }
     let sidecar = render::sidecar_container(&SidecarSettings {
         image: opts.sidecar_image.clone(),
@@ -212,6 +214,7 @@ fn inject_template(
         proxy_http_port: None,
         acme_check_url: None,
         mesh,
+        cluster_key,
         authorization: None,
         resources: None,
         config_volume,

@@ -387,9 +387,11 @@ async fn reconcile_proxy(proxy: &SBProxy, ctx: &Context) -> Result<Outcome, Erro
 
     // The generated key lives in a Secret the operator owns only when the
     // user names none; a clusterSecretRef Secret is theirs and not read.
-    let generated_key =
-        proxy.spec.clustering.enabled && proxy.spec.clustering.cluster_secret_ref.is_none();
-    let existing_secret = if generated_key {
+    // Read with clustering off too: a Secret kept from when it was on still
+    // seals the store's records, and the pods keep it (render).
+    let own_key = proxy.spec.clustering.cluster_secret_ref.is_none();
+    let generated_key = proxy.spec.clustering.enabled && own_key;
+    let existing_secret = if own_key {
         let secret_name = render::cluster_key_secret_name(proxy);
         Api::<Secret>::namespaced(ctx.client.clone(), &ns)
             .get_opt(&secret_name)
@@ -428,6 +430,8 @@ async fn reconcile_proxy(proxy: &SBProxy, ctx: &Context) -> Result<Outcome, Erro
         u64::try_from(proxy.spec.clustering.key_rotation_grace_seconds).unwrap_or(1),
     );
     let key = match &existing_secret {
+        // Clustering off: the key is kept as it is, not rotated.
+        Some(_) if !generated_key => KeyState::None,
         Some(secret) => match rotation::plan(
             requested.map(String::as_str),
             secret,

@@ -312,7 +312,7 @@ pub fn render(
     check_replicas(proxy)?;
     let text = &referenced_config(proxy, config, &ns)?.spec.config;
     let facts = check_config(proxy, &ns, text)?;
-    let template = pod_template(proxy, &name, &ns, opts, &facts)?;
+    let template = pod_template(proxy, &name, &ns, opts, &facts, existing_secret.is_some())?;
 
     let stamp = Stamp {
         ns: &ns,
@@ -560,23 +560,30 @@ fn pod_template(
     ns: &str,
     opts: &RenderOptions,
     facts: &ConfigFacts,
+    has_key_secret: bool,
 ) -> Result<PodTemplateSpec, Refusal> {
     let spec = &proxy.spec;
-    let mesh = spec.clustering.enabled.then(|| {
-        let (secret, key) = match &spec.clustering.cluster_secret_ref {
-            Some(r) => (r.name.clone(), r.key.clone()),
-            None => (cluster_key_secret_name(proxy), CLUSTER_KEY_KEY.to_string()),
-        };
-        MeshSettings {
-            service: mesh_name(name),
-            cluster_domain: spec.clustering.cluster_domain.clone(),
-            gossip_port: spec.clustering.gossip_port,
-            transport_port: spec.clustering.transport_port,
-            key_secret: secret,
-            key_secret_key: key,
-        }
+    let mesh = spec.clustering.enabled.then(|| MeshSettings {
+        service: mesh_name(name),
+        cluster_domain: spec.clustering.cluster_domain.clone(),
+        gossip_port: spec.clustering.gossip_port,
+        transport_port: spec.clustering.transport_port,
     });
-    let key_volume = mesh.as_ref().map(cluster_key_volume);
+    // The key seals the store's records as well as the mesh: a pod keeps
+    // it with clustering turned off (the operator's Secret is kept then),
+    // or it could not open the certificate its fleet stored and would
+    // order another.
+    let cluster_key = match &spec.clustering.cluster_secret_ref {
+        Some(r) => Some(KeySecret {
+            name: r.name.clone(),
+            key: r.key.clone(),
+        }),
+        None => (spec.clustering.enabled || has_key_secret).then(|| KeySecret {
+            name: cluster_key_secret_name(proxy),
+            key: CLUSTER_KEY_KEY.to_string(),
+        }),
+    };
+    let key_volume = cluster_key.as_ref().map(cluster_key_volume);
     let sidecar = sidecar_container(&SidecarSettings {
         image: spec
             .sidecar
@@ -590,6 +597,7 @@ fn pod_template(
         proxy_http_port: Some(spec.port),
         acme_check_url: Some(acme_check_url(proxy, ns)),
         mesh,
+        cluster_key,
         authorization: spec
             .admin_auth_secret_ref
             .as_ref()
@@ -1157,13 +1165,13 @@ pub fn cluster_key_file() -> String {
 
 /// The cluster-key Secret as a volume: its key `key` as the file
 /// [`cluster_key_file`] reads, whatever the Secret calls it.
-pub fn cluster_key_volume(mesh: &MeshSettings) -> Volume {
+pub fn cluster_key_volume(secret: &KeySecret) -> Volume {
     Volume {
         name: CLUSTER_KEY_VOLUME.to_string(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(mesh.key_secret.clone()),
+            secret_name: Some(secret.name.clone()),
             items: Some(vec![KeyToPath {
-                key: mesh.key_secret_key.clone(),
+                key: secret.key.clone(),
                 path: CLUSTER_KEY_KEY.to_string(),
                 ..KeyToPath::default()
             }]),
@@ -1195,10 +1203,15 @@ pub struct MeshSettings {
     pub gossip_port: i32,
     /// Transport port (TCP).
     pub transport_port: i32,
-    /// Secret holding the cluster key ring.
-    pub key_secret: String,
-    /// Key of that Secret.
-    pub key_secret_key: String,
+}
+
+/// Where the cluster key ring is: a Secret and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySecret {
+    /// The Secret.
+    pub name: String,
+    /// Its key holding the ring.
+    pub key: String,
 }
 
 /// Everything the sidecar container is built from; `render` and `inject`
@@ -1227,6 +1240,9 @@ pub struct SidecarSettings {
     pub acme_check_url: Option<String>,
     /// The gossip mesh; `None`: the sidecar runs alone.
     pub mesh: Option<MeshSettings>,
+    /// The cluster key ring, mounted as [`cluster_key_file`]: it seals the
+    /// mesh and the store's records; `None`: records are written plain.
+    pub cluster_key: Option<KeySecret>,
     /// Secret name and key of the reload `Authorization` header.
     pub authorization: Option<(String, String)>,
     /// Resources; `None`: small requests, no limits.
@@ -1283,10 +1299,12 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
             value_env(flags::CLUSTER_DOMAIN.env, &mesh.cluster_domain),
             value_env(flags::GOSSIP_PORT.env, &mesh.gossip_port.to_string()),
             value_env(flags::TRANSPORT_PORT.env, &mesh.transport_port.to_string()),
-            value_env(flags::CLUSTER_KEY_FILE.env, &cluster_key_file()),
         ]);
         ports.push(container_port("gossip", mesh.gossip_port, "UDP"));
         ports.push(container_port("transport", mesh.transport_port, "TCP"));
+    }
+    if s.cluster_key.is_some() {
+        env.push(value_env(flags::CLUSTER_KEY_FILE.env, &cluster_key_file()));
     }
     if let Some((secret, key)) = &s.authorization {
         env.push(secret_env(flags::PROXY_AUTHORIZATION.env, secret, key));
@@ -1326,7 +1344,7 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
             ]
             .into_iter()
             .chain(
-                s.mesh
+                s.cluster_key
                     .as_ref()
                     .map(|_| mount(CLUSTER_KEY_VOLUME, CLUSTER_KEY_DIR, true)),
             )

@@ -418,17 +418,8 @@ fn rotating_the_cluster_key_drops_no_packet_and_restarts_nothing() {
     let stable = start.elapsed();
     // The Secret now holds only the new key: give the kubelet its minute
     // to hand that to every pod, then a mesh round on it.
-    // The Secret's keys, one per line (kubectl decodes the data).
-    let keys = fleet
-        .ns
-        .kubectl(&[
-            "get",
-            "secret",
-            "demo-cluster-key",
-            "-o",
-            "go-template={{index .data \"cluster-key\" | base64decode}}",
-        ])
-        .expect("the cluster-key Secret");
+    // The Secret's keys, one per line.
+    let keys = cluster_key(&fleet);
     assert_eq!(
         keys.lines().filter(|l| !l.trim().is_empty()).count(),
         1,
@@ -867,4 +858,129 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
         before,
         "a pod was replaced or restarted"
     );
+}
+
+/// The cluster key ring the operator made for SBProxy `demo`, one key per
+/// line, as the Secret holds it (kubectl decodes the data).
+fn cluster_key(fleet: &Fleet) -> String {
+    fleet
+        .ns
+        .kubectl(&[
+            "get",
+            "secret",
+            "demo-cluster-key",
+            "-o",
+            "go-template={{index .data \"cluster-key\" | base64decode}}",
+        ])
+        .expect("the cluster-key Secret")
+}
+
+/// Waits until the fleet's 3 pods are all new since `before` (other UIDs)
+/// and Ready: the StatefulSet controller replaced the workload.
+fn replaced(fleet: &Fleet, before: &cluster::Identities, what: &str) -> Vec<Value> {
+    wait_for(
+        &format!("every pod replaced and Ready after {what}"),
+        Duration::from_secs(300),
+        || {
+            let pods = fleet.ns.proxy_pods("demo");
+            let all_new = pods.len() == 3
+                && pods.iter().all(|p| {
+                    cluster::pod_ready(p)
+                        && before
+                            .get(p["metadata"]["name"].as_str().unwrap_or_default())
+                            .is_none_or(|(uid, _)| p["metadata"]["uid"] != uid.as_str())
+                });
+            all_new.then_some(pods)
+        },
+    )
+}
+
+/// `spec.clustering.enabled` turned off and on again: the workload is
+/// replaced each time as the reference says (the pods without, then with,
+/// the mesh Service and the key), the key Secret is kept with the same
+/// key, the certificate stays readable and served throughout (the store's
+/// records are sealed with that key), and the mesh re-forms on the same
+/// key: no order at the CA, no packet it could not open.
+#[test]
+fn clustering_turned_off_and_on_keeps_the_key_and_the_certificate() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-flip", 11, |m| m);
+    let key = cluster_key(&fleet);
+    let key_id = wait_for("status.clusterKey", Duration::from_secs(60), || {
+        let k = fleet.ns.get(&["sbproxy", "demo"])?["status"]["clusterKey"].clone();
+        (k["phase"] == "Stable").then(|| k["keyId"].as_str().map(String::from))?
+    });
+
+    let before = fleet.identities();
+    let start = std::time::Instant::now();
+    fleet.patch(r#"{"spec":{"clustering":{"enabled":false}}}"#);
+    let pods = replaced(&fleet, &before, "clustering off");
+    let off = start.elapsed();
+    let pod = &pods[0];
+    let sidecar = pod["spec"]["initContainers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "sbmesh-sidecar"))
+        .expect("the sidecar");
+    assert!(
+        !sidecar["env"].to_string().contains("SBMESH_MESH_SERVICE"),
+        "a pod without clustering has no mesh to join: {}",
+        sidecar["env"]
+    );
+    for pod in &pods {
+        let ip = pod_ip(pod);
+        let status = sidecar_status(&ip, ADMIN).expect("status");
+        assert_eq!(
+            status["summary"]["total_nodes"], 1,
+            "{}: a sidecar without clustering is alone: {}",
+            pod["metadata"]["name"], status["summary"]
+        );
+        for name in &fleet.names {
+            let served = wait_for(
+                &format!("{name} served by {ip}"),
+                Duration::from_secs(60),
+                || cluster::served_serial(name, &ip, 8443),
+            );
+            assert_eq!(
+                served, fleet.serial,
+                "{}: serves another certificate for {name} with clustering off",
+                pod["metadata"]["name"]
+            );
+        }
+    }
+    assert_eq!(cluster_key(&fleet), key, "the key Secret is kept as it was");
+    eprintln!(
+        "clustering off: every pod replaced and serving {:.1} s after the patch",
+        off.as_secs_f64()
+    );
+
+    let before = fleet.identities();
+    let start = std::time::Instant::now();
+    fleet.patch(r#"{"spec":{"clustering":{"enabled":true}}}"#);
+    replaced(&fleet, &before, "clustering on");
+    let (_, took) = fleet.whole(3);
+    eprintln!(
+        "clustering on: whole {:.1} s after the patch ({:.1} s after the last replacement)",
+        start.elapsed().as_secs_f64(),
+        took.as_secs_f64()
+    );
+    assert_eq!(cluster_key(&fleet), key, "the key Secret is kept as it was");
+    for ip in fleet.ips() {
+        let status = sidecar_status(&ip, ADMIN).expect("status");
+        let local = status["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|m| m["local"] == true).cloned())
+            .expect("the local node");
+        assert_eq!(
+            local["key_id"],
+            key_id.as_str(),
+            "{ip} seals with the same key"
+        );
+        let decrypt = metric(&ip, "mesh_packets_rejected_total{reason=\"decrypt\"}");
+        assert!(
+            decrypt.is_none_or(|v| v == 0.0),
+            "{ip}: {decrypt:?} packets it could not open"
+        );
+    }
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
 }

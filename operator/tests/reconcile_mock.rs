@@ -492,6 +492,7 @@ async fn a_fixed_spec_clears_the_refusal() {
     let (ctx, _) = context(client);
     let task = server.run(vec![
         Expect::get(CONFIG, Some(config_json(SB_YML_REDB))),
+        Expect::get(SECRET, None),
         sts_applied(1, 1),
         applied(MESH),
         applied(SVC),
@@ -505,7 +506,7 @@ async fn a_fixed_spec_clears_the_refusal() {
     ]);
     reconcile(proxy(&p), ctx).await.expect("reconcile");
     let seen = finish(task).await;
-    let status = &seen[9].body["status"];
+    let status = &seen[10].body["status"];
     assert!(
         status
             .as_object()
@@ -520,7 +521,7 @@ async fn a_fixed_spec_clears_the_refusal() {
         "Degraded flipped: new time"
     );
     assert_eq!(condition(status, "Ready")["status"], "True");
-    assert_eq!(seen[10].body["type"], "Normal");
+    assert_eq!(seen[11].body["type"], "Normal");
 }
 
 /// A pod's metadata as a list of pods answers it.
@@ -551,6 +552,7 @@ async fn each_pod_without_the_configs_hash_is_annotated_with_it_and_a_refused_pa
     let (ctx, metrics) = context(client);
     let task = server.run(vec![
         Expect::get(CONFIG, Some(config_json(SB_YML_REDB))),
+        Expect::get(SECRET, None),
         sts_applied(1, 1),
         applied(MESH),
         applied(SVC),
@@ -574,11 +576,11 @@ async fn each_pod_without_the_configs_hash_is_annotated_with_it_and_a_refused_pa
         .expect("a refused patch fails no reconcile");
     let seen = finish(task).await;
     assert_eq!(
-        seen[5].query("labelSelector"),
+        seen[6].query("labelSelector"),
         Some("app.kubernetes.io/instance=demo,app.kubernetes.io/name=sbproxy"),
         "the SBProxy's own pods, by its selector"
     );
-    for patched in [&seen[6], &seen[7]] {
+    for patched in [&seen[7], &seen[8]] {
         assert_eq!(
             patched.content_type.as_deref(),
             Some("application/merge-patch+json")
@@ -655,18 +657,25 @@ async fn scaling_to_one_replica_deletes_the_pdb() {
     assert_eq!(seen[13].body["reason"], "Applied");
 }
 
+/// Clustering off with the key Secret kept from when it was on: the pods
+/// keep the key (it seals the store's records: without it they could not
+/// open the certificate and would order another), the Secret is neither
+/// written nor rotated, and the status has no `clusterKey`. A foreign PDB
+/// is left alone.
 #[tokio::test]
-async fn one_unclustered_replica_reads_no_secret_and_leaves_a_foreign_pdb() {
+async fn one_unclustered_replica_keeps_a_kept_key_and_leaves_a_foreign_pdb() {
     let foreign = json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": { "name": "demo-pdb", "namespace": "default", "uid": "theirs" },
         "spec": { "minAvailable": 1 },
     });
-    let p = proxy_json(1, false);
+    let mut p = proxy_json(1, false);
+    p["metadata"]["annotations"] = json!({ "sbproxy.dev/rotate-cluster-key": "r1" });
     let (client, server) = pair();
     let (ctx, _) = context(client);
     let task = server.run(vec![
         Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, Some(key_secret(&format!("{KEY_OLD}\n"), json!({})))),
         sts_applied(1, 1),
         applied(MESH),
         applied(SVC),
@@ -680,7 +689,23 @@ async fn one_unclustered_replica_reads_no_secret_and_leaves_a_foreign_pdb() {
     ]);
     reconcile(proxy(&p), ctx).await.expect("reconcile");
     let seen = finish(task).await;
-    assert!(seen.iter().all(|s| !s.path.contains("/secrets")));
+    assert!(
+        seen.iter()
+            .all(|s| !s.path.contains("/secrets") || s.method == "GET"),
+        "the kept Secret is only read"
+    );
+    let sts = find(&seen, "PATCH", STS).body.to_string();
+    assert!(
+        sts.contains("SBMESH_CLUSTER_KEY_FILE")
+            && sts.contains("\"secretName\":\"demo-cluster-key\""),
+        "the pods keep the key: {sts}"
+    );
+    assert!(
+        !sts.contains("SBMESH_MESH_SERVICE"),
+        "and form no mesh: {sts}"
+    );
+    let status = find(&seen, "PATCH", STATUS).body.clone();
+    assert!(status["status"]["clusterKey"].is_null(), "{status}");
 }
 
 #[tokio::test]
@@ -690,6 +715,7 @@ async fn an_api_error_is_recorded_and_retried_with_backoff() {
     let (ctx, metrics) = context(client);
     let task = server.run(vec![
         Expect::get(CONFIG, Some(config_json(SB_YML))),
+        Expect::get(SECRET, None),
         Expect::patch(STS, json!({})).answer(Answer::Failure(
             http::StatusCode::INTERNAL_SERVER_ERROR,
             "InternalError",
@@ -710,7 +736,7 @@ async fn an_api_error_is_recorded_and_retried_with_backoff() {
     );
     drop(ctx);
     let seen = finish(task).await;
-    let last_error = seen[2].body["status"]["lastError"]
+    let last_error = seen[3].body["status"]["lastError"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
@@ -719,7 +745,7 @@ async fn an_api_error_is_recorded_and_retried_with_backoff() {
         "{last_error}"
     );
     assert_eq!(
-        seen[2].body["status"].as_object().map(|s| s.len()),
+        seen[3].body["status"].as_object().map(|s| s.len()),
         Some(1),
         "only lastError: conditions stay as they were"
     );
@@ -1155,6 +1181,8 @@ async fn a_cluster_without_prometheus_operator_gets_everything_else_and_says_wha
     let (ctx, metrics) = context(client);
     let task = server.run(vec![
         Expect::get(CONFIG, Some(config_json(SB_YML))),
+        // Without clustering too: a key kept from when it was on.
+        Expect::get(SECRET, None),
         sts_applied(1, 1),
         applied(MESH),
         applied(SVC),

@@ -768,9 +768,10 @@ fn run(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
 /// Each pod by name: its UID and every container's restart count. Two
 /// equal maps mean the same pods, none replaced and none restarted (a
 /// replaced pod also starts at zero restarts, but under a new UID).
-pub fn identities(
-    pods: &[Value],
-) -> std::collections::BTreeMap<String, (String, Vec<(String, i64)>)> {
+pub type Identities = std::collections::BTreeMap<String, (String, Vec<(String, i64)>)>;
+
+/// The [`Identities`] of `pods`.
+pub fn identities(pods: &[Value]) -> Identities {
     pods.iter()
         .map(|p| {
             (
@@ -1108,7 +1109,7 @@ impl Fleet {
     }
 
     /// The fleet's pods by name, with their UIDs and restart counts.
-    pub fn identities(&self) -> std::collections::BTreeMap<String, (String, Vec<(String, i64)>)> {
+    pub fn identities(&self) -> Identities {
         identities(&self.ns.proxy_pods("demo"))
     }
 }
