@@ -675,6 +675,38 @@ fn the_control_plane_restarts_under_the_fleet_and_the_sidecars_never_notice() {
     assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
 }
 
+/// Waits until every sidecar (at `ips`) wrote one and the same certificate
+/// naming `name`; returns its serial.
+fn written_everywhere(ips: &[String], name: &str) -> String {
+    wait_for(
+        &format!("every sidecar writing the certificate for {name}"),
+        Duration::from_secs(240),
+        || {
+            let serials: BTreeSet<String> = ips
+                .iter()
+                .map(|ip| {
+                    written(ip)
+                        .into_iter()
+                        .find(|(names, _)| names.iter().any(|n| n == name))
+                        .map(|(_, s)| s)
+                })
+                .collect::<Option<_>>()?;
+            (serials.len() == 1).then(|| serials.into_iter().next())?
+        },
+    )
+}
+
+/// `manifest` with one more origin, `name`, in its config: a new name for
+/// the fleet's certificate (in `san` mode), ordered once.
+fn with_origin(manifest: &str, name: &str) -> String {
+    let origin = format!(
+        "    origins:\n      \"{name}\":\n        action: {{ type: static, status_code: 200, body: \"{name}\\n\" }}\n"
+    );
+    let next = manifest.replacen("    origins:\n", &origin, 1);
+    assert_ne!(next, manifest, "no origins to add {name} to");
+    next
+}
+
 /// The local certificates a pod's sidecar reports: (names, serial).
 fn written(ip: &str) -> Vec<(Vec<String>, String)> {
     cluster::local_certificates(ip)
@@ -712,11 +744,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
     // 1. Redis restarted while the order for a new name is in flight.
     let added = format!("c.{}.test", fleet.ns.name);
     cluster::add_a(&c, &added, &fleet.service_ip);
-    let origin = format!(
-        "    origins:\n      \"{added}\":\n        action: {{ type: static, status_code: 200, body: \"{added}\\n\" }}\n"
-    );
-    let next = fleet.manifest.replacen("    origins:\n", &origin, 1);
-    assert_ne!(next, fleet.manifest);
+    let next = with_origin(&fleet.manifest, &added);
     let validations = cluster::validations_for(&c, &added);
     // It runs alone: every issuance and failed validation is this test's.
     let (issued, invalid) = (cluster::issued(&c), cluster::invalid_authorizations(&c));
@@ -727,22 +755,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
         || (cluster::validations_for(&c, &added) > validations).then_some(()),
     );
     cluster::restart_parts(&["redis"]);
-    let serial = wait_for(
-        &format!("every sidecar writing the certificate for {added}"),
-        Duration::from_secs(240),
-        || {
-            let serials: std::collections::BTreeSet<String> = ips
-                .iter()
-                .map(|ip| {
-                    written(ip)
-                        .into_iter()
-                        .find(|(names, _)| names.contains(&added))
-                        .map(|(_, s)| s)
-                })
-                .collect::<Option<_>>()?;
-            (serials.len() == 1).then(|| serials.into_iter().next())?
-        },
-    );
+    let serial = written_everywhere(&ips, &added);
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
         cluster::issued(&c) - issued,
@@ -983,4 +996,90 @@ fn clustering_turned_off_and_on_keeps_the_key_and_the_certificate() {
         );
     }
     assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// The replica placing an order dies mid-order: a name is added, and while
+/// Pebble validates its order (the validation routed to a listener that
+/// accepts and never answers, so the order stays in flight at the CA with
+/// its lock held) the sidecar holding it, found by
+/// `sbmesh_acme_orders_in_progress`, is killed with SIGKILL (nothing
+/// released). The order is completed without waiting out the lock's lease
+/// (its node's next process takes over its own predecessor's lock), every
+/// sidecar writes the certificate, and the CA issued exactly one.
+///
+/// It runs alone (`.config/nextest.toml`): it counts Pebble's issuances.
+#[test]
+fn the_order_holder_killed_mid_order_the_order_completes_once() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-holder", 12, |m| m);
+    let pods = fleet.ns.proxy_pods("demo");
+    let before = fleet.identities();
+    let added = format!("c.{}.test", fleet.ns.name);
+    let stall = std::net::TcpListener::bind((c.host_ip.as_str(), 80))
+        .unwrap_or_else(|e| panic!("a listener on {}:80: {e}", c.host_ip));
+    stall.set_nonblocking(true).expect("nonblocking");
+    cluster::add_a(&c, &added, &c.host_ip);
+    let next = with_origin(&fleet.manifest, &added);
+    let issued = cluster::issued(&c);
+    c.apply(&next);
+    let mut held = Vec::new();
+    let holder = wait_for(
+        &format!("Pebble validating the order for {added}, one sidecar holding it"),
+        Duration::from_secs(120),
+        || {
+            while let Ok((s, _)) = stall.accept() {
+                held.push(s);
+            }
+            if held.is_empty() {
+                return None;
+            }
+            let holding: Vec<&Value> = pods
+                .iter()
+                .filter(|p| metric(&pod_ip(p), "sbmesh_acme_orders_in_progress") == Some(1.0))
+                .collect();
+            (holding.len() == 1).then(|| holding[0].clone())
+        },
+    );
+    let name = holder["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // From now on Pebble's validations reach the fleet.
+    cluster::add_a(&c, &added, &fleet.service_ip);
+    let killed = std::time::Instant::now();
+    cluster::kill_container(&c, &cluster::container_id(&holder, "sbmesh-sidecar"));
+    let serial = written_everywhere(&fleet.ips(), &added);
+    let took = killed.elapsed();
+    drop(held);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        cluster::issued(&c) - issued,
+        1,
+        "certificates the CA issued for the order whose holder was killed"
+    );
+    eprintln!(
+        "order holder {name} killed while Pebble validated: one certificate with {added} (serial {serial}) \
+         written by every sidecar {:.1} s after the kill",
+        took.as_secs_f64()
+    );
+    // Only the killed sidecar restarted, once, in its pod. (A proxy may
+    // have restarted: `apply: restart` delivers the new certificate so.)
+    let after = fleet.identities();
+    for (pod, (uid, counts)) in &after {
+        let (old_uid, old_counts) = &before[pod];
+        assert_eq!(uid, old_uid, "{pod} was replaced");
+        for ((container, now), (_, then)) in counts.iter().zip(old_counts) {
+            if container != "sbmesh-sidecar" {
+                continue;
+            }
+            let expected = i64::from(*pod == name);
+            assert_eq!(
+                now - then,
+                expected,
+                "{pod}'s {container} restarted {} times",
+                now - then
+            );
+        }
+    }
 }

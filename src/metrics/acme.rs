@@ -1,7 +1,7 @@
 //! The ACME issuer's and challenge responder's metrics: `acme_*`,
 //! `sbproxy_cert_expiry_seconds`, and the challenge check's
-//! `sbmesh_acme_challenge_checks_total` and `sbmesh_acme_orders_waiting`
-//! (docs/reference.md#acme-metrics).
+//! `sbmesh_acme_challenge_checks_total` and `sbmesh_acme_orders_waiting`,
+//! and `sbmesh_acme_orders_in_progress` (docs/reference.md#acme-metrics).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -36,6 +36,18 @@ pub struct AcmeMetrics {
     /// `sbmesh_acme_orders_waiting`: certificates whose order waits for
     /// its challenge to be answered where the CA's request lands.
     pub orders_waiting: Gauge,
+    /// `sbmesh_acme_orders_in_progress`: orders this node holds the lock
+    /// of, from taking it to its release ([`AcmeMetrics::order_in_progress`]).
+    pub orders_in_progress: Gauge,
+}
+
+/// An order counted in `sbmesh_acme_orders_in_progress` until dropped.
+pub(crate) struct InProgress(Gauge);
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Results of `sbmesh_acme_challenge_checks_total`, each declared at zero.
@@ -51,6 +63,7 @@ impl AcmeMetrics {
             cert_expiry_seconds: CertExpiry::default(),
             challenge_checks: Family::default(),
             orders_waiting: Gauge::default(),
+            orders_in_progress: Gauge::default(),
         };
         for result in CHALLENGE_CHECK_RESULTS {
             let _ = acme
@@ -86,11 +99,23 @@ impl AcmeMetrics {
             acme.orders_waiting.clone(),
         );
         registry.register(
+            "sbmesh_acme_orders_in_progress",
+            "ACME orders this node is placing now: their lock held, from taking it to its release",
+            acme.orders_in_progress.clone(),
+        );
+        registry.register(
             "sbproxy_cert_expiry_seconds",
             "Seconds until the notAfter of the certificate written for each host",
             acme.cert_expiry_seconds.clone(),
         );
         acme
+    }
+
+    /// Counts an order whose lock this node just took in
+    /// `sbmesh_acme_orders_in_progress`, until the guard is dropped.
+    pub(crate) fn order_in_progress(&self) -> InProgress {
+        self.orders_in_progress.inc();
+        InProgress(self.orders_in_progress.clone())
     }
 
     /// Counts one order outcome: `issued`, `failed` or `skipped`.

@@ -40,6 +40,9 @@ pub struct Cluster {
     pub kubeconfig: String,
     /// The node's address: Pebble, pebble-challtestsrv and Redis listen there.
     pub node_ip: String,
+    /// This machine's address on the node's link, as the node (Pebble)
+    /// reaches it: where a test listens for what Pebble sends.
+    pub host_ip: String,
     /// The CA that signed Pebble's listener (and the cluster's certificates).
     pub ca: String,
     /// Pebble's ACME directory, as pods reach it.
@@ -78,6 +81,7 @@ impl Cluster {
         Some(Cluster {
             kubeconfig,
             node_ip: need("SBMESH_CLUSTER_NODE_IP"),
+            host_ip: need("SBMESH_CLUSTER_HOST_IP"),
             ca: need("SBMESH_CLUSTER_CA"),
             acme_directory: need("SBMESH_CLUSTER_ACME_DIRECTORY"),
             acme_management: need("SBMESH_CLUSTER_ACME_MANAGEMENT_URL"),
