@@ -43,7 +43,7 @@ use crate::config::DEFAULT_PROXY_ADMIN_PORT;
 use crate::config::{CertApply, SbConfig, StorageBackend};
 use crate::flags::{DEFAULT_CERT_DIR, DEFAULT_PROXY_PROCESS_NAME, DEFAULT_STATE_DIR};
 use crate::http::passthrough::{Passthrough, Upstream, with_passthrough};
-use crate::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running};
+use crate::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running, mesh_stalls};
 use crate::mesh::{
     AcmeInfo, ClusterStatus, Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning,
 };
@@ -508,7 +508,7 @@ impl Node {
             metrics: metrics.clone(),
             auth: AdminAuth::new(cfg.admin_user.as_deref(), cfg.admin_password.as_deref()),
             readiness,
-            degraded: vec![store_checks.degraded],
+            degraded: vec![store_checks.degraded, mesh_stalls(mesh.clone())],
             startup,
         };
 

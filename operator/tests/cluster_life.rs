@@ -1083,3 +1083,244 @@ fn the_order_holder_killed_mid_order_the_order_completes_once() {
         }
     }
 }
+
+/// What one sidecar's status says of a member: its membership state, or
+/// `None` when it does not list it (or does not answer).
+fn state_of(ip: &str, node: &str) -> Option<String> {
+    let status = sidecar_status(ip, ADMIN)?;
+    status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node_id"] == node)
+        .and_then(|m| m["membership_state"].as_str().map(String::from))
+}
+
+/// The longest run of consecutive samples in which some watcher did not
+/// list the member as alive, as (from, to) sample times; `None` when every
+/// watcher listed it alive at every sample.
+fn longest_not_alive(samples: &[(Duration, Vec<Option<String>>)]) -> Option<(Duration, Duration)> {
+    let mut longest: Option<(Duration, Duration)> = None;
+    let mut from = None;
+    for (t, views) in samples {
+        if views.iter().all(|v| v.as_deref() == Some("alive")) {
+            from = None;
+            continue;
+        }
+        let start = *from.get_or_insert(*t);
+        if longest.is_none_or(|(a, b)| b - a < *t - start) {
+            longest = Some((start, *t));
+        }
+    }
+    longest
+}
+
+/// A node under pressure: one pod's sidecar CPU-limited hard while the
+/// others are not, then stopped outright.
+///
+/// 1. An in-place resize to `limits.cpu: 20m` (the kubelet's CFS quota,
+///    checked in its cgroup), under a steady load of status requests, for
+///    40 s: the kernel throttles it, and its peers never list it as
+///    anything but alive; `/readyz` stays plain ready.
+/// 2. Frozen for 5 s (the cgroup freezer: a stall no quota can explain).
+///    Its log names the stall and its length, `/readyz` says why (200,
+///    `degraded`), and its peers list it alive again within a few seconds of
+///    the thaw: not down for longer than its stall.
+///
+/// Nothing restarts.
+#[test]
+fn a_sidecar_starved_of_cpu_says_so_and_is_not_lost() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-cpu", 13, |m| m);
+    let pods = fleet.ns.proxy_pods("demo");
+    let starved = "demo-proxy-1";
+    let ip = pod_ip(&pods[1]);
+    let id = cluster::container_id(&pods[1], "sbmesh-sidecar");
+    let watchers: Vec<String> = [&pods[0], &pods[2]].iter().map(|p| pod_ip(p)).collect();
+    let before = fleet.identities();
+    let watch = || {
+        let w = watchers.clone();
+        Sampler::start(Duration::from_millis(250), move || {
+            w.iter().map(|ip| state_of(ip, starved)).collect::<Vec<_>>()
+        })
+    };
+    let readyz = {
+        let ip = ip.clone();
+        move || {
+            cluster::curl(&["--max-time", "2", &format!("http://{ip}:9091/readyz")]).map_or_else(
+                |e| format!("no answer: {e}"),
+                |(code, body)| format!("{code} {body}"),
+            )
+        }
+    };
+
+    // 1. Throttled.
+    fleet
+        .ns
+        .kubectl(&[
+            "patch",
+            "pod",
+            starved,
+            "--subresource",
+            "resize",
+            "-p",
+            r#"{"spec":{"initContainers":[{"name":"sbmesh-sidecar","resources":{"requests":{"cpu":"20m"},"limits":{"cpu":"20m"}}}]}}"#,
+        ])
+        .expect("an in-place resize of the sidecar's CPU");
+    let throttled_before = wait_for(
+        "the kubelet's CPU quota (2 ms per 100 ms) in the sidecar's cgroup",
+        Duration::from_secs(60),
+        || match cluster::container_cpu(&c, &id)? {
+            (Some(2000), throttled) => Some(throttled),
+            _ => None,
+        },
+    );
+    let views = watch();
+    let ready = Sampler::start(Duration::from_millis(500), readyz.clone());
+    let load = {
+        let ip = ip.clone();
+        Sampler::start(Duration::from_millis(50), move || {
+            sidecar_status(&ip, ADMIN).is_some()
+        })
+    };
+    std::thread::sleep(Duration::from_secs(40));
+    let (load, views, ready) = (load.finish(), views.finish(), ready.finish());
+    let throttled_periods =
+        cluster::container_cpu(&c, &id).map_or(0, |(_, n)| n) - throttled_before;
+    eprintln!(
+        "throttled to 20m: {} status requests ({} answered), {throttled_periods} periods throttled",
+        load.len(),
+        load.iter().filter(|(_, ok)| *ok).count()
+    );
+    assert!(
+        throttled_periods > 0,
+        "the kernel never throttled the sidecar: no pressure was made"
+    );
+    assert_eq!(
+        longest_not_alive(&views),
+        None,
+        "a peer listed the throttled {starved} as other than alive"
+    );
+    let not_ready: Vec<&String> = ready
+        .iter()
+        .map(|(_, r)| r)
+        .filter(|r| *r != "200 ready")
+        .collect();
+    assert!(
+        not_ready.is_empty(),
+        "/readyz of the throttled sidecar: {not_ready:?}"
+    );
+
+    // 2. Stopped for 5 s.
+    let views = watch();
+    let frozen = std::time::Instant::now();
+    cluster::pause_container(&c, &id);
+    std::thread::sleep(Duration::from_secs(5));
+    cluster::resume_container(&c, &id);
+    let thawed = frozen.elapsed();
+    let said = wait_for(
+        "/readyz saying why after the stall",
+        Duration::from_secs(30),
+        || {
+            let r = readyz();
+            (r.starts_with("200") && r.contains("degraded") && r.contains("was not running"))
+                .then_some(r)
+        },
+    );
+    let back = wait_for(
+        &format!("every peer listing {starved} alive after the thaw"),
+        Duration::from_secs(30),
+        || {
+            watchers
+                .iter()
+                .all(|w| state_of(w, starved).as_deref() == Some("alive"))
+                .then(|| frozen.elapsed())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let views = views.finish();
+    let logs = fleet
+        .ns
+        .kubectl(&["logs", starved, "-c", "sbmesh-sidecar", "--since=60s"])
+        .unwrap_or_default();
+    let stall_line = logs
+        .lines()
+        .find(|l| l.contains("this process was not running"))
+        .unwrap_or_else(|| panic!("{starved}'s log names no stall:\n{logs}"));
+    eprintln!("stopped {:.1} s: log: {stall_line}", thawed.as_secs_f64());
+    eprintln!("stopped: /readyz: {said}");
+    let longest = longest_not_alive(&views);
+    if let Some((from, to)) = longest {
+        eprintln!(
+            "stopped: a peer listed it other than alive from {:.2} s to {:.2} s after the freeze; \
+             every peer listed it alive {:.2} s after the freeze ({:.2} s after the thaw)",
+            from.as_secs_f64(),
+            to.as_secs_f64(),
+            back.as_secs_f64(),
+            (back - thawed).as_secs_f64()
+        );
+        assert!(
+            to - from <= thawed + Duration::from_secs(1),
+            "{starved} was not listed alive for {:.2} s, longer than its {:.1} s stall",
+            (to - from).as_secs_f64(),
+            thawed.as_secs_f64()
+        );
+    }
+    assert!(
+        back - thawed < Duration::from_secs(5),
+        "every peer listed {starved} alive {:.1} s after the thaw",
+        (back - thawed).as_secs_f64()
+    );
+    assert_eq!(
+        fleet.identities(),
+        before,
+        "a pod was replaced or restarted"
+    );
+}
+
+/// The node restarts: a power cut (`scripts/cluster power-cut`: every part
+/// of the node killed at once, containers included, what a reboot loses
+/// dropped) and its return from what is on disk. Every pod comes back (the
+/// same pods, their containers started again in new sandboxes at new
+/// addresses), the mesh re-forms, every proxy serves every certificate
+/// from the store, and the CA sees no new order.
+///
+/// It runs alone (`.config/nextest.toml`): it stops everything.
+#[test]
+fn the_node_loses_power_and_the_fleet_comes_back_from_the_store() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-power", 14, |m| m);
+    let before = fleet.identities();
+    let ips_before = fleet.ips();
+    let start = std::time::Instant::now();
+    cluster::power_cut();
+    let node_back = start.elapsed();
+    let (pods, _) = fleet.whole(3);
+    let whole = start.elapsed();
+    let after = cluster::identities(&pods);
+    for (name, (uid, counts)) in &after {
+        let (old_uid, old_counts) = before
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is new: {before:?}"));
+        assert_eq!(
+            uid, old_uid,
+            "{name} was replaced, not restarted on the node"
+        );
+        for ((container, now), (_, then)) in counts.iter().zip(old_counts) {
+            assert!(
+                now > then,
+                "{name}'s {container} did not restart: the power cut did not reach it"
+            );
+        }
+    }
+    let ips_after = fleet.ips();
+    eprintln!(
+        "power cut: node Ready again {:.1} s after the cut, the fleet whole {:.1} s after it \
+         (addresses {ips_before:?} → {ips_after:?})",
+        node_back.as_secs_f64(),
+        whole.as_secs_f64()
+    );
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+    c.operator();
+}

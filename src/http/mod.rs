@@ -91,6 +91,12 @@ pub(crate) fn mesh_running(mesh: Mesh) -> ReadinessCheck {
     })
 }
 
+/// A degradation while a recent stall of this process may have made peers
+/// suspect it ([`Mesh::recent_stall`]).
+pub(crate) fn mesh_stalls(mesh: Mesh) -> ReadinessCheck {
+    Arc::new(move || mesh.recent_stall())
+}
+
 /// The admin router. Serve it with connect info:
 /// `axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())`.
 pub(crate) fn admin_router(state: AdminState) -> Router {

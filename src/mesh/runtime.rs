@@ -42,6 +42,10 @@ const MAX_BACKLOG_READ: usize = 256;
 /// ones 300 ms more, then a suspicion lasts 1.5 s), and explains a false
 /// `down` of this node.
 const STALL_WARNING: Duration = Duration::from_secs(1);
+/// How long a stall of [`STALL_WARNING`] or more stays in `/readyz`'s and
+/// status's `degraded` ([`Mesh::recent_stall`]): long enough for a probe,
+/// a scrape or an operator to see why peers suspected this node.
+const STALL_REPORTED: Duration = Duration::from_secs(60);
 
 /// What a mesh node needs to start. [`MeshConfig::new`] fills in the
 /// defaults; change the public fields after that.
@@ -143,12 +147,19 @@ struct Shared {
     /// Written by the driver for every authenticated datagram; read by
     /// `/readyz` without a round trip to the driver.
     skew: Mutex<SkewWatch>,
+    /// The last stall of [`STALL_WARNING`] or more: when it ended, and how
+    /// long the process was not running.
+    stall: Mutex<Option<(Instant, Duration)>>,
 }
 
 impl Shared {
     fn skew(&self) -> MutexGuard<'_, SkewWatch> {
         // A poisoned watch is still a consistent set of entries.
         self.skew.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn stall(&self) -> MutexGuard<'_, Option<(Instant, Duration)>> {
+        self.stall.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -301,6 +312,22 @@ impl Mesh {
     /// clock more than 30 s off, and it is cut off from the mesh.
     pub(crate) fn clock_skew_isolation(&self) -> Option<Isolation> {
         self.shared.skew().isolation(Instant::now())
+    }
+
+    /// Said while a stall of this process (its timers ran at least 1 s
+    /// late: CPU starved or throttled, or stopped) ended less than a
+    /// minute ago: why peers may have suspected it or declared it down.
+    pub(crate) fn recent_stall(&self) -> Option<String> {
+        let (ended, late) = (*self.shared.stall())?;
+        let ago = ended.elapsed();
+        (ago < STALL_REPORTED).then(|| {
+            format!(
+                "mesh: this process was not running for {:.1} s, {} s ago (CPU starved or \
+                 throttled, or stopped): peers may have suspected it or declared it down",
+                late.as_secs_f64(),
+                ago.as_secs()
+            )
+        })
     }
 
     /// The peers whose packets were rejected for clock skew in the last
@@ -777,10 +804,13 @@ impl Driver {
                 warn!(bytes, "node metadata over 64 KiB not published");
             }
             Event::Left { peers } => info!(peers, "left the mesh"),
-            Event::Stalled { late } if late >= STALL_WARNING => warn!(
-                late_ms = late.as_millis() as u64,
-                "this process was not running (CPU starved or throttled, or stopped): peers may have suspected it"
-            ),
+            Event::Stalled { late } if late >= STALL_WARNING => {
+                *self.shared.stall() = Some((Instant::now(), late));
+                warn!(
+                    late_ms = late.as_millis() as u64,
+                    "this process was not running (CPU starved or throttled, or stopped): peers may have suspected it"
+                );
+            }
             // The core's local-health line says so at debug level already.
             Event::Stalled { .. } => {}
         }

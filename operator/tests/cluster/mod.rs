@@ -904,11 +904,7 @@ pub fn resume_container(c: &Cluster, id: &str) {
 /// found through the runtime (`ctr tasks ls`): the node's processes are
 /// this machine's.
 pub fn container_rss(c: &Cluster, id: &str) -> Option<u64> {
-    let tasks = try_ctr(c, &["tasks", "ls"]).ok()?;
-    let pid = tasks.lines().find_map(|line| {
-        let mut cols = line.split_whitespace();
-        (cols.next()? == id).then(|| cols.next())?
-    })?;
+    let pid = container_pid(c, id)?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = status
         .lines()
@@ -919,6 +915,51 @@ pub fn container_rss(c: &Cluster, id: &str) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// A running container's process id on this machine (`ctr tasks ls`).
+fn container_pid(c: &Cluster, id: &str) -> Option<String> {
+    let tasks = try_ctr(c, &["tasks", "ls"]).ok()?;
+    tasks.lines().find_map(|line| {
+        let mut cols = line.split_whitespace();
+        (cols.next()? == id).then(|| cols.next().map(String::from))?
+    })
+}
+
+/// A running container's CPU quota (µs per 100 ms period; `None`:
+/// unlimited) and how many periods the kernel throttled it so far, from its
+/// cgroup (v2's `cpu.max` and `cpu.stat`, or v1's `cpu.cfs_quota_us` and
+/// `cpu.stat`): what the kubelet set, and what the kernel did with it.
+pub fn container_cpu(c: &Cluster, id: &str) -> Option<(Option<u64>, u64)> {
+    let pid = container_pid(c, id)?;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let (dir, quota) = if v2 {
+        let path = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let dir = format!("/sys/fs/cgroup{path}");
+        let max = std::fs::read_to_string(format!("{dir}/cpu.max")).ok()?;
+        (dir, max.split_whitespace().next()?.parse().ok())
+    } else {
+        let (controllers, path) = cgroup.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            controllers
+                .split(',')
+                .any(|c| c == "cpu")
+                .then_some((controllers, path))
+        })?;
+        let dir = format!("/sys/fs/cgroup/{controllers}{path}");
+        let quota = std::fs::read_to_string(format!("{dir}/cpu.cfs_quota_us")).ok()?;
+        (dir, quota.trim().parse().ok().filter(|q: &u64| *q > 0))
+    };
+    let stat = std::fs::read_to_string(format!("{dir}/cpu.stat")).ok()?;
+    let throttled = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some((quota, throttled))
 }
 
 fn ctr(c: &Cluster, args: &[&str]) {
@@ -1197,6 +1238,15 @@ pub fn restart_parts(parts: &[&str]) {
         None,
     )
     .unwrap_or_else(|e| panic!("scripts/cluster restart {}: {e}", parts.join(" ")));
+}
+
+/// `scripts/cluster power-cut`: SIGKILL to every part of the node at once,
+/// what a reboot loses dropped, every part started again from its disk;
+/// returns once the node is Ready again.
+pub fn power_cut() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/cluster");
+    run(Command::new("bash").arg(&script).arg("power-cut"), None)
+        .unwrap_or_else(|e| panic!("scripts/cluster power-cut: {e}"));
 }
 
 /// The certificates the CA issued that a pod's sidecar (at `ip`) reports
