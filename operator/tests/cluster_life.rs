@@ -254,21 +254,7 @@ fn a_rolling_restart_and_a_new_sidecar_image_keep_two_pods_serving() {
     fleet.patch(&format!(
         r#"{{"spec":{{"sidecar":{{"image":"{tagged}"}}}}}}"#
     ));
-    wait_for(
-        "every pod running the new sidecar image",
-        Duration::from_secs(300),
-        || {
-            let pods = fleet.ns.proxy_pods("demo");
-            (pods.len() == 3
-                && pods.iter().all(|p| {
-                    p["spec"]["initContainers"][0]["image"] == tagged.as_str()
-                        && before
-                            .get(p["metadata"]["name"].as_str().unwrap_or(""))
-                            .is_some_and(|(uid, _)| p["metadata"]["uid"] != uid.as_str())
-                }))
-            .then_some(())
-        },
-    );
+    rolled_to(&fleet, &tagged, &before);
     let (_, took) = fleet.whole(3);
     eprintln!(
         "new sidecar image: whole again {:.1} s after the last pod was replaced",
@@ -277,6 +263,26 @@ fn a_rolling_restart_and_a_new_sidecar_image_keep_two_pods_serving() {
     never_below("new sidecar image", &sampler.finish(), 2);
     cluster::untag_image(&c, &tagged);
     assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
+}
+
+/// Waits until each of the fleet's 3 pods is a new one since `before` and
+/// runs the sidecar `image`: a roll to that image is done.
+fn rolled_to(fleet: &Fleet, image: &str, before: &cluster::Identities) {
+    wait_for(
+        &format!("every pod replaced, running the sidecar {image}"),
+        Duration::from_secs(300),
+        || {
+            let pods = fleet.ns.proxy_pods("demo");
+            (pods.len() == 3
+                && pods.iter().all(|p| {
+                    p["spec"]["initContainers"][0]["image"] == image
+                        && before
+                            .get(p["metadata"]["name"].as_str().unwrap_or(""))
+                            .is_some_and(|(uid, _)| p["metadata"]["uid"] != uid.as_str())
+                }))
+            .then_some(())
+        },
+    );
 }
 
 /// Every pod evicted through the eviction API at once, as `kubectl drain`
@@ -1177,14 +1183,18 @@ fn a_sidecar_starved_of_cpu_says_so_and_is_not_lost() {
     );
     let views = watch();
     let ready = Sampler::start(Duration::from_millis(500), readyz.clone());
-    let load = {
-        let ip = ip.clone();
-        Sampler::start(Duration::from_millis(50), move || {
-            sidecar_status(&ip, ADMIN).is_some()
+    // Two clients asking for its status back to back.
+    let loads: Vec<Sampler<bool>> = (0..2)
+        .map(|_| {
+            let ip = ip.clone();
+            Sampler::start(Duration::from_millis(20), move || {
+                sidecar_status(&ip, ADMIN).is_some()
+            })
         })
-    };
+        .collect();
     std::thread::sleep(Duration::from_secs(40));
-    let (load, views, ready) = (load.finish(), views.finish(), ready.finish());
+    let load: Vec<(Duration, bool)> = loads.into_iter().flat_map(Sampler::finish).collect();
+    let (views, ready) = (views.finish(), ready.finish());
     let throttled_periods =
         cluster::container_cpu(&c, &id).map_or(0, |(_, n)| n) - throttled_before;
     eprintln!(
@@ -1323,4 +1333,115 @@ fn the_node_loses_power_and_the_fleet_comes_back_from_the_store() {
     );
     assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
     c.operator();
+}
+
+/// The image the build of `PREVIOUS_SIDECAR` in `scripts/cluster` carries.
+const PREVIOUS_IMAGE: &str = "ghcr.io/sbproxy/sbmesh:previous";
+
+/// Upgrade across versions: a fleet running the previous sidecar (the
+/// commit `scripts/cluster` pins as `PREVIOUS_SIDECAR`) rolled to this
+/// tree's image on a live fleet. At every 250 ms sample at least two pods
+/// are Ready and each Ready sidecar counts at least two members, also
+/// while the two versions run side by side (the mixed-version mesh never
+/// splits), and no sidecar of either version rejects a packet it cannot
+/// decode; the fleet ends whole with the same certificate, no order placed.
+#[test]
+fn a_rolling_upgrade_from_the_previous_sidecar_never_splits_the_mesh() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let fleet = Fleet::deploy(&c, "life-upgrade", 15, |m| {
+        m.replacen(
+            "  clustering: { enabled: true }\n",
+            &format!(
+                "  clustering: {{ enabled: true }}\n  sidecar: {{ image: {PREVIOUS_IMAGE} }}\n"
+            ),
+            1,
+        )
+    });
+    let ns = fleet.ns.name.clone();
+    let pods = fleet.ns.proxy_pods("demo");
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["initContainers"][0]["image"] == PREVIOUS_IMAGE),
+        "the fleet runs the previous sidecar"
+    );
+    let current = c.sbmesh_image.clone();
+    let before = fleet.identities();
+    // Each Ready pod: its sidecar's image, the members it counts, and the
+    // packets it could not decode.
+    let c2 = c.clone();
+    let sampler = Sampler::start(Duration::from_millis(250), move || {
+        c2.get(&["-n", &ns, "pods", "-l", "app.kubernetes.io/instance=demo"])
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter(|p| cluster::pod_ready(p) && p["metadata"]["deletionTimestamp"].is_null())
+            .map(|p| {
+                let ip = pod_ip(p);
+                let members = sidecar_status(&ip, ADMIN)
+                    .and_then(|s| s["summary"]["total_nodes"].as_u64())
+                    .unwrap_or(0);
+                let undecoded =
+                    metric(&ip, "mesh_packets_rejected_total{reason=\"decode\"}").unwrap_or(0.0);
+                (
+                    p["spec"]["initContainers"][0]["image"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    members,
+                    undecoded,
+                )
+            })
+            .collect::<Vec<_>>()
+    });
+    fleet.patch(&format!(
+        r#"{{"spec":{{"sidecar":{{"image":"{current}"}}}}}}"#
+    ));
+    rolled_to(&fleet, &current, &before);
+    let (_, took) = fleet.whole(3);
+    let samples = sampler.finish();
+    let low: Vec<String> = samples
+        .iter()
+        .filter(|(_, ready)| ready.len() < 2 || ready.iter().any(|(_, m, _)| *m < 2))
+        .map(|(t, ready)| format!("{:.2} s: {ready:?}", t.as_secs_f64()))
+        .collect();
+    assert!(
+        samples.len() > 10 && low.is_empty(),
+        "fewer than 2 Ready pods, or a sidecar counting fewer than 2 members, at {} of {} samples:\n{}",
+        low.len(),
+        samples.len(),
+        low.join("\n")
+    );
+    let mixed = samples
+        .iter()
+        .filter(|(_, ready)| {
+            ready.iter().any(|(i, _, _)| i == PREVIOUS_IMAGE)
+                && ready.iter().any(|(i, _, _)| *i == current)
+        })
+        .count();
+    assert!(
+        mixed > 0,
+        "no sample saw both versions Ready at once: the mixed mesh was never tried"
+    );
+    let undecoded: Vec<String> = samples
+        .iter()
+        .flat_map(|(t, ready)| {
+            ready
+                .iter()
+                .filter(|(_, _, u)| *u > 0.0)
+                .map(move |r| format!("{:.2} s: {r:?}", t.as_secs_f64()))
+        })
+        .collect();
+    assert!(
+        undecoded.is_empty(),
+        "packets a sidecar could not decode during the upgrade:\n{}",
+        undecoded.join("\n")
+    );
+    eprintln!(
+        "upgrade from the previous sidecar: {mixed} of {} samples with both versions Ready, each \
+         sidecar counting ≥ 2; whole {:.1} s after the last pod was replaced",
+        samples.len(),
+        took.as_secs_f64()
+    );
+    assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
 }

@@ -55,6 +55,8 @@ pub struct Cluster {
     pub pebble_log: String,
     /// Redis, as pods reach it, without a database number.
     pub redis_url: String,
+    /// This tree's sidecar image, as `scripts/cluster images` tagged it.
+    pub sbmesh_image: String,
     /// The cluster's containerd socket (`ctr --address`), to kill a
     /// container through the runtime as a crash would.
     pub containerd: String,
@@ -88,6 +90,7 @@ impl Cluster {
             challtestsrv: need("SBMESH_CLUSTER_CHALLTESTSRV_URL"),
             pebble_log: need("SBMESH_CLUSTER_PEBBLE_LOG"),
             redis_url: need("SBMESH_CLUSTER_REDIS_URL"),
+            sbmesh_image: need("SBMESH_CLUSTER_SBMESH_IMAGE"),
             containerd: need("SBMESH_CLUSTER_CONTAINERD_SOCK"),
         })
     }
