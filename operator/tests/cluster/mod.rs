@@ -888,6 +888,11 @@ pub fn kill_container(c: &Cluster, id: &str) {
     ctr(c, &["tasks", "kill", "--signal", "SIGKILL", id]);
 }
 
+/// [`kill_container`], or why not (the task already gone, say).
+pub fn try_kill_container(c: &Cluster, id: &str) -> Result<(), String> {
+    try_ctr(c, &["tasks", "kill", "--signal", "SIGKILL", id]).map(|_| ())
+}
+
 /// Freezes a container's processes through containerd (the freezer
 /// cgroup): a hung process that neither works, renews nor releases.
 pub fn pause_container(c: &Cluster, id: &str) {
