@@ -14,6 +14,8 @@
 //! nextest's kill.
 #![allow(dead_code)]
 
+pub mod chaos;
+
 use std::io::Write;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -1246,6 +1248,44 @@ pub fn restart_parts(parts: &[&str]) {
         None,
     )
     .unwrap_or_else(|e| panic!("scripts/cluster restart {}: {e}", parts.join(" ")));
+}
+
+/// Evicts each of `pods` through the eviction API, as `kubectl drain`
+/// does, trying again every 500 ms while the PodDisruptionBudget refuses:
+/// how many were evicted and how many refusals it took.
+pub fn evict_all(
+    c: &Cluster,
+    ns: &str,
+    mut left: std::collections::BTreeSet<String>,
+) -> (usize, usize) {
+    let (mut evicted, mut refused) = (0, 0);
+    let start = std::time::Instant::now();
+    while !left.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(400),
+            "evictions still refused after 400 s: {left:?} ({evicted} evicted, {refused} refused)"
+        );
+        for name in left.clone() {
+            let body = format!(
+                r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{name}","namespace":"{ns}"}}}}"#
+            );
+            let path = format!("/api/v1/namespaces/{ns}/pods/{name}/eviction");
+            match c.kubectl_with(&["create", "--raw", &path, "-f", "-"], Some(&body)) {
+                Ok(_) => {
+                    evicted += 1;
+                    left.remove(&name);
+                }
+                Err(e) if e.contains("disruption budget") || e.contains("TooManyRequests") => {
+                    refused += 1
+                }
+                // Being deleted already (evicted a moment ago).
+                Err(e) if e.contains("NotFound") || e.contains("not found") => {}
+                Err(e) => panic!("evicting {name}: {e}"),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    (evicted, refused)
 }
 
 /// `scripts/cluster power-cut`: SIGKILL to every part of the node at once,
