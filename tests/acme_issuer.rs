@@ -26,6 +26,7 @@
 
 mod acme_ca;
 mod object_servers;
+mod store_hook;
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,12 +48,13 @@ use sbmesh::acme::layout;
 use sbmesh::keyring::KeyRing;
 use sbmesh::metrics::Metrics;
 use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::{Entry, Store, StoreError, Version};
+use sbmesh::store::{Store, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use acme_ca::{Pebble, eventually, serve_black_hole, serve_responder, unique_host, verify_issued};
 use object_servers::server_env;
+use store_hook::{Hook, Hooked, Op};
 
 fn ip(last: u8) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 41, last)
@@ -217,66 +219,18 @@ async fn a_replica_that_did_not_order_answers_the_challenge() {
     pebble.clear_a(&host).await;
 }
 
-/// A store that counts account record writes (each follows one account
-/// creation at the CA).
-#[derive(Debug)]
-struct CountingStore {
-    inner: Arc<dyn Store>,
-    account_writes: AtomicUsize,
-}
-
-impl CountingStore {
-    fn count(&self, key: &str) {
-        if key.starts_with("acme/") && key.ends_with("/account") {
-            self.account_writes.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-}
+/// Counts account record writes (each follows one account creation at the
+/// CA).
+#[derive(Default)]
+struct AccountWrites(AtomicUsize);
 
 #[async_trait]
-impl Store for CountingStore {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn is_shared(&self) -> bool {
-        self.inner.is_shared()
-    }
-    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Version, StoreError> {
-        self.count(key);
-        self.inner.put(key, value, ttl).await
-    }
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.count(key);
-        self.inner.put_if_absent(key, value, ttl).await
-    }
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expected: &Version,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.count(key);
-        self.inner.compare_and_swap(key, expected, value, ttl).await
-    }
-    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.list(prefix).await
+impl Hook for AccountWrites {
+    async fn before(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        if op.writes() && key.starts_with("acme/") && key.ends_with("/account") {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
     }
 }
 
@@ -285,10 +239,7 @@ async fn five_replicas_starting_together_create_one_account() {
     let Some(pebble) = Pebble::start() else {
         return;
     };
-    let counting = Arc::new(CountingStore {
-        inner: memory(),
-        account_writes: AtomicUsize::new(0),
-    });
+    let counting = Hooked::new(memory(), AccountWrites::default());
     let store: Arc<dyn Store> = counting.clone();
     let ring = ring();
     let settings = pebble.settings();
@@ -309,7 +260,7 @@ async fn five_replicas_starting_together_create_one_account() {
     ids.dedup();
     assert_eq!(ids.len(), 1, "one account id for all five: {ids:?}");
     assert_eq!(
-        counting.account_writes.load(Ordering::SeqCst),
+        counting.hook.0.load(Ordering::SeqCst),
         1,
         "one account created"
     );
@@ -325,7 +276,7 @@ async fn five_replicas_starting_together_create_one_account() {
         .await
         .unwrap();
     assert_eq!(again.id(), ids[0]);
-    assert_eq!(counting.account_writes.load(Ordering::SeqCst), 1);
+    assert_eq!(counting.hook.0.load(Ordering::SeqCst), 1);
     // Without the key, the record cannot be opened: a configuration error.
     let err = load_or_create(&store, None, &settings, "node-9/nokey")
         .await

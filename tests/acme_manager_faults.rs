@@ -23,6 +23,7 @@
 
 mod acme_ca;
 mod object_servers;
+mod store_hook;
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -42,10 +43,11 @@ use sbmesh::metrics::Metrics;
 use sbmesh::store::instrumented::Instrumented;
 use sbmesh::store::lock::LeaseLock;
 use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::{Entry, Store, StoreError, Version};
+use sbmesh::store::{Store, StoreError};
 use tokio::sync::watch;
 
 use acme_ca::{Pebble, eventually, serve_responder, unique_host};
+use store_hook::{Hook, Hooked, Op};
 
 const NOWHERE: Ipv4Addr = Ipv4Addr::new(127, 0, 43, 99);
 
@@ -805,65 +807,18 @@ async fn a_renewal_asked_for_by_ari_names_the_certificate_it_replaces() {
     replica.stop().await;
 }
 
-/// A memory store whose fenced writes of one key fail a number of times
-/// first (the store restarting just as the CA's certificate arrives).
-#[derive(Debug)]
+/// Fenced writes of one key fail a number of times first (the store
+/// restarting just as the CA's certificate arrives).
 struct CertWriteFails {
-    inner: MemoryStore,
     key: String,
     fails_left: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait::async_trait]
-impl Store for CertWriteFails {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn is_shared(&self) -> bool {
-        true
-    }
-    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Version, StoreError> {
-        self.inner.put(key, value, ttl).await
-    }
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.inner.put_if_absent(key, value, ttl).await
-    }
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expected: &Version,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.inner.compare_and_swap(key, expected, value, ttl).await
-    }
-    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    async fn put_fenced(
-        &self,
-        key: &str,
-        value: &[u8],
-        lock_key: &str,
-        fence: u64,
-    ) -> Result<Version, StoreError> {
-        let failing = key == self.key
+impl Hook for CertWriteFails {
+    async fn before(&self, op: Op, key: &str) -> Result<(), StoreError> {
+        let failing = op == Op::PutFenced
+            && key == self.key
             && self
                 .fails_left
                 .fetch_update(
@@ -873,12 +828,12 @@ impl Store for CertWriteFails {
                 )
                 .is_ok();
         if failing {
-            return Err(StoreError::Backend {
-                backend: "memory",
-                message: "connection reset (the store restarting)".into(),
-            });
+            return Err(store_hook::unreachable(
+                "memory",
+                "connection reset (the store restarting)",
+            ));
         }
-        self.inner.put_fenced(key, value, lock_key, fence).await
+        Ok(())
     }
 }
 
@@ -893,11 +848,13 @@ async fn a_certificate_the_store_refuses_at_first_is_kept_not_ordered_again() {
     let responder_ip = Ipv4Addr::new(127, 0, 43, 16);
     let host = unique_host("kept");
     pebble.add_a(&host, responder_ip).await;
-    let store: Arc<dyn Store> = Arc::new(CertWriteFails {
-        inner: MemoryStore::new(),
-        key: layout::certificate(&host),
-        fails_left: std::sync::atomic::AtomicUsize::new(3),
-    });
+    let store: Arc<dyn Store> = Hooked::shared(
+        Arc::new(MemoryStore::new()),
+        CertWriteFails {
+            key: layout::certificate(&host),
+            fails_left: std::sync::atomic::AtomicUsize::new(3),
+        },
+    );
     let _responder = serve_responder(
         ChallengeBook::new(store.clone(), Arc::new(Metrics::new())),
         responder_ip,

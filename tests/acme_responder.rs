@@ -6,6 +6,7 @@
 //! `SBMESH_TEST_REDIS_URL` is set (scripts/test sets it).
 
 mod object_servers;
+mod store_hook;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,23 +21,27 @@ use hyper_util::rt::TokioIo;
 use sbmesh::acme::challenge::{ChallengeBook, Lookup, challenge_router};
 use sbmesh::metrics::{Metrics, ResultLabels};
 use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::{Entry, Store, StoreError, Version};
+use sbmesh::store::{Store, StoreError};
+use store_hook::{Hook, Hooked, Op};
 use tokio::net::TcpStream;
 
 const TTL: Duration = Duration::from_secs(300);
 const HOST: &str = "api.example.com";
 
-/// A store that counts reads (and can be told to fail them).
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn Store>,
+/// Counts reads (and can be told to fail them, fail the first few, or
+/// hang).
+#[derive(Default)]
+struct Reads {
     gets: AtomicUsize,
-    /// Reads started and not yet finished (or dropped), and the most at once.
+    /// Reads started and not yet answered (or dropped), and the most at
+    /// once.
     in_flight: Arc<AtomicUsize>,
     max_in_flight: AtomicUsize,
+    /// Every read and write fails.
     fail: bool,
     /// Reads to fail before answering (a store coming back).
     fail_first: AtomicUsize,
+    /// Reads never answer (a frozen backend).
     hang: bool,
 }
 
@@ -49,64 +54,15 @@ impl Drop for InFlight {
     }
 }
 
-impl Counting {
-    fn new(inner: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            gets: AtomicUsize::new(0),
-            in_flight: Arc::default(),
-            max_in_flight: AtomicUsize::new(0),
-            fail: false,
-            fail_first: AtomicUsize::new(0),
-            hang: false,
-        })
-    }
-    /// The first `n` reads fail, the next ones answer from `inner`.
-    fn back_after(inner: Arc<dyn Store>, n: usize) -> Arc<Self> {
-        let store = Self::new(inner);
-        store.fail_first.store(n, Ordering::SeqCst);
-        store
-    }
-    fn failing() -> Arc<Self> {
-        Arc::new(Self {
-            inner: Arc::new(MemoryStore::new()),
-            gets: AtomicUsize::new(0),
-            in_flight: Arc::default(),
-            max_in_flight: AtomicUsize::new(0),
-            fail: true,
-            fail_first: AtomicUsize::new(0),
-            hang: false,
-        })
-    }
-    /// Reads never answer (a frozen backend).
-    fn hanging() -> Arc<Self> {
-        Arc::new(Self {
-            inner: Arc::new(MemoryStore::new()),
-            gets: AtomicUsize::new(0),
-            in_flight: Arc::default(),
-            max_in_flight: AtomicUsize::new(0),
-            fail: false,
-            fail_first: AtomicUsize::new(0),
-            hang: true,
-        })
-    }
-    fn gets(&self) -> usize {
-        self.gets.load(Ordering::SeqCst)
-    }
-    fn max_in_flight(&self) -> usize {
-        self.max_in_flight.load(Ordering::SeqCst)
-    }
-}
-
 #[async_trait]
-impl Store for Counting {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn is_shared(&self) -> bool {
-        true
-    }
-    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+impl Hook for Reads {
+    async fn before(&self, op: Op, _key: &str) -> Result<(), StoreError> {
+        if op != Op::Get {
+            return match (op, self.fail) {
+                (Op::Put, true) => Err(store_hook::unreachable("test", "connection refused")),
+                _ => Ok(()),
+            };
+        }
         self.gets.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         let _in_flight = InFlight(self.in_flight.clone());
@@ -119,49 +75,46 @@ impl Store for Counting {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if self.fail || failing_first {
-            return Err(StoreError::Backend {
-                backend: "test",
-                message: "connection refused".into(),
-            });
+            return Err(store_hook::unreachable("test", "connection refused"));
         }
-        self.inner.get(key).await
+        Ok(())
     }
-    async fn put(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Version, StoreError> {
-        if self.fail {
-            return Err(StoreError::Backend {
-                backend: "test",
-                message: "connection refused".into(),
-            });
-        }
-        self.inner.put(key, value, ttl).await
+}
+
+/// A store that counts reads: a shared store as the responder reads it.
+type Counting = Hooked<Reads>;
+
+impl Hooked<Reads> {
+    fn counting(inner: Arc<dyn Store>) -> Arc<Self> {
+        Hooked::shared(inner, Reads::default())
     }
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.inner.put_if_absent(key, value, ttl).await
+    /// The first `n` reads fail, the next ones answer from `inner`.
+    fn back_after(inner: Arc<dyn Store>, n: usize) -> Arc<Self> {
+        let reads = Reads {
+            fail_first: AtomicUsize::new(n),
+            ..Reads::default()
+        };
+        Hooked::shared(inner, reads)
     }
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expected: &Version,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.inner.compare_and_swap(key, expected, value, ttl).await
+    fn failing() -> Arc<Self> {
+        let reads = Reads {
+            fail: true,
+            ..Reads::default()
+        };
+        Hooked::shared(Arc::new(MemoryStore::new()), reads)
     }
-    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
+    fn hanging() -> Arc<Self> {
+        let reads = Reads {
+            hang: true,
+            ..Reads::default()
+        };
+        Hooked::shared(Arc::new(MemoryStore::new()), reads)
     }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.list(prefix).await
+    fn gets(&self) -> usize {
+        self.hook.gets.load(Ordering::SeqCst)
+    }
+    fn max_in_flight(&self) -> usize {
+        self.hook.max_in_flight.load(Ordering::SeqCst)
     }
 }
 
@@ -234,7 +187,7 @@ fn key_auth(token: &str) -> String {
 
 #[tokio::test]
 async fn published_token_is_answered_for_its_host_only() {
-    let store = Counting::new(Arc::new(MemoryStore::new()));
+    let store = Counting::counting(Arc::new(MemoryStore::new()));
     let metrics = Arc::new(Metrics::new());
     let book = ChallengeBook::new(store.clone(), metrics.clone());
     let token = "evaGxfADs6pSRb2LAv9IZf17Dt3juxGJ-PCt92wr-oA";
@@ -311,7 +264,7 @@ async fn published_token_is_answered_for_its_host_only() {
 
 #[tokio::test]
 async fn malformed_tokens_are_refused_without_a_store_lookup() {
-    let store = Counting::new(Arc::new(MemoryStore::new()));
+    let store = Counting::counting(Arc::new(MemoryStore::new()));
     let metrics = Arc::new(Metrics::new());
     let book = ChallengeBook::new(store.clone(), metrics.clone());
     let addr = serve(book.clone()).await;
@@ -352,7 +305,7 @@ async fn malformed_tokens_are_refused_without_a_store_lookup() {
 
 #[tokio::test]
 async fn unknown_tokens_are_misses_cached_briefly() {
-    let store = Counting::new(Arc::new(MemoryStore::new()));
+    let store = Counting::counting(Arc::new(MemoryStore::new()));
     let metrics = Arc::new(Metrics::new());
     let book = ChallengeBook::new(store.clone(), metrics.clone());
     let addr = serve(book).await;
@@ -369,7 +322,7 @@ async fn unknown_tokens_are_misses_cached_briefly() {
 /// Replica B publishes to the shared store after replica A has already
 /// missed the token: A answers within about a second.
 async fn another_replicas_token_is_answered(shared: Arc<dyn Store>) {
-    let store_a = Counting::new(shared.clone());
+    let store_a = Counting::counting(shared.clone());
     let metrics_a = Arc::new(Metrics::new());
     let a = ChallengeBook::new(store_a.clone(), metrics_a.clone());
     let b = ChallengeBook::new(shared, Arc::new(Metrics::new()));

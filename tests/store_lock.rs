@@ -24,8 +24,10 @@
 //! - sealed (encrypted) records through the store.
 
 mod object_servers;
+mod store_hook;
 
 use object_servers::server_env;
+use store_hook::{Hook, Hooked, Op};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -195,81 +197,34 @@ const HEALTHY: u64 = 0;
 const FAILING: u64 = 1;
 const HANGING: u64 = 2;
 
-/// Wraps a store; can be switched to fail every operation or to hang,
-/// as an unreachable server does.
-#[derive(Debug)]
-struct Flaky {
-    inner: Arc<dyn Store>,
+/// Switched to fail every operation or to hang, as an unreachable server
+/// does.
+struct Gate {
     mode: AtomicU64,
 }
 
-impl Flaky {
-    fn new(inner: Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            mode: AtomicU64::new(HEALTHY),
-        })
-    }
-
-    async fn gate(&self) -> Result<(), StoreError> {
+#[async_trait]
+impl Hook for Gate {
+    async fn before(&self, _op: Op, _key: &str) -> Result<(), StoreError> {
         match self.mode.load(Ordering::SeqCst) {
-            FAILING => Err(StoreError::Backend {
-                backend: "flaky",
-                message: "connection refused".into(),
-            }),
+            FAILING => Err(store_hook::unreachable("flaky", "connection refused")),
             HANGING => std::future::pending().await,
             _ => Ok(()),
         }
     }
 }
 
-#[async_trait]
-impl Store for Flaky {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn is_shared(&self) -> bool {
-        self.inner.is_shared()
-    }
-    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-        self.gate().await?;
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Version, StoreError> {
-        self.gate().await?;
-        self.inner.put(key, value, ttl).await
-    }
-    async fn put_if_absent(
-        &self,
-        key: &str,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.gate().await?;
-        self.inner.put_if_absent(key, value, ttl).await
-    }
-    async fn compare_and_swap(
-        &self,
-        key: &str,
-        expected: &Version,
-        value: &[u8],
-        ttl: Option<Duration>,
-    ) -> Result<Option<Version>, StoreError> {
-        self.gate().await?;
-        self.inner.compare_and_swap(key, expected, value, ttl).await
-    }
-    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        self.gate().await?;
-        self.inner.delete(key).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.gate().await?;
-        self.inner.list(prefix).await
+/// A store behind a [`Gate`].
+type Flaky = Hooked<Gate>;
+
+impl Hooked<Gate> {
+    fn flaky(inner: Arc<dyn Store>) -> Arc<Self> {
+        Hooked::new(
+            inner,
+            Gate {
+                mode: AtomicU64::new(HEALTHY),
+            },
+        )
     }
 }
 
@@ -875,7 +830,7 @@ mod checks {
 
     async fn keeper_outage(store: Arc<dyn Store>, mode: u64, slow: u32) {
         let ttl = Duration::from_millis(1_500) * slow;
-        let flaky = Flaky::new(store);
+        let flaky = Flaky::flaky(store);
         let lock = LeaseLock::new(Arc::clone(&flaky) as Arc<dyn Store>, "outage");
         let lease = lock.try_acquire("keeper", ttl).await.unwrap().unwrap();
         let keeper = LeaseKeeper::spawn_with(lock.clone(), lease, KeeperTiming::for_ttl(ttl));
@@ -891,7 +846,7 @@ mod checks {
         .expect("no renewal");
         assert!(keeper.is_held());
 
-        flaky.mode.store(mode, Ordering::SeqCst);
+        flaky.hook.mode.store(mode, Ordering::SeqCst);
         let last_expiry = keeper.lease().expires_at_unix_ms;
         let flagged_at = wait_lost(&mut held, Duration::from_secs(10)).await;
         let expiry = keeper.lease().expires_at_unix_ms;
@@ -1017,8 +972,8 @@ async fn acquire_times_out_and_reports_bad_requests() {
 /// the store's error.
 #[tokio::test]
 async fn acquire_returns_the_store_error_after_wait() {
-    let flaky = Flaky::new(Arc::new(MemoryStore::new()));
-    flaky.mode.store(FAILING, Ordering::SeqCst);
+    let flaky = Flaky::flaky(Arc::new(MemoryStore::new()));
+    flaky.hook.mode.store(FAILING, Ordering::SeqCst);
     let lock = LeaseLock::new(flaky as Arc<dyn Store>, "down");
     assert!(matches!(
         lock.acquire("a", Duration::from_secs(1), Duration::from_millis(200))
