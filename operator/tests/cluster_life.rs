@@ -217,18 +217,7 @@ fn a_rolling_restart_and_a_new_sidecar_image_keep_two_pods_serving() {
         .ns
         .kubectl(&["rollout", "restart", "statefulset/demo-proxy"])
         .expect("kubectl rollout restart");
-    wait_for(
-        "every pod replaced by the rollout",
-        Duration::from_secs(300),
-        || {
-            let now = fleet.identities();
-            (now.len() == 3
-                && now
-                    .iter()
-                    .all(|(name, (uid, _))| before.get(name).is_some_and(|(old, _)| old != uid)))
-            .then_some(())
-        },
-    );
+    replaced(&fleet, &before, "the rollout");
     let (_, took) = fleet.whole(3);
     eprintln!(
         "rollout restart: whole again {:.1} s after the last pod was replaced",
@@ -265,24 +254,17 @@ fn a_rolling_restart_and_a_new_sidecar_image_keep_two_pods_serving() {
     assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
 }
 
-/// Waits until each of the fleet's 3 pods is a new one since `before` and
-/// runs the sidecar `image`: a roll to that image is done.
+/// Waits until each of the fleet's 3 pods is a new one since `before`, and
+/// asserts that each runs the sidecar `image`: a roll to that image is
+/// done.
 fn rolled_to(fleet: &Fleet, image: &str, before: &cluster::Identities) {
-    wait_for(
-        &format!("every pod replaced, running the sidecar {image}"),
-        Duration::from_secs(300),
-        || {
-            let pods = fleet.ns.proxy_pods("demo");
-            (pods.len() == 3
-                && pods.iter().all(|p| {
-                    p["spec"]["initContainers"][0]["image"] == image
-                        && before
-                            .get(p["metadata"]["name"].as_str().unwrap_or(""))
-                            .is_some_and(|(uid, _)| p["metadata"]["uid"] != uid.as_str())
-                }))
-            .then_some(())
-        },
-    );
+    for pod in replaced(fleet, before, &format!("the roll to {image}")) {
+        assert_eq!(
+            pod["spec"]["initContainers"][0]["image"], image,
+            "{} runs another sidecar",
+            pod["metadata"]["name"]
+        );
+    }
 }
 
 /// Every pod evicted through the eviction API at once, as `kubectl drain`
@@ -300,18 +282,7 @@ fn evicting_every_pod_at_once_is_held_to_one_at_a_time_by_the_budget() {
     let sampler = availability(&c, &ns);
     let start = std::time::Instant::now();
     let (evicted, refused) = cluster::evict_all(&c, &ns, before.keys().cloned().collect());
-    wait_for(
-        "every pod replaced after its eviction",
-        Duration::from_secs(300),
-        || {
-            let now = fleet.identities();
-            (now.len() == 3
-                && now
-                    .iter()
-                    .all(|(name, (uid, _))| before.get(name).is_some_and(|(old, _)| old != uid)))
-            .then_some(())
-        },
-    );
+    replaced(&fleet, &before, "the evictions");
     let (_, took) = fleet.whole(3);
     eprintln!(
         "drain: {evicted} evictions, {refused} refused by the budget; whole again {:.1} s after the last replacement ({:.1} s from the first eviction)",
@@ -1345,11 +1316,8 @@ fn a_rolling_upgrade_from_the_previous_sidecar_never_splits_the_mesh() {
     // packets it could not decode.
     let c2 = c.clone();
     let sampler = Sampler::start(Duration::from_millis(250), move || {
-        c2.get(&["-n", &ns, "pods", "-l", "app.kubernetes.io/instance=demo"])
-            .and_then(|l| l["items"].as_array().cloned())
-            .unwrap_or_default()
+        cluster::ready_fleet_pods(&c2, &ns)
             .iter()
-            .filter(|p| cluster::pod_ready(p) && p["metadata"]["deletionTimestamp"].is_null())
             .map(|p| {
                 let ip = pod_ip(p);
                 let members = sidecar_status(&ip, ADMIN)

@@ -242,7 +242,8 @@ impl OrderJob {
             Err(e) => return failed(OrderError::Lock(e)),
         };
         let keeper = LeaseKeeper::spawn(lock, lease);
-        let in_progress = self.metrics.acme.order_in_progress();
+        // Counted until this function returns, the lock released.
+        let _in_progress = self.metrics.acme.order_in_progress();
         let outcome = match self.locked(&keeper).await {
             Ok(record) => OrderOutcome::Issued(Box::new(record)),
             Err(ended) => ended,
@@ -250,7 +251,6 @@ impl OrderJob {
         if let Err(e) = keeper.release().await {
             debug!(unit = %self.unit.id, error = %e, "order lock not released; it expires by itself");
         }
-        drop(in_progress);
         outcome
     }
 

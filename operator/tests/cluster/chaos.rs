@@ -37,10 +37,7 @@ type Termination = (String, String, String, i64, i64, String);
 fn terminations(pods: &[Value]) -> Vec<Termination> {
     pods.iter()
         .flat_map(|p| {
-            ["initContainerStatuses", "containerStatuses"]
-                .iter()
-                .filter_map(|k| p["status"][k].as_array())
-                .flatten()
+            super::container_statuses(p)
                 .filter_map(|s| {
                     let t = &s["lastState"]["terminated"];
                     t.is_object().then(|| {
@@ -140,16 +137,7 @@ pub fn run(c: &Cluster, secs: u64, seed: u64) {
             2 => {
                 // A replica dies (the order holder's death when it holds one).
                 let killed = fleet.ns.get(&["pod", &pod]).and_then(|p| {
-                    let id = ["initContainerStatuses"]
-                        .iter()
-                        .filter_map(|k| p["status"][k].as_array())
-                        .flatten()
-                        .find(|s| {
-                            s["name"] == "sbmesh-sidecar" && s["state"]["running"].is_object()
-                        })?["containerID"]
-                        .as_str()?
-                        .strip_prefix("containerd://")?
-                        .to_string();
+                    let id = super::running_container_id(&p, "sbmesh-sidecar")?;
                     super::try_kill_container(c, &id).ok()?;
                     Some(p["metadata"]["uid"].as_str()?.to_string())
                 });

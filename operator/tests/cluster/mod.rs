@@ -557,11 +557,17 @@ pub fn pod_ready(pod: &Value) -> bool {
     })
 }
 
+/// Every container's status of a pod, init containers (the sidecar) first.
+pub fn container_statuses(pod: &Value) -> impl Iterator<Item = &Value> {
+    ["initContainerStatuses", "containerStatuses"]
+        .into_iter()
+        .filter_map(|k| pod["status"][k].as_array())
+        .flatten()
+}
+
 /// Every container's `restartCount` of a pod, init containers (the sidecar) included.
 pub fn restarts(pod: &Value) -> Vec<(String, i64)> {
-    ["initContainerStatuses", "containerStatuses"]
-        .iter()
-        .flat_map(|k| pod["status"][k].as_array().cloned().unwrap_or_default())
+    container_statuses(pod)
         .map(|s| {
             (
                 s["name"].as_str().unwrap_or("").to_string(),
@@ -870,18 +876,20 @@ pub fn sidecar_status_forwarded(c: &Cluster, ns: &str, pod: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{url} ({pod}): {e}: {body}"))
 }
 
-/// A container's ID in the runtime (`containerStatuses[].containerID`, or
-/// `initContainerStatuses[]` for the sidecar, without its `containerd://`).
-pub fn container_id(pod: &Value, container: &str) -> String {
-    ["initContainerStatuses", "containerStatuses"]
-        .iter()
-        .filter_map(|k| pod["status"][k].as_array())
-        .flatten()
-        .find(|s| s["name"] == container)
+/// A running container's ID in the runtime (`containerStatuses[].containerID`,
+/// or `initContainerStatuses[]` for the sidecar, without its `containerd://`).
+pub fn running_container_id(pod: &Value, container: &str) -> Option<String> {
+    container_statuses(pod)
+        .find(|s| s["name"] == container && s["state"]["running"].is_object())
         .and_then(|s| s["containerID"].as_str())
         .and_then(|id| id.strip_prefix("containerd://"))
+        .map(String::from)
+}
+
+/// [`running_container_id`], which must be there.
+pub fn container_id(pod: &Value, container: &str) -> String {
+    running_container_id(pod, container)
         .unwrap_or_else(|| panic!("no running container {container} in {pod}"))
-        .to_string()
 }
 
 /// SIGKILL to a container's process through containerd, as a crash or an
@@ -1213,15 +1221,18 @@ impl<T: Send + 'static> Drop for Sampler<T> {
     }
 }
 
-/// The IPs of SBProxy `demo`'s pods in `ns` that are Ready and not being
-/// deleted.
+/// The IPs of [`ready_fleet_pods`].
 pub fn ready_ips(c: &Cluster, ns: &str) -> Vec<String> {
+    ready_fleet_pods(c, ns).iter().map(pod_ip).collect()
+}
+
+/// SBProxy `demo`'s pods in `ns` that are Ready and not being deleted.
+pub fn ready_fleet_pods(c: &Cluster, ns: &str) -> Vec<Value> {
     c.get(&["-n", ns, "pods", "-l", "app.kubernetes.io/instance=demo"])
         .and_then(|l| l["items"].as_array().cloned())
         .unwrap_or_default()
-        .iter()
+        .into_iter()
         .filter(|p| pod_ready(p) && p["metadata"]["deletionTimestamp"].is_null())
-        .map(pod_ip)
         .collect()
 }
 
