@@ -72,6 +72,22 @@ pub struct RunArgs {
     /// `json` or `text` (default: json when stderr is not a terminal).
     #[arg(long, env = "SBMESH_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Where the injection webhook is served (HTTPS, every replica).
+    #[arg(
+        long,
+        env = "SBMESH_WEBHOOK_LISTEN",
+        default_value_t = SocketAddr::from(([0, 0, 0, 0], crate::webhook::DEFAULT_PORT))
+    )]
+    pub webhook_listen: SocketAddr,
+    /// Life of the webhook's serving certificate, in seconds; renewed when
+    /// a third of it is left.
+    #[arg(
+        long,
+        env = "SBMESH_WEBHOOK_CERT_LIFETIME_SECS",
+        default_value_t = crate::webhook::DEFAULT_LIFETIME.as_secs(),
+        value_parser = clap::value_parser!(u64).range(60..=crate::webhook::MAX_LIFETIME.as_secs())
+    )]
+    pub webhook_cert_lifetime_secs: u64,
 }
 
 /// RBAC scope of `install`.

@@ -73,6 +73,9 @@ pub struct InjectOptions {
     pub cluster_id: Option<String>,
     /// Headless Service of the mesh seeds; `None`: the sidecar runs alone.
     pub mesh_service: Option<String>,
+    /// The Secret whose `cluster-key` is the key ring, with a mesh;
+    /// `None`: `<workload>-cluster-key`.
+    pub cluster_key_secret: Option<String>,
 }
 
 /// Adds the sidecar to `manifest` (one StatefulSet or Deployment, as JSON)
@@ -95,7 +98,7 @@ pub fn inject(manifest: &Value, opts: &InjectOptions) -> Result<Value, InjectErr
                 .as_mut()
                 .map(|s| &mut s.template)
                 .ok_or_else(|| InjectError::NoPodSpec(kind.to_string()))?;
-            inject_template(template, kind, &name, opts)?;
+            inject_pod(template, kind, &name, opts)?;
             Ok(serde_json::to_value(&sts).unwrap_or(Value::Null))
         }
         "Deployment" => {
@@ -107,7 +110,7 @@ pub fn inject(manifest: &Value, opts: &InjectOptions) -> Result<Value, InjectErr
                 .as_mut()
                 .map(|s| &mut s.template)
                 .ok_or_else(|| InjectError::NoPodSpec(kind.to_string()))?;
-            inject_template(template, kind, &name, opts)?;
+            inject_pod(template, kind, &name, opts)?;
             Ok(serde_json::to_value(&deploy).unwrap_or(Value::Null))
         }
         other => Err(InjectError::Kind(other.to_string())),
@@ -125,7 +128,11 @@ fn mounted_at<'a>(pod: &'a PodSpec, path: &str) -> Option<&'a VolumeMount> {
 /// The longest label value Kubernetes accepts.
 const LABEL_VALUE_MAX: usize = 63;
 
-fn inject_template(
+/// Adds the sidecar to one pod template (`kind` names what holds it in the
+/// errors; `workload` is the default cluster id and key Secret prefix):
+/// what `inject` does to a manifest's template and the webhook
+/// ([`crate::admit`]) to a pod.
+pub fn inject_pod(
     template: &mut PodTemplateSpec,
     kind: &str,
     workload: &str,
@@ -189,7 +196,10 @@ fn inject_template(
         transport_port: TRANSPORT_PORT,
     });
     let cluster_key = mesh.as_ref().map(|_| KeySecret {
-        name: format!("{workload}-cluster-key"),
+        name: opts
+            .cluster_key_secret
+            .clone()
+            .unwrap_or_else(|| format!("{workload}-cluster-key")),
         key: render::CLUSTER_KEY_KEY.to_string(),
     });
     // The key ring reaches the sidecar as a file (rotation without restarts).
@@ -285,6 +295,7 @@ pub fn command(args: &InjectArgs) -> anyhow::Result<ExitCode> {
         sidecar_image: args.sidecar_image.clone(),
         cluster_id: args.cluster_id.clone(),
         mesh_service: args.mesh_service.clone(),
+        cluster_key_secret: None,
     };
     let injected = inject(manifest, &opts).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
     let workload = manifest

@@ -7,22 +7,31 @@
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, WebhookClientConfig,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EnvVar, HTTPGetAction, Namespace, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, ServiceAccount,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Service, ServiceAccount,
+    ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
+use crate::admit;
 use crate::cli::{InstallArgs, RbacScope};
 use crate::crd;
-use crate::render::{NONROOT_UID, field_env, restricted_security_context, to_json};
+use crate::render::{self, NONROOT_UID, field_env, restricted_security_context, to_json};
+use crate::webhook;
 
 /// Name of the ServiceAccount, the Deployment, and the (Cluster)Role.
 pub const OPERATOR_NAME: &str = "sbmesh-operator";
@@ -32,6 +41,10 @@ pub const LEADER_ROLE_NAME: &str = "sbmesh-operator-leader";
 pub const OPERATOR_COMMAND: &str = "/usr/local/bin/sbmesh-operator";
 /// Port of `/metrics` and `/healthz` (`run --metrics-listen`).
 pub const METRICS_PORT: i32 = 8080;
+/// Name of the ClusterRole (and binding) of the injection webhook: its
+/// configuration's `caBundle`, whatever the scope (`-<namespace>` after it
+/// for a namespace-scope install, as the configuration's name).
+pub const WEBHOOK_ROLE_NAME: &str = "sbmesh-operator-webhook";
 
 /// One RBAC rule: an API group, its resources, and the verbs on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,11 +109,13 @@ pub const CONTROLLER_RULES: &[Rule] = &[
     // A config edit reaches the pods at once: each pod of the SBProxy is
     // annotated with the config's hash (each injected pod with its
     // ConfigMap's version, watched), which makes its kubelet sync the
-    // ConfigMap volume now instead of at its next periodic sync.
+    // ConfigMap volume now instead of at its next periodic sync. A pod
+    // opted in for injection without the webhook's mark is read whole
+    // once (crate::missed).
     Rule {
         api_group: "",
         resources: &["pods"],
-        verbs: &["list", "watch", "patch"],
+        verbs: &["get", "list", "watch", "patch"],
     },
     // prometheus-operator's kind, which may not be served: applied and
     // removed by name, never watched.
@@ -142,6 +157,20 @@ pub fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
             ..PolicyRule::default()
         })
         .collect()
+}
+
+/// The operator's pods, as its Deployment and the webhook's Service select them.
+fn selector() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_string(),
+            OPERATOR_NAME.to_string(),
+        ),
+        (
+            "app.kubernetes.io/component".to_string(),
+            "operator".to_string(),
+        ),
+    ])
 }
 
 fn labels() -> BTreeMap<String, String> {
@@ -234,8 +263,169 @@ pub fn install_objects(args: &InstallArgs) -> Vec<Value> {
         role_ref: role_ref("Role", LEADER_ROLE_NAME),
         subjects: Some(subject(ns)),
     }));
+    let own_only = (args.rbac_scope == RbacScope::Namespace).then_some(ns);
+    let configuration = webhook::configuration_name(own_only);
+    let webhook_role = match own_only {
+        None => WEBHOOK_ROLE_NAME.to_string(),
+        Some(ns) => format!("{WEBHOOK_ROLE_NAME}-{ns}"),
+    };
+    out.push(to_json(&ClusterRole {
+        metadata: meta(&webhook_role, None),
+        rules: Some(vec![
+            PolicyRule {
+                api_groups: Some(vec!["admissionregistration.k8s.io".to_string()]),
+                resources: Some(vec!["mutatingwebhookconfigurations".to_string()]),
+                resource_names: Some(vec![configuration.clone()]),
+                verbs: vec!["get".to_string(), "patch".to_string()],
+                ..PolicyRule::default()
+            },
+            // Which namespaces opted in, for the pods the webhook missed
+            // (crate::missed): labels only, nothing written.
+            PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["namespaces".to_string()]),
+                verbs: vec!["list".to_string(), "watch".to_string()],
+                ..PolicyRule::default()
+            },
+        ]),
+        ..ClusterRole::default()
+    }));
+    out.push(to_json(&ClusterRoleBinding {
+        metadata: meta(&webhook_role, None),
+        role_ref: role_ref("ClusterRole", &webhook_role),
+        subjects: Some(subject(ns)),
+    }));
     out.push(to_json(&deployment(args)));
+    out.push(to_json(&webhook_service(ns)));
+    out.push(to_json(&webhook_configuration(args)));
     out
+}
+
+/// The Service in front of every replica's webhook listener.
+fn webhook_service(ns: &str) -> Service {
+    Service {
+        metadata: meta(webhook::SERVICE, Some(ns)),
+        spec: Some(ServiceSpec {
+            selector: Some(selector()),
+            ports: Some(vec![ServicePort {
+                name: Some("webhook".to_string()),
+                port: webhook::SERVICE_PORT,
+                target_port: Some(IntOrString::String("webhook".to_string())),
+                protocol: Some("TCP".to_string()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+/// The CEL condition: the pod has no container named `sbmesh-sidecar`.
+fn no_sidecar_yet() -> MatchCondition {
+    let name = render::SIDECAR_CONTAINER;
+    MatchCondition {
+        name: "no-sidecar-yet".to_string(),
+        expression: format!(
+            "!object.spec.containers.exists(c, c.name == '{name}') && \
+             (!has(object.spec.initContainers) || \
+             !object.spec.initContainers.exists(c, c.name == '{name}'))"
+        ),
+    }
+}
+
+/// The annotation `sbproxy.dev/inject` as CEL reads it (`''` when absent).
+fn inject_annotation() -> String {
+    format!(
+        "(has(object.metadata.annotations) && '{key}' in object.metadata.annotations ? \
+         object.metadata.annotations['{key}'] : '')",
+        key = admit::INJECT
+    )
+}
+
+/// The MutatingWebhookConfiguration: pods of a labelled namespace not
+/// opted out, and pods annotated in any other namespace (the operator's
+/// own only with `--rbac-scope namespace`); the `caBundle` is written by the
+/// operator (docs/reference.md#sidecar-injection-by-webhook says why
+/// `failurePolicy: Ignore` and 5 s).
+fn webhook_configuration(args: &InstallArgs) -> MutatingWebhookConfiguration {
+    let ns = args.namespace.as_str();
+    let scoped = |mut expressions: Vec<LabelSelectorRequirement>| {
+        if args.rbac_scope == RbacScope::Namespace {
+            expressions.push(LabelSelectorRequirement {
+                key: "kubernetes.io/metadata.name".to_string(),
+                operator: "In".to_string(),
+                values: Some(vec![ns.to_string()]),
+            });
+        }
+        LabelSelector {
+            match_expressions: Some(expressions),
+            ..LabelSelector::default()
+        }
+    };
+    let label = |operator: &str| LabelSelectorRequirement {
+        key: admit::INJECT.to_string(),
+        operator: operator.to_string(),
+        values: Some(vec![admit::ENABLED.to_string()]),
+    };
+    let hook = |name: &str, namespaces: LabelSelector, asked: String| MutatingWebhook {
+        name: name.to_string(),
+        admission_review_versions: vec!["v1".to_string()],
+        client_config: WebhookClientConfig {
+            service: Some(ServiceReference {
+                name: webhook::SERVICE.to_string(),
+                namespace: ns.to_string(),
+                path: Some(webhook::PATH.to_string()),
+                port: Some(webhook::SERVICE_PORT),
+            }),
+            ..WebhookClientConfig::default()
+        },
+        failure_policy: Some("Ignore".to_string()),
+        timeout_seconds: Some(webhook::TIMEOUT_SECONDS),
+        side_effects: "None".to_string(),
+        reinvocation_policy: Some("Never".to_string()),
+        match_policy: Some("Equivalent".to_string()),
+        namespace_selector: Some(namespaces),
+        match_conditions: Some(vec![
+            MatchCondition {
+                name: "asked-for".to_string(),
+                expression: asked,
+            },
+            no_sidecar_yet(),
+        ]),
+        rules: Some(vec![RuleWithOperations {
+            api_groups: Some(vec![String::new()]),
+            api_versions: Some(vec!["v1".to_string()]),
+            operations: Some(vec!["CREATE".to_string()]),
+            resources: Some(vec!["pods".to_string()]),
+            scope: Some("Namespaced".to_string()),
+        }]),
+        ..MutatingWebhook::default()
+    };
+    let annotation = inject_annotation();
+    MutatingWebhookConfiguration {
+        metadata: meta(
+            &webhook::configuration_name((args.rbac_scope == RbacScope::Namespace).then_some(ns)),
+            None,
+        ),
+        webhooks: Some(vec![
+            // A labelled namespace: every pod but those opted out.
+            hook(
+                "namespace.inject.sbproxy.dev",
+                scoped(vec![label("In")]),
+                format!("{annotation} != '{}'", admit::DISABLED),
+            ),
+            // Elsewhere: pods that carry the annotation (a value other than
+            // enabled or disabled reaches the webhook, which refuses it).
+            hook(
+                "pod.inject.sbproxy.dev",
+                scoped(vec![label("NotIn")]),
+                format!(
+                    "{annotation} != '' && {annotation} != '{}'",
+                    admit::DISABLED
+                ),
+            ),
+        ]),
+    }
 }
 
 fn deployment(args: &InstallArgs) -> Deployment {
@@ -257,19 +447,10 @@ fn deployment(args: &InstallArgs) -> Deployment {
         }
         RbacScope::Cluster => run_args.push("--all-namespaces".to_string()),
     }
-    let selector = BTreeMap::from([
-        (
-            "app.kubernetes.io/name".to_string(),
-            OPERATOR_NAME.to_string(),
-        ),
-        (
-            "app.kubernetes.io/component".to_string(),
-            "operator".to_string(),
-        ),
-    ]);
-    let healthz = Probe {
+    let selector = selector();
+    let probe = |path: &str| Probe {
         http_get: Some(HTTPGetAction {
-            path: Some("/healthz".to_string()),
+            path: Some(path.to_string()),
             port: IntOrString::String("metrics".to_string()),
             ..HTTPGetAction::default()
         }),
@@ -288,6 +469,11 @@ fn deployment(args: &InstallArgs) -> Deployment {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels()),
+                    // Its own pods never wait on its webhook.
+                    annotations: Some(BTreeMap::from([(
+                        admit::INJECT.to_string(),
+                        admit::DISABLED.to_string(),
+                    )])),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -311,14 +497,24 @@ fn deployment(args: &InstallArgs) -> Deployment {
                         command: Some(vec![OPERATOR_COMMAND.to_string()]),
                         args: Some(run_args),
                         env: Some(env),
-                        ports: Some(vec![ContainerPort {
-                            name: Some("metrics".to_string()),
-                            container_port: METRICS_PORT,
-                            protocol: Some("TCP".to_string()),
-                            ..ContainerPort::default()
-                        }]),
-                        liveness_probe: Some(healthz.clone()),
-                        readiness_probe: Some(healthz),
+                        ports: Some(vec![
+                            ContainerPort {
+                                name: Some("metrics".to_string()),
+                                container_port: METRICS_PORT,
+                                protocol: Some("TCP".to_string()),
+                                ..ContainerPort::default()
+                            },
+                            ContainerPort {
+                                name: Some("webhook".to_string()),
+                                container_port: i32::from(webhook::DEFAULT_PORT),
+                                protocol: Some("TCP".to_string()),
+                                ..ContainerPort::default()
+                            },
+                        ]),
+                        liveness_probe: Some(probe("/healthz")),
+                        // Ready once its webhook can answer (its Service
+                        // routes admissions to ready replicas only).
+                        readiness_probe: Some(probe("/readyz")),
                         resources: Some(ResourceRequirements {
                             requests: Some(BTreeMap::from([
                                 ("cpu".to_string(), Quantity("50m".to_string())),

@@ -10,15 +10,18 @@
 
 #![warn(clippy::too_many_lines)]
 
+pub mod admit;
 pub mod cli;
 pub mod crd;
 pub mod inject;
 pub mod injected;
 pub mod install;
 pub mod leader;
+pub mod missed;
 pub mod podmonitor;
 pub mod reconcile;
 pub mod render;
 pub mod rotation;
 pub mod run;
 pub mod telemetry;
+pub mod webhook;

@@ -24,13 +24,14 @@
 //! | `monitoring.coreos.com` | `podmonitors` | get, create, patch, delete | apply with `spec.podMonitor`; GET + DELETE without. Never watched: prometheus-operator's CRD may be absent, and a watch of a kind not served fails forever |
 //! | core | `secrets` | get, create, patch | the cluster key: GET, then POST once; a merge PATCH of the operator's own Secret during a rotation ([`crate::rotation`]); never list, watch, update or delete, and never a `clusterSecretRef` Secret |
 //! | `events.k8s.io` | `events` | create, patch | Normal/Warning Events (a repeat is a patch of the series) |
-//! | core | `pods` | list, patch | the config nudge ([`nudge_pods`]): LIST the SBProxy's pods by label, merge PATCH the annotation `sbproxy.dev/config-hash` of those that lack the config's hash |
+//! | core | `pods` | list, patch | the config nudge ([`nudge_pods`]): LIST the SBProxy's pods by label, merge PATCH the annotation `sbproxy.dev/config-hash` of those that lack the config's hash, and `sbproxy.dev/cluster-key-ids` after a write of the cluster-key Secret |
 //!
 //! Calls made per reconcile, in order: GET the SBProxyConfig; GET the
 //! cluster-key Secret (only with clustering on and no `clusterSecretRef`);
 //! then either (refusal) PATCH status when it changed + POST a Warning
 //! Event, or (applied) POST the Secret when render asks for one, PATCH the
-//! Secret when a key rotation moves (then a Normal Event), PATCH
+//! Secret when a key rotation moves (then a Normal Event, and LIST the
+//! pods and PATCH each one's cluster-key-ids annotation), PATCH
 //! (apply) StatefulSet, headless Service, Service, ConfigMap, then (when
 //! the config's hash is not `status.configHash` yet) LIST the pods and
 //! PATCH each one whose config-hash annotation differs, then the PDB
@@ -577,6 +578,8 @@ async fn settle_cluster_key(
             if let Some(write) = &plan.write {
                 write_cluster_key(proxy, ns, ctx, write).await?;
                 changes.push((write.reason, write.note.clone()));
+                let ids = rotation::ring_ids(&write.ring);
+                nudge_pods(ctx, ns, &proxy.name_any(), CLUSTER_KEY_IDS_ANNOTATION, &ids).await;
             }
             (Some(plan.status), plan.recheck_in)
         }
@@ -632,7 +635,14 @@ async fn apply_objects(
     // started since read the ConfigMap at its start).
     let shown = proxy.status.as_ref().and_then(|s| s.config_hash.as_deref());
     if shown != Some(rendered.config_hash.as_str()) {
-        nudge_pods(ctx, ns, &name, &rendered.config_hash).await;
+        nudge_pods(
+            ctx,
+            ns,
+            &name,
+            CONFIG_HASH_ANNOTATION,
+            &rendered.config_hash,
+        )
+        .await;
     }
     // An optional object the spec no longer asks for is removed when this
     // operator made it, so what runs is what `render` shows.
@@ -697,25 +707,33 @@ async fn apply_objects(
 /// Annotation on each pod of an SBProxy: the hash (`sha256:<hex>`) of the
 /// config the operator last wrote to its ConfigMap and told the pod about.
 pub const CONFIG_HASH_ANNOTATION: &str = "sbproxy.dev/config-hash";
+/// Annotation on each pod of an SBProxy: the key ids (`<id>[,<id>]`,
+/// primary first) of the ring the operator last wrote to its cluster-key
+/// Secret and told the pod about.
+pub const CLUSTER_KEY_IDS_ANNOTATION: &str = "sbproxy.dev/cluster-key-ids";
 
-/// Makes a config edit reach every pod within about a second.
+/// Makes a config edit (or a cluster-key write) reach every pod within
+/// about a second.
 ///
-/// The kubelet writes a ConfigMap volume's new content only when it syncs
-/// the pod: at its periodic sync (every 60-90 s), or at once when the pod
-/// object changes. So after writing the ConfigMap the operator annotates
-/// each pod of the SBProxy with the config's hash ([`CONFIG_HASH_ANNOTATION`],
-/// a metadata change: nothing restarts), and each kubelet rewrites the
-/// volume from its ConfigMap cache, which a watch keeps current. The
-/// kubelet writes a volume atomically (a `..data` symlink swap), and its
-/// cache only moves forward, so a pod never goes back to an older config.
+/// The kubelet writes a ConfigMap or Secret volume's new content only when
+/// it syncs the pod: at its periodic sync (every 60-90 s), or at once when
+/// the pod object changes. So after writing the ConfigMap the operator
+/// annotates each pod of the SBProxy with the config's hash
+/// ([`CONFIG_HASH_ANNOTATION`]), and after writing the cluster-key Secret
+/// with the ring's key ids ([`CLUSTER_KEY_IDS_ANNOTATION`]): a metadata
+/// change, nothing restarts, and each kubelet rewrites the volume from its
+/// cache, which a watch keeps current. The kubelet writes a volume
+/// atomically (a `..data` symlink swap), and its cache only moves forward,
+/// so a pod never goes back to an older config or key ring.
 ///
 /// Best effort: a pod whose patch fails (RBAC of an older install, the API
-/// server busy) still gets the config at the kubelet's next sync; the
+/// server busy) still gets the file at the kubelet's next sync; the
 /// failure is logged and counted (`sbmesh_operator_config_nudges_total`),
-/// and the reconcile goes on. A pod already annotated with this hash is
-/// left alone. Called only while `status.configHash` is not this hash yet,
-/// so a reconcile without a config change makes no call at all.
-async fn nudge_pods(ctx: &Context, ns: &str, name: &str, hash: &str) {
+/// and the reconcile goes on. A pod already annotated with this value is
+/// left alone. Called only when the ConfigMap's config is not the one
+/// `status.configHash` shows, or the Secret was just written, so a
+/// reconcile without a change makes no call at all.
+async fn nudge_pods(ctx: &Context, ns: &str, name: &str, annotation: &str, value: &str) {
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
     let selector = render::selector_labels(name)
         .iter()
@@ -729,14 +747,14 @@ async fn nudge_pods(ctx: &Context, ns: &str, name: &str, hash: &str) {
         Ok(list) => list,
         Err(e) => {
             ctx.metrics.nudged(NudgeResult::failed);
-            warn!(proxy = %format!("{ns}/{name}"), error = %e, "cannot list the pods to tell them of the config; they read it at the kubelet's next sync (up to 90 s)");
+            warn!(proxy = %format!("{ns}/{name}"), %annotation, error = %e, "cannot list the pods to tell them of the new file; they read it at the kubelet's next sync (up to 90 s)");
             return;
         }
     };
     for pod in list.items {
-        if let Err(e) = tell_pod(ctx, &pods, &pod.metadata, CONFIG_HASH_ANNOTATION, hash).await {
+        if let Err(e) = tell_pod(ctx, &pods, &pod.metadata, annotation, value).await {
             ctx.metrics.nudged(NudgeResult::failed);
-            warn!(pod = %format!("{ns}/{}", pod.name_any()), error = %e, "cannot tell the pod of the config; it reads it at the kubelet's next sync (up to 90 s)");
+            warn!(pod = %format!("{ns}/{}", pod.name_any()), %annotation, error = %e, "cannot tell the pod of the new file; it reads it at the kubelet's next sync (up to 90 s)");
         }
     }
 }

@@ -154,8 +154,19 @@ pub fn plan(
 
 /// `status.clusterKey.keyId` of a key written as 64 hex chars.
 pub fn key_id(key_hex: &str) -> String {
-    match sbmesh::config::parse_key_ring(key_hex) {
-        Ok(keys) => sbmesh::keyring::display_key_id(&keys[0]),
+    let ids = ring_ids(key_hex);
+    ids.split(',').next().unwrap_or_default().to_string()
+}
+
+/// The key ids of a ring written as hex lines, primary first, joined by
+/// `,`: what the pods are told of a written ring.
+pub fn ring_ids(ring: &str) -> String {
+    match sbmesh::config::parse_key_ring(ring) {
+        Ok(keys) => keys
+            .iter()
+            .map(sbmesh::keyring::display_key_id)
+            .collect::<Vec<_>>()
+            .join(","),
         Err(_) => String::new(),
     }
 }
@@ -196,6 +207,16 @@ mod tests {
 
     fn fresh() -> String {
         NEW.to_string()
+    }
+
+    #[test]
+    fn a_rings_ids_are_its_keys_ids_primary_first() {
+        let (new, old) = (key_id(NEW), key_id(OLD));
+        assert_eq!(new.len(), 8);
+        assert_ne!(new, old);
+        assert_eq!(ring_ids(&format!("{NEW}\n{OLD}\n")), format!("{new},{old}"));
+        assert_eq!(ring_ids(&format!("{NEW}\n")), new);
+        assert_eq!(ring_ids("not a key"), "");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `sbmesh-operator run`: logging, the API client, `/metrics` + `/healthz`,
-//! leader election, then the controller, until a signal or a lost Lease.
+//! `sbmesh-operator run`: logging, the API client, `/metrics` + `/healthz`
+//! (+ `/readyz`), the injection webhook (every replica), leader election,
+//! then the controller, until a signal or a lost Lease.
 //!
 //! Exit codes: 0 after SIGTERM/SIGINT once in-flight reconciles drained (and
 //! the Lease was released), 0 when leadership is lost (a Deployment
@@ -17,10 +18,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::admit;
 use crate::cli::RunArgs;
 use crate::leader::{self, Elector, Held, LeaseConfig};
 use crate::reconcile::{self, Context, Scope};
 use crate::telemetry::{self, Metrics};
+use crate::webhook;
 
 /// Exit code after a clean stop.
 pub const EXIT_OK: u8 = 0;
@@ -83,6 +86,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         )
     };
     let identity = args.identity.clone().unwrap_or_else(leader::hostname);
+    let webhook = webhook::Settings {
+        listen: args.webhook_listen,
+        namespace: own_namespace.clone(),
+        configuration: webhook::configuration_name(match &scope {
+            Scope::All => None,
+            Scope::Namespace(ns) => Some(ns.as_str()),
+        }),
+        lifetime: Duration::from_secs(args.webhook_cert_lifetime_secs),
+        defaults: admit::Defaults {
+            sidecar_image: args.sidecar_image.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+    };
     let plan = Plan {
         lease: (!args.no_leader_election).then(|| {
             let namespace = args.lease_namespace.clone().unwrap_or(own_namespace);
@@ -103,12 +119,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
         .local_addr()
         .context("reading the metrics address")?;
     info!(addr = %metrics_addr, "serving /metrics and /healthz");
-    let http = tokio::spawn(telemetry::serve(listener, metrics.clone(), http_stop_rx));
+    let current = Arc::new(webhook::Current::default());
+    let http = tokio::spawn(telemetry::serve(
+        listener,
+        metrics.clone(),
+        current.clone(),
+        http_stop_rx.clone(),
+    ));
+    // Every replica answers admissions, leader or not.
+    let webhook_listener = TcpListener::bind(webhook.listen)
+        .await
+        .with_context(|| format!("binding --webhook-listen {}", webhook.listen))?;
+    let webhook = tokio::spawn(webhook::run(
+        client.clone(),
+        webhook_listener,
+        webhook,
+        metrics.clone(),
+        current,
+        http_stop_rx,
+    ));
 
     let code = lead_and_reconcile(plan, client, metrics, (stop_tx, &mut stop_rx)).await;
 
     http_stop_tx.send_replace(true);
     let _ = tokio::time::timeout(Duration::from_secs(2), http).await;
+    let _ = tokio::time::timeout(webhook::DRAIN + Duration::from_secs(1), webhook).await;
     Ok(code)
 }
 
@@ -195,9 +230,10 @@ async fn lead_and_reconcile(
     info!(scope = ?plan.scope, "starting the controller");
     let running = ctx.clone();
     let injected = crate::injected::run(ctx.clone(), plan.scope.clone(), trigger(stop_rx.clone()));
+    let missed = crate::missed::run(ctx.clone(), plan.scope.clone(), trigger(stop_rx.clone()));
     let controller = reconcile::run(ctx, plan.scope, trigger(stop_rx.clone()));
     let controller = async move {
-        futures::join!(controller, injected);
+        futures::join!(controller, injected, missed);
     };
     tokio::pin!(controller);
     let grace = plan.grace;

@@ -7,8 +7,9 @@
 //! - `leader`: 1 while this process holds the leader Lease (or runs
 //!   without leader election), else 0,
 //! - `config_nudges_total{result="patched|failed"}`: pods annotated with a
-//!   new config's hash so their kubelet writes it at once (failed: the pod
-//!   reads it at the kubelet's next periodic sync instead).
+//!   new config's hash or cluster key's ids so their kubelet writes it at
+//!   once (failed: the pod reads it at the kubelet's next periodic sync
+//!   instead).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -65,6 +66,49 @@ pub struct NudgeLabels {
     pub result: NudgeResult,
 }
 
+/// What the webhook did with one request: the `result` label of
+/// `sbmesh_injections_total` (docs/reference.md lists them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Injection {
+    /// The sidecar was added.
+    injected,
+    /// Admitted as it is: opted out, has the sidecar already, not a
+    /// proxy (no `sb.yml` mount), or not a pod creation.
+    skipped,
+    /// Refused: an annotation of ours has a value the reference does not
+    /// accept.
+    refused,
+    /// Admitted as it is: the request's object is not a pod we can read.
+    unreadable,
+    /// Not an AdmissionReview: answered `400`.
+    malformed,
+    /// Found afterwards by the operator: created in an opted-in place
+    /// without the sidecar while no replica answered (the operator's check of opted-in pods).
+    missed,
+}
+
+impl Injection {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Injection::injected => "injected",
+            Injection::skipped => "skipped",
+            Injection::refused => "refused",
+            Injection::unreadable => "unreadable",
+            Injection::malformed => "malformed",
+            Injection::missed => "missed",
+        }
+    }
+}
+
+/// `{result}` of `sbmesh_injections_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InjectionLabels {
+    /// What happened.
+    pub result: Injection,
+}
+
 /// The operator's one metrics registry.
 pub struct Metrics {
     registry: Registry,
@@ -76,12 +120,15 @@ pub struct Metrics {
     pub leader: Gauge,
     /// `sbmesh_operator_config_nudges_total{result}`.
     pub config_nudges: Family<NudgeLabels, Counter>,
+    /// `sbmesh_injections_total{result}` (SPEC section 13 names it
+    /// without the operator's prefix).
+    pub injections: Family<InjectionLabels, Counter>,
 }
 
 impl Metrics {
     /// A fresh registry with every operator metric registered.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("sbmesh_operator");
+        let mut registry = Registry::default();
         let reconciles = Family::<ResultLabels, Counter>::default();
         // Reconciles are a handful of API round trips: milliseconds when
         // the API server is healthy, seconds when it is not.
@@ -90,26 +137,32 @@ impl Metrics {
         ]);
         let leader = Gauge::default();
         registry.register(
-            "reconciles",
+            "sbmesh_operator_reconciles",
             "Finished reconciles of SBProxies, by result",
             reconciles.clone(),
         );
         registry.register_with_unit(
-            "reconcile_duration",
+            "sbmesh_operator_reconcile_duration",
             "Duration of one SBProxy reconcile",
             Unit::Seconds,
             reconcile_duration.clone(),
         );
         registry.register(
-            "leader",
+            "sbmesh_operator_leader",
             "1 while this process holds the leader Lease and runs the controller, else 0",
             leader.clone(),
         );
         let config_nudges = Family::<NudgeLabels, Counter>::default();
         registry.register(
-            "config_nudges",
+            "sbmesh_operator_config_nudges",
             "Pods annotated with a new config's hash so that their kubelet writes it at once, by result",
             config_nudges.clone(),
+        );
+        let injections = Family::<InjectionLabels, Counter>::default();
+        registry.register(
+            "sbmesh_injections",
+            "Pod admissions the injection webhook answered, and opted-in pods found without the sidecar (missed), by result",
+            injections.clone(),
         );
         Self {
             registry,
@@ -117,6 +170,7 @@ impl Metrics {
             reconcile_duration,
             leader,
             config_nudges,
+            injections,
         }
     }
 
@@ -124,6 +178,13 @@ impl Metrics {
     pub fn nudged(&self, result: NudgeResult) {
         self.config_nudges
             .get_or_create(&NudgeLabels { result })
+            .inc();
+    }
+
+    /// Counts one admission (or one missed pod).
+    pub fn injection(&self, result: Injection) {
+        self.injections
+            .get_or_create(&InjectionLabels { result })
             .inc();
     }
 
@@ -165,8 +226,9 @@ impl Default for Metrics {
     }
 }
 
-/// The `/metrics` and `/healthz` router.
-pub fn router(metrics: Arc<Metrics>) -> Router {
+/// The `/metrics`, `/healthz` and `/readyz` router; `webhook` is the
+/// injection webhook's certificate, which `/readyz` waits for.
+pub fn router(metrics: Arc<Metrics>, webhook: Arc<crate::webhook::Current>) -> Router {
     Router::new()
         .route(
             "/metrics",
@@ -188,14 +250,37 @@ pub fn router(metrics: Arc<Metrics>) -> Router {
         // that cannot reach the API server exits by itself when its Lease
         // cannot be renewed.
         .route("/healthz", get(|| async { (StatusCode::OK, "ok\n") }))
+        // Ready once the webhook has its serving certificate: the webhook's
+        // Service sends admissions only to replicas that can answer them.
+        .route(
+            "/readyz",
+            get(move || {
+                let webhook = webhook.clone();
+                async move {
+                    if webhook.loaded() {
+                        (StatusCode::OK, "ready\n")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "the injection webhook has no serving certificate yet (see the log)\n",
+                        )
+                    }
+                }
+            }),
+        )
 }
 
 /// Serves [`router`] on `listener` until `stop` turns true.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    webhook: Arc<crate::webhook::Current>,
+    mut stop: watch::Receiver<bool>,
+) {
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
-    if let Err(e) = axum::serve(listener, router(metrics))
+    if let Err(e) = axum::serve(listener, router(metrics, webhook))
         .with_graceful_shutdown(shutdown)
         .await
     {

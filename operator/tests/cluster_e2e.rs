@@ -432,21 +432,8 @@ fn the_clustered_sbproxy_runs_under_the_restricted_pod_security_standard() {
         "3 Ready pods under restricted",
         Duration::from_secs(240),
         || {
-            let events = ns
-                .kubectl(&[
-                    "get",
-                    "events",
-                    "--field-selector",
-                    "reason=FailedCreate",
-                    "-o",
-                    "custom-columns=M:.message",
-                    "--no-headers",
-                ])
-                .unwrap_or_default();
-            assert!(
-                events.trim().is_empty(),
-                "pods refused under restricted: {events}"
-            );
+            let events = ns.refused_creations();
+            assert!(events.is_empty(), "pods refused under restricted: {events}");
             let pods = ns.proxy_pods("demo");
             (pods.len() == 3 && pods.iter().all(cluster::pod_ready)).then_some(())
         },
@@ -808,22 +795,7 @@ fn an_edit_of_an_injected_workloads_configmap_reaches_its_pods_through_the_opera
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
     let ns = Namespace::new(&c, "e2e-inject", &[]);
-    let config_map = |body: &str| {
-        format!(
-            r#"apiVersion: v1
-kind: ConfigMap
-metadata: {{ name: edge-config, namespace: {ns} }}
-data:
-  sb.yml: |
-    proxy:
-      admin: {{ enabled: true, port: 9090, username: admin, password: secret }}
-    origins:
-      "edge.example.com":
-        action: {{ type: static, status_code: 200, body: "{body}\n" }}
-"#,
-            ns = ns.name
-        )
-    };
+    let config_map = |body: &str| cluster::edge_config(&ns.name, body);
     let workload = format!(
         r#"apiVersion: apps/v1
 kind: StatefulSet

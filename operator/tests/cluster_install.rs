@@ -123,6 +123,23 @@ fn install_namespace_scope_then_cluster_scope() {
         "--wait=true",
         "--timeout=180s",
     ]);
+    // Its cluster-wide objects, named after its namespace.
+    let suffixed = |name: &str| format!("{name}-{}", scoped.name);
+    c.must(&[
+        "delete",
+        "mutatingwebhookconfiguration",
+        &suffixed("sbmesh-sidecar-injector"),
+    ]);
+    c.must(&[
+        "delete",
+        "clusterrole",
+        &suffixed("sbmesh-operator-webhook"),
+    ]);
+    c.must(&[
+        "delete",
+        "clusterrolebinding",
+        &suffixed("sbmesh-operator-webhook"),
+    ]);
     drop(scoped);
 
     // 2. Cluster scope, in its default namespace; left installed for cluster_e2e.

@@ -21,6 +21,7 @@ fn opts(mesh: Option<&str>) -> InjectOptions {
         sidecar_image: fx::SIDECAR_IMAGE.to_string(),
         cluster_id: None,
         mesh_service: mesh.map(str::to_string),
+        cluster_key_secret: None,
     }
 }
 

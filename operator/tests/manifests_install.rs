@@ -30,7 +30,7 @@ fn expected_controller_rules() -> Value {
         { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"] },
         { "apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
-        { "apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"] },
+        { "apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"] },
         { "apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": ["get", "create", "patch", "delete"] },
         { "apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"] },
         { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
@@ -72,7 +72,11 @@ fn namespace_scope_is_a_role_in_the_operator_namespace() {
             "RoleBinding/sbmesh-operator",
             "Role/sbmesh-operator-leader",
             "RoleBinding/sbmesh-operator-leader",
+            "ClusterRole/sbmesh-operator-webhook-sbmesh-system",
+            "ClusterRoleBinding/sbmesh-operator-webhook-sbmesh-system",
             "Deployment/sbmesh-operator",
+            "Service/sbmesh-operator-webhook",
+            "MutatingWebhookConfiguration/sbmesh-sidecar-injector-sbmesh-system",
         ]
     );
     let role = find(&objects, "Role", "sbmesh-operator");
@@ -154,11 +158,23 @@ fn the_deployment_runs_two_hardened_replicas() {
     );
     assert_eq!(
         c["ports"],
-        json!([{ "name": "metrics", "containerPort": 8080, "protocol": "TCP" }])
+        json!([
+            { "name": "metrics", "containerPort": 8080, "protocol": "TCP" },
+            { "name": "webhook", "containerPort": 10250, "protocol": "TCP" },
+        ])
     );
     assert_eq!(
         c["livenessProbe"]["httpGet"],
         json!({ "path": "/healthz", "port": "metrics" })
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({ "path": "/readyz", "port": "metrics" }),
+        "ready once its webhook can answer"
+    );
+    assert_eq!(
+        deploy["spec"]["template"]["metadata"]["annotations"]["sbproxy.dev/inject"], "disabled",
+        "its own pods never wait on its webhook"
     );
     let sc = &c["securityContext"];
     assert_eq!(sc["runAsNonRoot"], true);
@@ -194,5 +210,89 @@ fn the_install_command_prints_the_same_objects() {
         );
         let docs = fx::yaml_docs_of(&String::from_utf8(out.stdout).unwrap());
         assert_eq!(docs, install::install_objects(&args(scope)), "{flag}");
+    }
+}
+
+/// The webhook's objects: the Service on 443 to the pods' `webhook` port,
+/// and the configuration: two webhooks (a labelled namespace; a pod's own
+/// annotation elsewhere) that send only opted-in pods without a sidecar,
+/// `failurePolicy: Ignore`, 5 s, no side effects; the ClusterRole may only
+/// write that configuration and list namespaces.
+#[test]
+fn the_webhook_is_a_service_a_configuration_and_a_narrow_cluster_role() {
+    let objects = install::install_objects(&args(RbacScope::Cluster));
+    let svc = find(&objects, "Service", "sbmesh-operator-webhook");
+    assert_eq!(svc["metadata"]["namespace"], "sbmesh-system");
+    assert_eq!(
+        svc["spec"]["ports"],
+        json!([{ "name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP" }])
+    );
+    let deploy = find(&objects, "Deployment", "sbmesh-operator");
+    assert_eq!(
+        svc["spec"]["selector"],
+        deploy["spec"]["selector"]["matchLabels"]
+    );
+    let conf = find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        "sbmesh-sidecar-injector",
+    );
+    let hooks = conf["webhooks"].as_array().unwrap();
+    let names: Vec<&str> = hooks.iter().map(|h| h["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["namespace.inject.sbproxy.dev", "pod.inject.sbproxy.dev"]
+    );
+    for h in hooks {
+        assert_eq!(h["failurePolicy"], "Ignore");
+        assert_eq!(h["timeoutSeconds"], 5);
+        assert_eq!(h["sideEffects"], "None");
+        assert_eq!(h["admissionReviewVersions"], json!(["v1"]));
+        assert_eq!(
+            h["clientConfig"]["service"],
+            json!({ "name": "sbmesh-operator-webhook", "namespace": "sbmesh-system", "path": "/inject", "port": 443 })
+        );
+        assert!(
+            h["clientConfig"]["caBundle"].is_null(),
+            "written by the operator"
+        );
+        assert_eq!(
+            h["rules"],
+            json!([{ "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced" }])
+        );
+        let conditions = h["matchConditions"].to_string();
+        assert!(conditions.contains("sbmesh-sidecar"), "{conditions}");
+    }
+    assert_eq!(
+        hooks[0]["namespaceSelector"],
+        json!({ "matchExpressions": [{ "key": "sbproxy.dev/inject", "operator": "In", "values": ["enabled"] }] })
+    );
+    assert_eq!(
+        hooks[1]["namespaceSelector"],
+        json!({ "matchExpressions": [{ "key": "sbproxy.dev/inject", "operator": "NotIn", "values": ["enabled"] }] })
+    );
+    let role = find(&objects, "ClusterRole", "sbmesh-operator-webhook");
+    assert_eq!(
+        role["rules"],
+        json!([
+            { "apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "resourceNames": ["sbmesh-sidecar-injector"], "verbs": ["get", "patch"] },
+            { "apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"] },
+        ])
+    );
+
+    // Namespace scope: its own namespace only, under names of its own.
+    let objects = install::install_objects(&args(RbacScope::Namespace));
+    let conf = find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        "sbmesh-sidecar-injector-sbmesh-system",
+    );
+    for h in conf["webhooks"].as_array().unwrap() {
+        let exprs = h["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .unwrap();
+        assert!(exprs.contains(&json!({
+            "key": "kubernetes.io/metadata.name", "operator": "In", "values": ["sbmesh-system"]
+        })));
     }
 }

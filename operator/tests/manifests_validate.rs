@@ -179,6 +179,7 @@ fn every_printed_manifest_passes_kubernetes_validate() {
             sidecar_image: fx::SIDECAR_IMAGE.into(),
             cluster_id: None,
             mesh_service: mesh.map(str::to_string),
+            cluster_key_secret: None,
         };
         let injected = inject::inject(&manifest, &opts).expect("inject");
         let name = format!(

@@ -836,7 +836,8 @@ fn annotated(mut p: Value, value: &str, grace_s: i64) -> Value {
 }
 
 /// The requests of one reconcile of the clustered 3-replica fixture with the
-/// Secret as `secret`: its PATCH when `writes`, then the applies, then
+/// Secret as `secret`: its PATCH and the nudge of its one pod when
+/// `writes`, then the applies, then
 /// `tail` (status patch, Events).
 async fn reconcile_with(
     p: &Value,
@@ -851,10 +852,13 @@ async fn reconcile_with(
         Expect::get(SECRET, Some(secret)),
     ];
     if writes {
-        script.push(Expect::patch(
-            SECRET,
-            json!({ "apiVersion": "v1", "kind": "Secret" }),
-        ));
+        // The Secret, then its pods told of it (their kubelet writes the
+        // volume at once).
+        script.extend([
+            Expect::patch(SECRET, json!({ "apiVersion": "v1", "kind": "Secret" })),
+            pods_listed(json!([pod_meta("demo-proxy-0", None)])),
+            Expect::patch(format!("{PODS}/demo-proxy-0"), json!({})),
+        ]);
     }
     script.extend(applied_ready(3, p));
     script.extend([Expect::get(NETPOL, None), Expect::get(PODMON, None)]);
@@ -924,6 +928,17 @@ async fn a_rotation_writes_new_then_old_waits_the_grace_then_drops_the_old_key()
     assert_eq!(status["phase"], "Rotating");
     assert_eq!(status["keyId"], rotation::key_id(lines[0]).as_str());
     assert_eq!(status["rotatedAt"], rotated_at.as_str());
+    let told = |seen: &[Seen]| {
+        find(seen, "PATCH", &format!("{PODS}/demo-proxy-0")).body["metadata"]["annotations"]
+            [reconcile::CLUSTER_KEY_IDS_ANNOTATION]
+            .clone()
+    };
+    let (new_id, old_id) = (rotation::key_id(lines[0]), rotation::key_id(KEY_OLD));
+    assert_eq!(
+        told(&seen),
+        format!("{new_id},{old_id}").as_str(),
+        "each pod told of the ring, so its kubelet writes it now, not at its next sync"
+    );
     let event = seen
         .iter()
         .find(|s| s.path == EVENTS && s.body["reason"] == "ClusterKeyRotating")
@@ -975,6 +990,7 @@ async fn a_rotation_writes_new_then_old_waits_the_grace_then_drops_the_old_key()
     );
     let patch = &find(&seen, "PATCH", SECRET).body;
     assert_eq!(ring_of(patch), format!("{}\n", lines[0]));
+    assert_eq!(told(&seen), new_id.as_str());
     assert!(
         patch.get("metadata").is_none(),
         "the marks are kept: {patch}"

@@ -247,6 +247,28 @@ impl Namespace {
         text.replace("namespace: default", &format!("namespace: {}", self.name))
     }
 
+    /// Why pod creations were refused here (the messages of the
+    /// `FailedCreate` Events its workloads got, one per line; empty: none).
+    pub fn refused_creations(&self) -> String {
+        self.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "reason=FailedCreate",
+            "-o",
+            "custom-columns=M:.message",
+            "--no-headers",
+        ])
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+    }
+
+    /// The cluster it is in.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
     /// `kubectl -n NS ARGS`.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         let mut all = vec!["-n", self.name.as_str()];
@@ -1331,4 +1353,73 @@ pub fn serial_of(cert: &Value) -> String {
         .unwrap_or("")
         .trim_start_matches('0')
         .to_ascii_lowercase()
+}
+
+/// The pod's containers named `sbmesh-sidecar` (init or regular).
+pub fn sidecars(pod: &Value) -> usize {
+    ["containers", "initContainers"]
+        .iter()
+        .flat_map(|k| pod["spec"][k].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["name"] == "sbmesh-sidecar")
+        .count()
+}
+
+/// A proxy pod as a user creates one, run through admission only
+/// (`kubectl create --dry-run=server`: the webhooks run, nothing is
+/// stored): the object the API server would store, and how long the
+/// creation took.
+pub fn dry_run_pod(ns: &Namespace) -> (Value, Duration) {
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{ generateName: edge-, namespace: {ns}, annotations: {{ sbproxy.dev/mesh-service: edge-mesh }} }}
+spec:
+  containers:
+  - name: proxy
+    image: soapbucket/sbproxy:1.13.0
+    imagePullPolicy: Never
+    volumeMounts:
+    - {{ name: config, mountPath: /etc/sbproxy, readOnly: true }}
+  volumes:
+  - name: config
+    configMap: {{ name: edge-config }}
+"#,
+        ns = ns.name
+    );
+    let start = std::time::Instant::now();
+    let out = ns
+        .cluster()
+        .kubectl_with(
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&pod),
+        )
+        .unwrap_or_else(|e| panic!("a dry-run pod creation in {}: {e}", ns.name));
+    let took = start.elapsed();
+    (serde_json::from_str(&out).expect("kubectl's JSON"), took)
+}
+
+/// The p-th percentile of `samples` (sorted here).
+pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[i]
+}
+
+/// The ConfigMap `edge-config` of a user's own proxy workload: `sb.yml`
+/// with the admin credentials of [`ADMIN`] and `edge.example.com`
+/// answering `body`.
+pub fn edge_config(ns: &str, body: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {{ name: edge-config, namespace: {ns} }}
+data:
+  sb.yml: |
+    proxy:
+      admin: {{ enabled: true, port: 9090, username: admin, password: secret }}
+    origins:
+      "edge.example.com":
+        action: {{ type: static, status_code: 200, body: "{body}\n" }}
+"#
+    )
 }
