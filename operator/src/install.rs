@@ -42,8 +42,7 @@ pub const OPERATOR_COMMAND: &str = "/usr/local/bin/sbmesh-operator";
 /// Port of `/metrics` and `/healthz` (`run --metrics-listen`).
 pub const METRICS_PORT: i32 = 8080;
 /// Name of the ClusterRole (and binding) of the injection webhook: its
-/// configuration's `caBundle`, whatever the scope (`-<namespace>` after it
-/// for a namespace-scope install, as the configuration's name).
+/// configuration's `caBundle`, whatever the scope.
 pub const WEBHOOK_ROLE_NAME: &str = "sbmesh-operator-webhook";
 
 /// One RBAC rule: an API group, its resources, and the verbs on them.
@@ -263,19 +262,13 @@ pub fn install_objects(args: &InstallArgs) -> Vec<Value> {
         role_ref: role_ref("Role", LEADER_ROLE_NAME),
         subjects: Some(subject(ns)),
     }));
-    let own_only = (args.rbac_scope == RbacScope::Namespace).then_some(ns);
-    let configuration = webhook::configuration_name(own_only);
-    let webhook_role = match own_only {
-        None => WEBHOOK_ROLE_NAME.to_string(),
-        Some(ns) => format!("{WEBHOOK_ROLE_NAME}-{ns}"),
-    };
     out.push(to_json(&ClusterRole {
-        metadata: meta(&webhook_role, None),
+        metadata: meta(WEBHOOK_ROLE_NAME, None),
         rules: Some(vec![
             PolicyRule {
                 api_groups: Some(vec!["admissionregistration.k8s.io".to_string()]),
                 resources: Some(vec!["mutatingwebhookconfigurations".to_string()]),
-                resource_names: Some(vec![configuration.clone()]),
+                resource_names: Some(vec![webhook::CONFIGURATION.to_string()]),
                 verbs: vec!["get".to_string(), "patch".to_string()],
                 ..PolicyRule::default()
             },
@@ -291,8 +284,8 @@ pub fn install_objects(args: &InstallArgs) -> Vec<Value> {
         ..ClusterRole::default()
     }));
     out.push(to_json(&ClusterRoleBinding {
-        metadata: meta(&webhook_role, None),
-        role_ref: role_ref("ClusterRole", &webhook_role),
+        metadata: meta(WEBHOOK_ROLE_NAME, None),
+        role_ref: role_ref("ClusterRole", WEBHOOK_ROLE_NAME),
         subjects: Some(subject(ns)),
     }));
     out.push(to_json(&deployment(args)));
@@ -403,10 +396,7 @@ fn webhook_configuration(args: &InstallArgs) -> MutatingWebhookConfiguration {
     };
     let annotation = inject_annotation();
     MutatingWebhookConfiguration {
-        metadata: meta(
-            &webhook::configuration_name((args.rbac_scope == RbacScope::Namespace).then_some(ns)),
-            None,
-        ),
+        metadata: meta(webhook::CONFIGURATION, None),
         webhooks: Some(vec![
             // A labelled namespace: every pod but those opted out.
             hook(

@@ -89,10 +89,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<u8> {
     let webhook = webhook::Settings {
         listen: args.webhook_listen,
         namespace: own_namespace.clone(),
-        configuration: webhook::configuration_name(match &scope {
-            Scope::All => None,
-            Scope::Namespace(ns) => Some(ns.as_str()),
-        }),
         lifetime: Duration::from_secs(args.webhook_cert_lifetime_secs),
         defaults: admit::Defaults {
             sidecar_image: args.sidecar_image.clone(),

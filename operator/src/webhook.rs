@@ -43,19 +43,9 @@ use crate::telemetry::Metrics;
 pub const SERVICE: &str = "sbmesh-operator-webhook";
 /// The Secret with the webhook's CA and serving certificate.
 pub const TLS_SECRET: &str = "sbmesh-operator-webhook-tls";
-/// The MutatingWebhookConfiguration `install --rbac-scope cluster` applies.
+/// The MutatingWebhookConfiguration `install` applies (SPEC section 13):
+/// one per cluster, as the object is cluster-wide.
 pub const CONFIGURATION: &str = "sbmesh-sidecar-injector";
-
-/// The configuration's name: [`CONFIGURATION`] for an operator of every
-/// namespace; `<CONFIGURATION>-<namespace>` for one of its own namespace
-/// only, so that such installs in several namespaces do not overwrite each
-/// other's (the object is cluster-wide).
-pub fn configuration_name(own_namespace_only: Option<&str>) -> String {
-    match own_namespace_only {
-        None => CONFIGURATION.to_string(),
-        Some(ns) => format!("{CONFIGURATION}-{ns}"),
-    }
-}
 /// The path the API server posts AdmissionReviews to.
 pub const PATH: &str = "/inject";
 /// `--webhook-listen`'s port: one the control planes of private clusters
@@ -335,9 +325,6 @@ pub struct Settings {
     pub namespace: String,
     /// The serving certificate's life.
     pub lifetime: Duration,
-    /// The MutatingWebhookConfiguration whose `caBundle` it keeps
-    /// ([`configuration_name`]).
-    pub configuration: String,
     pub defaults: Defaults,
 }
 
@@ -354,7 +341,7 @@ pub async fn run(
     info!(addr = %settings.listen, path = PATH, "serving the injection webhook (HTTPS)");
     let keeper = tokio::spawn(keep_tls(
         client,
-        (settings.namespace.clone(), settings.configuration.clone()),
+        (settings.namespace.clone(), CONFIGURATION.to_string()),
         settings.lifetime,
         current.clone(),
         stop.clone(),

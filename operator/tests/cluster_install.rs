@@ -123,23 +123,15 @@ fn install_namespace_scope_then_cluster_scope() {
         "--wait=true",
         "--timeout=180s",
     ]);
-    // Its cluster-wide objects, named after its namespace.
-    let suffixed = |name: &str| format!("{name}-{}", scoped.name);
+    // Its cluster-wide objects (the webhook's; the cluster-scope install
+    // below makes them again).
     c.must(&[
         "delete",
         "mutatingwebhookconfiguration",
-        &suffixed("sbmesh-sidecar-injector"),
+        "sbmesh-sidecar-injector",
     ]);
-    c.must(&[
-        "delete",
-        "clusterrole",
-        &suffixed("sbmesh-operator-webhook"),
-    ]);
-    c.must(&[
-        "delete",
-        "clusterrolebinding",
-        &suffixed("sbmesh-operator-webhook"),
-    ]);
+    c.must(&["delete", "clusterrole", "sbmesh-operator-webhook"]);
+    c.must(&["delete", "clusterrolebinding", "sbmesh-operator-webhook"]);
     drop(scoped);
 
     // 2. Cluster scope, in its default namespace; left installed for cluster_e2e.

@@ -48,6 +48,9 @@ impl Operator {
                 identity,
                 "--metrics-listen",
                 &metrics.to_string(),
+                // Each process its own port (the default, 10250, is one per machine).
+                "--webhook-listen",
+                "127.0.0.1:0",
                 "--log-format",
                 "text",
                 "--shutdown-grace-ms",

@@ -72,11 +72,11 @@ fn namespace_scope_is_a_role_in_the_operator_namespace() {
             "RoleBinding/sbmesh-operator",
             "Role/sbmesh-operator-leader",
             "RoleBinding/sbmesh-operator-leader",
-            "ClusterRole/sbmesh-operator-webhook-sbmesh-system",
-            "ClusterRoleBinding/sbmesh-operator-webhook-sbmesh-system",
+            "ClusterRole/sbmesh-operator-webhook",
+            "ClusterRoleBinding/sbmesh-operator-webhook",
             "Deployment/sbmesh-operator",
             "Service/sbmesh-operator-webhook",
-            "MutatingWebhookConfiguration/sbmesh-sidecar-injector-sbmesh-system",
+            "MutatingWebhookConfiguration/sbmesh-sidecar-injector",
         ]
     );
     let role = find(&objects, "Role", "sbmesh-operator");
@@ -280,12 +280,12 @@ fn the_webhook_is_a_service_a_configuration_and_a_narrow_cluster_role() {
         ])
     );
 
-    // Namespace scope: its own namespace only, under names of its own.
+    // Namespace scope: its own namespace only.
     let objects = install::install_objects(&args(RbacScope::Namespace));
     let conf = find(
         &objects,
         "MutatingWebhookConfiguration",
-        "sbmesh-sidecar-injector-sbmesh-system",
+        "sbmesh-sidecar-injector",
     );
     for h in conf["webhooks"].as_array().unwrap() {
         let exprs = h["namespaceSelector"]["matchExpressions"]

@@ -58,6 +58,9 @@ fn start(kubeconfig: &Path, log: &Path, extra: &[&str]) -> Guard {
             "--no-leader-election",
             "--metrics-listen",
             &metrics.to_string(),
+            // Each process its own port (the default, 10250, is one per machine).
+            "--webhook-listen",
+            "127.0.0.1:0",
             "--log-format",
             "text",
         ])
