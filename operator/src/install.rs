@@ -173,20 +173,12 @@ fn selector() -> BTreeMap<String, String> {
 }
 
 fn labels() -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (
-            "app.kubernetes.io/name".to_string(),
-            OPERATOR_NAME.to_string(),
-        ),
-        (
-            "app.kubernetes.io/component".to_string(),
-            "operator".to_string(),
-        ),
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            OPERATOR_NAME.to_string(),
-        ),
-    ])
+    let mut labels = selector();
+    labels.insert(
+        "app.kubernetes.io/managed-by".to_string(),
+        OPERATOR_NAME.to_string(),
+    );
+    labels
 }
 
 fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {

@@ -176,17 +176,44 @@ pub fn renewed(
     })
 }
 
-/// A certificate's validity, from its PEM.
-pub fn validity(pem: &str) -> Result<(SystemTime, SystemTime), TlsError> {
-    let der = rustls_pemfile_first(pem).ok_or(TlsError::Missing(TLS_CRT))?;
+/// What [`plan`] reads of a serving certificate: its validity and DNS names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    pub names: Vec<String>,
+}
+
+/// Parses a certificate's PEM once for [`Served`].
+pub fn served(pem: &str) -> Result<Served, TlsError> {
+    let der = first_certificate(pem).ok_or(TlsError::Missing(TLS_CRT))?;
     let (_, cert) = x509_parser::parse_x509_certificate(&der)
         .map_err(|e| TlsError::Invalid(format!("{TLS_CRT} does not parse: {e}")))?;
     let v = cert.validity();
     let t = |s: i64| SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(s).unwrap_or(0));
-    Ok((t(v.not_before.timestamp()), t(v.not_after.timestamp())))
+    let names = cert
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Served {
+        not_before: t(v.not_before.timestamp()),
+        not_after: t(v.not_after.timestamp()),
+        names,
+    })
 }
 
-fn rustls_pemfile_first(pem: &str) -> Option<Vec<u8>> {
+fn first_certificate(pem: &str) -> Option<Vec<u8>> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     CertificateDer::pem_slice_iter(pem.as_bytes())
@@ -212,12 +239,13 @@ pub fn plan(bundle: Option<&Bundle>, names: &[String], now: SystemTime) -> Plan 
     let Some(bundle) = bundle else {
         return Plan::Create;
     };
-    let Ok((from, until)) = validity(&bundle.tls_crt) else {
+    let Ok(cert) = served(&bundle.tls_crt) else {
         return Plan::Renew;
     };
+    let (from, until) = (cert.not_before, cert.not_after);
     let life = until.duration_since(from).unwrap_or_default();
     let left = until.duration_since(now).unwrap_or_default();
-    let names_match = names.iter().all(|n| bundle.tls_crt_names().contains(n));
+    let names_match = names.iter().all(|n| cert.names.contains(n));
     if left < life / 3 || !names_match {
         Plan::Renew
     } else {
@@ -254,30 +282,6 @@ impl Bundle {
             tls_crt: get(TLS_CRT)?,
             tls_key: get(TLS_KEY)?,
         })
-    }
-
-    /// The DNS names of the serving certificate.
-    fn tls_crt_names(&self) -> Vec<String> {
-        let Some(der) = rustls_pemfile_first(&self.tls_crt) else {
-            return Vec::new();
-        };
-        let Ok((_, cert)) = x509_parser::parse_x509_certificate(&der) else {
-            return Vec::new();
-        };
-        cert.subject_alternative_name()
-            .ok()
-            .flatten()
-            .map(|san| {
-                san.value
-                    .general_names
-                    .iter()
-                    .filter_map(|n| match n {
-                        x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
-                        _ => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
     }
 
     /// The serving certificate and key as rustls serves them.
@@ -371,7 +375,6 @@ async fn keep_tls(
     let configurations = Api::<MutatingWebhookConfiguration>::all(client);
     let names = service_names(&namespace);
     let mut served: Option<String> = None;
-    let mut ca_written: Option<String> = None;
     // A failure is logged when it first happens or changes, not each round.
     let mut last_error = String::new();
     let mut report = |error: String, what: &str| {
@@ -393,15 +396,16 @@ async fn keep_tls(
                         Err(e) => report(e.to_string(), "webhook serving certificate not loaded"),
                     }
                 }
-                if ca_written.as_deref() != Some(bundle.ca_crt.as_str()) {
-                    match write_ca_bundle(&configurations, &configuration, &bundle.ca_crt).await {
-                        Ok(()) => ca_written = Some(bundle.ca_crt.clone()),
-                        Err(e) => report(
-                            e.to_string(),
-                            "cannot write the webhook's caBundle; the API server cannot call the \
-                             webhook until it is (is the operator installed by `sbmesh-operator install`?)",
-                        ),
-                    }
+                // Read each round (one GET; a PATCH only when it differs):
+                // a configuration deleted and applied again gets it back.
+                if let Err(e) =
+                    write_ca_bundle(&configurations, &configuration, &bundle.ca_crt).await
+                {
+                    report(
+                        e.to_string(),
+                        "cannot write the webhook's caBundle; the API server cannot call the \
+                         webhook until it is (is the operator installed by `sbmesh-operator install`?)",
+                    );
                 }
             }
             Err(e) => report(format!("{e:#}"), "webhook TLS not settled; trying again"),
@@ -659,9 +663,9 @@ mod tests {
         assert_eq!(plan(None, &names(), t0), Plan::Create);
         let first = new_bundle(&names(), t0, 30 * DAY).unwrap();
         first.certified_key().expect("rustls serves it");
-        let (from, until) = validity(&first.tls_crt).unwrap();
+        let cert = served(&first.tls_crt).unwrap();
         assert_eq!(
-            until.duration_since(from).unwrap(),
+            cert.not_after.duration_since(cert.not_before).unwrap(),
             30 * DAY + Duration::from_secs(60)
         );
         assert_eq!(plan(Some(&first), &names(), t0 + 19 * DAY), Plan::Keep);
@@ -675,7 +679,7 @@ mod tests {
         second
             .certified_key()
             .expect("rustls serves the renewed one");
-        assert_eq!(second.tls_crt_names(), names());
+        assert_eq!(served(&second.tls_crt).unwrap().names, names());
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 mod cluster;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use cluster::{
@@ -16,34 +15,7 @@ use cluster::{
     kill_container, metric, mock_answer, pebble_root, pod_ip, serves_tls, sidecar_status,
     sidecar_status_forwarded, wait_every, wait_for, wait_for_answer,
 };
-use serde_json::{Value, json};
-
-/// Every sidecar of `pods` sees `n` alive nodes, the same config hash everywhere.
-fn mesh_of(pods: &[Value], n: usize) -> BTreeMap<String, Value> {
-    wait_for(
-        &format!("every sidecar's status showing {n} alive nodes"),
-        Duration::from_secs(120),
-        || {
-            let mut hashes = BTreeMap::new();
-            for pod in pods {
-                let s = sidecar_status(&pod_ip(pod), ADMIN)?;
-                let alive = s["nodes"]
-                    .as_array()?
-                    .iter()
-                    .filter(|n| n["membership_state"] == "alive")
-                    .count();
-                if s["summary"]["total_nodes"] != n || alive != n {
-                    return None;
-                }
-                hashes.insert(
-                    pod["metadata"]["name"].as_str()?.to_string(),
-                    s["summary"]["config_hashes"].clone(),
-                );
-            }
-            Some(hashes)
-        },
-    )
-}
+use serde_json::json;
 
 #[test]
 fn clustered_pods_form_a_mesh_through_the_headless_service() {
@@ -66,7 +38,7 @@ fn clustered_pods_form_a_mesh_through_the_headless_service() {
     assert!(env.contains(&"SBMESH_MESH_SERVICE"), "{env:?}");
     assert!(!env.contains(&"SBMESH_SEEDS"), "{env:?}");
 
-    let hashes = mesh_of(&pods, 3);
+    let hashes = cluster::mesh_of(&pods, 3);
     let distinct: std::collections::BTreeSet<String> =
         hashes.values().map(|h| h.to_string()).collect();
     assert_eq!(distinct.len(), 1, "one config hash everywhere: {hashes:?}");
@@ -438,7 +410,7 @@ fn the_clustered_sbproxy_runs_under_the_restricted_pod_security_standard() {
             (pods.len() == 3 && pods.iter().all(cluster::pod_ready)).then_some(())
         },
     );
-    mesh_of(&ns.proxy_pods("demo"), 3);
+    cluster::mesh_of(&ns.proxy_pods("demo"), 3);
 }
 
 /// The Lease's holder and its renewTime.

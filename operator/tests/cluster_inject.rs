@@ -13,18 +13,8 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::{
-    ADMIN, Cluster, Namespace, OPERATOR_NAMESPACE, dry_run_pod, percentile, pod_ip, sidecar_status,
-    sidecars, wait_for,
+    Cluster, Namespace, OPERATOR_NAMESPACE, dry_run_pod, percentile, sidecars, wait_for,
 };
-use serde_json::Value;
-
-/// A cluster key as `sbmesh-sidecar keygen` prints one: 64 hex characters.
-fn a_key() -> String {
-    let mut bytes = [0u8; 32];
-    let f = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
-    std::io::Read::read_exact(&mut &f, &mut bytes).expect("random bytes");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// What a user writes beside the StatefulSet for a mesh: the ConfigMap with
 /// sb.yml, the headless Service and the cluster-key Secret.
@@ -47,7 +37,7 @@ kind: Secret
 metadata: {{ name: edge-cluster-key, namespace: {ns} }}
 stringData: {{ cluster-key: "{key}" }}
 "#,
-        key = a_key(),
+        key = sbmesh_operator::render::fresh_cluster_key(),
         config = cluster::edge_config(ns, "edge"),
     )
 }
@@ -109,30 +99,6 @@ fn injections(c: &Cluster, result: &str) -> f64 {
             })
         })
         .sum()
-}
-
-/// Every sidecar of `pods` sees `n` alive nodes.
-fn mesh_of(pods: &[Value], n: usize) {
-    wait_for(
-        &format!("every sidecar's status showing {n} alive nodes"),
-        Duration::from_secs(120),
-        || {
-            pods.iter()
-                .all(|pod| {
-                    sidecar_status(&pod_ip(pod), ADMIN).is_some_and(|s| {
-                        s["summary"]["total_nodes"] == n
-                            && s["nodes"].as_array().is_some_and(|nodes| {
-                                nodes
-                                    .iter()
-                                    .filter(|n| n["membership_state"] == "alive")
-                                    .count()
-                                    == n
-                            })
-                    })
-                })
-                .then_some(())
-        },
-    );
 }
 
 /// Waits until the webhook answers: both operator replicas Ready (their
@@ -201,7 +167,7 @@ fn a_labelled_namespaces_own_statefulset_gets_the_sidecar_and_forms_a_mesh() {
             .expect("the sidecar as a native sidecar");
         assert_eq!(sidecar["image"], c.sbmesh_image.as_str(), "{name}");
     }
-    mesh_of(&pods, 3);
+    cluster::mesh_of(&pods, 3);
     // As a user checks it: `sbmesh-sidecar status` in a pod.
     let status = ns
         .kubectl(&[

@@ -1423,3 +1423,31 @@ data:
 "#
     )
 }
+
+/// Waits until every sidecar of `pods` sees `n` alive nodes; answers each
+/// pod's `config_hashes` by pod name.
+pub fn mesh_of(pods: &[Value], n: usize) -> std::collections::BTreeMap<String, Value> {
+    wait_for(
+        &format!("every sidecar's status showing {n} alive nodes"),
+        Duration::from_secs(120),
+        || {
+            let mut hashes = std::collections::BTreeMap::new();
+            for pod in pods {
+                let s = sidecar_status(&pod_ip(pod), ADMIN)?;
+                let alive = s["nodes"]
+                    .as_array()?
+                    .iter()
+                    .filter(|n| n["membership_state"] == "alive")
+                    .count();
+                if s["summary"]["total_nodes"] != n || alive != n {
+                    return None;
+                }
+                hashes.insert(
+                    pod["metadata"]["name"].as_str()?.to_string(),
+                    s["summary"]["config_hashes"].clone(),
+                );
+            }
+            Some(hashes)
+        },
+    )
+}
