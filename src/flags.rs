@@ -447,6 +447,17 @@ pub const ACME_CHECK_URL: Flag = Flag {
            Service in front of the replicas). Before the CA is told to validate, a probe token \
            is published and fetched there; the order waits until it is answered",
 };
+/// `--acme-dns-resolvers`.
+pub const ACME_DNS_RESOLVERS: Flag = Flag {
+    long: "acme-dns-resolvers",
+    env: "SBMESH_ACME_DNS_RESOLVERS",
+    value_name: "ADDRS",
+    kind: Kind::List,
+    default: FlagDefault::Words("the nameservers of /etc/resolv.conf"),
+    help: "DNS-01: the recursive resolvers asked for _acme-challenge CNAMEs, the record's zone \
+           and the zone's name servers, ip or ip:port (port 53), comma-separated; the record \
+           itself is checked at each authoritative server",
+};
 /// `--proxy-reload-url`.
 pub const PROXY_RELOAD_URL: Flag = Flag {
     long: "proxy-reload-url",
@@ -723,6 +734,26 @@ impl FlagValue for Duration {
     }
 }
 
+/// DNS servers: `ip` or `ip:port` (port 53), comma-separated.
+impl FlagValue for Vec<SocketAddr> {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                t.parse::<SocketAddr>()
+                    .or_else(|_| t.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                    .map_err(|_| {
+                        format!(
+                            "{t:?} is not a DNS server address; expected ip or ip:port, such as \
+                             10.96.0.10 or 127.0.0.1:5353 ([fd00::a]:53 for IPv6)"
+                        )
+                    })
+            })
+            .collect()
+    }
+}
+
 impl FlagValue for CertApply {
     fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
         CertApply::from_name(text)
@@ -785,6 +816,7 @@ pub(crate) const RUN: &[Flag] = &[
     ACME_ORDERS_INTERVAL_SECS,
     ACME_CONCURRENT_ORDERS,
     ACME_CHECK_URL,
+    ACME_DNS_RESOLVERS,
     PROXY_CERT_APPLY,
     PROXY_PROCESS_NAME,
     PROXY_HEALTH_URL,

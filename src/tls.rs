@@ -11,10 +11,11 @@
 //!
 //! Matching: the SNI name exactly, ASCII case-insensitively (a trailing
 //! dot ignored), against every DNS name of every certificate (a per-host
-//! certificate's host, each name of a SAN certificate). No wildcard
-//! matching: HTTP-01 never issues wildcards. When SNI is absent or names
-//! no certificate, the [`DefaultCertificate`] answers, or the handshake is
-//! refused.
+//! certificate's host, each name of a SAN certificate); else a wildcard
+//! certificate one label up (`*.example.com` serves `a.example.com`, not
+//! `example.com` nor `a.b.example.com`; DNS-01 issues them). When SNI is
+//! absent or names no certificate, the [`DefaultCertificate`] answers, or
+//! the handshake is refused.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -218,12 +219,23 @@ impl CertResolver {
         let table = self.table.load();
         if let Some(name) = server_name {
             let name = name.strip_suffix('.').unwrap_or(name);
-            let hit = if name.bytes().any(|b| b.is_ascii_uppercase()) {
-                table.by_name.get(&name.to_ascii_lowercase())
+            let lower;
+            let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                lower = name.to_ascii_lowercase();
+                lower.as_str()
             } else {
-                table.by_name.get(name)
+                name
             };
-            if let Some(key) = hit {
+            if let Some(key) = table.by_name.get(name) {
+                return Some(key.clone());
+            }
+            // A wildcard one label up, for a name of at least three labels'
+            // worth (`*.com` is never issued).
+            if let Some((label, parent)) = name.split_once('.')
+                && !label.is_empty()
+                && label != "*"
+                && let Some(key) = table.by_name.get(&format!("*.{parent}"))
+            {
                 return Some(key.clone());
             }
         }
@@ -309,6 +321,20 @@ mod tests {
         assert!(r.resolve_name(Some("x.a.test")).is_none());
         assert!(r.resolve_name(Some("test")).is_none());
         assert_eq!(r.names(), ["a.test", "b.test"]);
+    }
+
+    #[test]
+    fn a_wildcard_serves_one_label_below_it() {
+        let apex = cert("san-1", &["*.w.test", "w.test"], false);
+        let other = cert("x.w.test", &["x.w.test"], false);
+        let r = CertResolver::new(DefaultCertificate::None);
+        assert!(r.load(&[apex.clone(), other.clone()]).is_empty());
+        for name in ["a.w.test", "B.W.test", "w.test"] {
+            assert_eq!(leaf(r.resolve_name(Some(name))), leaf_of(&apex), "{name}");
+        }
+        // An exact certificate wins over the wildcard.
+        assert_eq!(leaf(r.resolve_name(Some("x.w.test"))), leaf_of(&other));
+        assert!(r.resolve_name(Some("a.b.w.test")).is_none());
     }
 
     #[test]

@@ -157,7 +157,7 @@ fn sidecar_problems_are_listed_by_yaml_path() {
     assert_eq!(
         lines,
         [
-            "proxy.extensions.sbmesh.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, eab, storage_backend, storage_path, renew_before_days, certificates, apply (did you mean storage_path?)",
+            "proxy.extensions.sbmesh.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, eab, storage_backend, storage_path, renew_before_days, certificates, apply, challenge, dns01 (did you mean storage_path?)",
             "proxy.extensions.sbmesh.acme.email: \"not-an-email\" is not an email address; expected one such as ops@example.com",
         ],
         "{}",

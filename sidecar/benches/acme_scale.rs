@@ -24,10 +24,10 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use common::acme::{Pebble, SerialCache, acme_config, own_certs, unique_hosts};
+use common::acme::{Pebble, SerialCache, TRIO, acme_config, own_certs, spawn_trio, unique_hosts};
 use common::*;
 
-const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+const NODES: [&str; 3] = TRIO;
 
 fn main() {
     // `cargo bench` passes --bench; nothing else to parse.
@@ -64,24 +64,13 @@ fn main() {
         &cluster.config,
         &acme_config(&pebble, "redis", &redis, &hosts, ""),
     );
-    let seeds: Vec<_> = ips
-        .iter()
-        .map(|ip| std::net::SocketAddr::from((*ip, GOSSIP_PORT)))
-        .collect();
     let started = Instant::now();
-    for (i, ip) in ips.iter().enumerate() {
-        cluster.spawn(NodeOpts {
-            node_id: NODES[i].to_owned(),
-            ip: *ip,
-            cluster_id: cluster.cluster_id.clone(),
-            key: KeySource::Hex(cluster.key.clone()),
-            seeds: seeds.clone(),
-            extra_args: vec![
-                "--challenge-listen".into(),
-                format!("{ip}:{}", pebble.http_port),
-            ],
-        });
-    }
+    spawn_trio(&mut cluster, ips, |ip| {
+        vec![
+            "--challenge-listen".into(),
+            format!("{ip}:{}", pebble.http_port),
+        ]
+    });
     let mut done_at = None;
     cluster.wait_until_for(
         "every replica has every certificate",

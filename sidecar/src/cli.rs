@@ -97,6 +97,8 @@ pub struct RunArgs {
     pub challenge_passthrough: Option<String>,
     #[arg(described_by = &flags::ACME_CHECK_URL)]
     pub acme_check_url: Option<String>,
+    #[arg(described_by = &flags::ACME_DNS_RESOLVERS)]
+    pub acme_dns_resolvers: Option<String>,
     #[arg(described_by = &flags::PROXY_RELOAD_URL)]
     pub proxy_reload_url: Option<String>,
     #[arg(described_by = &flags::PROXY_AUTHORIZATION)]

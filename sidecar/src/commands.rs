@@ -644,9 +644,9 @@ demo-proxy-2          10.0.0.7:7946  down     unhealthy  1            1h02m ago 
             report,
             "\
 proxy.extensions.sbmesh.gossip_port: expected a port number from 1 to 65535, found the string \"abc\"
-proxy.extensions.sbmesh.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, eab, storage_backend, storage_path, renew_before_days, certificates, apply (did you mean storage_path?)
+proxy.extensions.sbmesh.acme.storge_path: unknown field; expected one of: enabled, email, directory_url, ca_root, eab, storage_backend, storage_path, renew_before_days, certificates, apply, challenge, dns01 (did you mean storage_path?)
 proxy.extensions.sbmesh.acme.storage_backend: unsupported backend \"sqlite\"; supported: redis, s3, gcs, azure, file, redb, memory
-warning: origins.\"*.example.com\": wildcard origin is not eligible for an HTTP-01 certificate and will not be ordered; provide its certificate another way (e.g. cert-manager with DNS-01)
+warning: origins.\"*.example.com\": wildcard origin is not eligible for an HTTP-01 certificate and will not be ordered; set acme.challenge: dns-01 (with a dns01 provider) to order it, or provide its certificate another way
 "
         );
         // the environment is used for ${VAR}

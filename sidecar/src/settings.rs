@@ -351,6 +351,12 @@ fn resolve_listeners(
     // Empty is the default, as unset.
     let check = args.acme_check_url.as_deref();
     r.set(&flags::ACME_CHECK_URL, check, &mut node.acme.check_url);
+    let resolvers = args.acme_dns_resolvers.as_deref();
+    r.set(
+        &flags::ACME_DNS_RESOLVERS,
+        resolvers,
+        &mut node.acme.dns_resolvers,
+    );
 
     node.admin_user = r
         .text(&flags::ADMIN_USER, args.admin_user.as_deref())

@@ -18,14 +18,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::acme::{
-    Pebble, SerialCache, acme_config, handshake_ok, own_certs, redis_from_env, unique_hosts,
+    Pebble, SerialCache, TRIO, acme_config, handshake_ok, own_certs, redis_from_env, spawn_trio,
+    unique_hosts,
 };
 use common::*;
 
 #[path = "../../tests/redis_server/mod.rs"]
 mod redis_server;
 
-const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+const NODES: [&str; 3] = TRIO;
 
 /// Which node orders `host`: its rendezvous owner among all three.
 fn owner_of(host: &str) -> usize {
@@ -45,12 +46,8 @@ fn fleet(
     let mut cluster = Cluster::new(prefix);
     cluster.cluster_id = format!("acme-{}", prefix.replace('.', "-"));
     write_atomic(&cluster.config, config);
-    let seeds: Vec<_> = ips
-        .iter()
-        .map(|ip| std::net::SocketAddr::from((*ip, GOSSIP_PORT)))
-        .collect();
-    for (i, ip) in ips.iter().enumerate() {
-        let mut extra_args = vec![
+    spawn_trio(&mut cluster, ips, |ip| {
+        let mut args = vec![
             "--challenge-listen".to_owned(),
             format!("{ip}:{}", pebble.http_port),
             "--acme-order-lock-ttl-secs".to_owned(),
@@ -58,17 +55,9 @@ fn fleet(
             "--reload-debounce-ms".to_owned(),
             "50".to_owned(),
         ];
-        extra_args.extend(extra.iter().map(|s| s.to_string()));
-        let opts = NodeOpts {
-            node_id: NODES[i].to_owned(),
-            ip: *ip,
-            cluster_id: cluster.cluster_id.clone(),
-            key: KeySource::Hex(cluster.key.clone()),
-            seeds: seeds.clone(),
-            extra_args,
-        };
-        cluster.spawn(opts);
-    }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    });
     cluster
 }
 

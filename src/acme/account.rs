@@ -114,6 +114,25 @@ pub enum AcmeError {
         /// The CA's explanation.
         detail: String,
     },
+    /// The CA could not validate the DNS-01 challenge of `host`.
+    #[error(
+        "DNS-01 validation of {host} failed: {problem_type}: {detail}; the CA looks up the TXT record at _acme-challenge of the name (its CNAMEs followed) from the zone's authoritative servers, which all served it when the CA was told to look"
+    )]
+    DnsValidation {
+        /// The identifier that failed.
+        host: String,
+        /// The problem type without its URN prefix.
+        problem_type: String,
+        /// The CA's explanation.
+        detail: String,
+    },
+    /// A DNS-01 step of this replica failed: the provider, a lookup, or
+    /// the wait for every authoritative server to serve the record.
+    #[error("DNS-01: {message}")]
+    Dns {
+        /// What failed and where.
+        message: String,
+    },
     /// The order did not reach the next state within the polling budget.
     #[error(
         "ACME order timed out trying to {op}: the CA did not move the order on in time; try again later"
@@ -305,7 +324,8 @@ impl AcmeError {
     pub(crate) fn problem_type(&self) -> Option<&str> {
         match self {
             AcmeError::Refused { problem_type, .. }
-            | AcmeError::Validation { problem_type, .. } => Some(problem_type),
+            | AcmeError::Validation { problem_type, .. }
+            | AcmeError::DnsValidation { problem_type, .. } => Some(problem_type),
             _ => None,
         }
     }

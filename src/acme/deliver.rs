@@ -148,7 +148,7 @@ fn remove_stale_temps(dir: &Path) {
 
 /// The directory holding `host`'s files.
 pub(crate) fn host_dir(cert_dir: &Path, host: &str) -> io::Result<PathBuf> {
-    Ok(cert_dir.join(host_dir_name(host)?))
+    Ok(cert_dir.join(host_dir_name(&crate::acme::layout::host_segment(host))?))
 }
 
 /// Writes `<dir>/tls.key` then `tls.crt` (see the module docs for the
@@ -293,6 +293,14 @@ mod tests {
     }
 
     #[test]
+    fn a_wildcards_files_go_to_its_spelt_out_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(write_cert_files(dir.path(), "*.example.com", CHAIN, KEY).unwrap());
+        assert!(dir.path().join("wildcard_.example.com").join(CHAIN_FILE).exists());
+        assert!(read_cert_files(dir.path(), "*.example.com").is_some());
+    }
+
+    #[test]
     fn path_traversal_and_bad_names_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         for host in [
@@ -305,7 +313,8 @@ mod tests {
             "/abs",
             "a..b",
             ".a.example.com",
-            "*.example.com",
+            "*.*.example.com",
+            "a*.example.com",
             "a b.example.com",
             "a\0b",
             "a\\b",

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use instant_acme::{
-    AuthorizationStatus, CertificateIdentifier, ChallengeType, Identifier, NewOrder, Order,
-    OrderStatus, RetryPolicy,
+    AuthorizationHandle, AuthorizationStatus, CertificateIdentifier, ChallengeType, Identifier,
+    NewOrder, Order, OrderStatus, RetryPolicy,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, Der};
@@ -30,6 +30,7 @@ use x509_parser::extensions::ParsedExtension;
 use super::account::one_line;
 pub use super::account::{AcmeAccount, AcmeError};
 use super::challenge::ChallengeBook;
+use super::dns01::Dns01Order;
 use super::http_client::RetryAfterCapture;
 
 /// How long a published key authorization lives in the store: longer than
@@ -43,6 +44,17 @@ pub(crate) const DEFAULT_POLL: RetryPolicy = RetryPolicy::new()
     .initial_delay(Duration::from_millis(100))
     .backoff(1.5)
     .timeout(Duration::from_secs(120));
+
+/// How an order proves its names to the CA.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Proof<'a> {
+    /// HTTP-01: key authorizations published to the shared challenge book,
+    /// answered by whichever replica the CA reaches.
+    Http01,
+    /// DNS-01: TXT records written by this replica (the lock holder)
+    /// through the `dns01` provider, noted in the unit's ledger.
+    Dns01(&'a Dns01Order<'a>),
+}
 
 /// A certificate just issued.
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -138,26 +150,30 @@ impl Issuer {
         hosts: &[String],
         lease_held: Option<watch::Receiver<bool>>,
     ) -> Result<Issued, AcmeError> {
-        self.order_replacing(hosts, lease_held, None).await
+        self.order_replacing(hosts, lease_held, None, Proof::Http01)
+            .await
     }
 
     /// [`Issuer::order`] for a renewal: `replaces` names the certificate
     /// it replaces ([`certificate_identifier`] of the old leaf), sent as
     /// the ARI `replaces` field when the CA offers renewal information
     /// (and left out when it does not: the CA would refuse the order).
+    /// `proof` is how the names are proven: HTTP-01 through the book, or
+    /// DNS-01 (wildcards then allowed).
     pub(crate) async fn order_replacing(
         &self,
         hosts: &[String],
         lease_held: Option<watch::Receiver<bool>>,
         replaces: Option<CertificateIdentifier<'static>>,
+        proof: Proof<'_>,
     ) -> Result<Issued, AcmeError> {
-        let hosts = normalize_hosts(hosts)?;
+        let hosts = normalize_hosts(hosts, matches!(proof, Proof::Dns01(_)))?;
         let replaces = replaces.filter(|_| self.offers_ari());
         let capture = RetryAfterCapture::new();
         let mut tokens = Tokens::new(Arc::clone(&self.book));
         let started = tokio::time::Instant::now();
         let result = {
-            let work = capture.scope(self.run(&hosts, replaces, &mut tokens, &capture));
+            let work = capture.scope(self.run(&hosts, replaces, &mut tokens, &capture, proof));
             match lease_held {
                 None => work.await,
                 Some(mut held) => {
@@ -173,6 +189,10 @@ impl Issuer {
             }
         };
         tokens.withdraw_all().await;
+        if let Proof::Dns01(dns) = proof {
+            // Ours to remove whatever happened, a lost lease included.
+            dns.cleanup_all().await;
+        }
         match &result {
             Ok(issued) => tracing::info!(
                 node = %self.node_id,
@@ -200,6 +220,7 @@ impl Issuer {
         replaces: Option<CertificateIdentifier<'static>>,
         tokens: &mut Tokens,
         capture: &RetryAfterCapture,
+        proof: Proof<'_>,
     ) -> Result<Issued, AcmeError> {
         let failed = |op: &'static str| move |e| AcmeError::from_acme(op, e, capture);
         let identifiers: Vec<Identifier> =
@@ -211,18 +232,13 @@ impl Issuer {
             .await
             .map_err(failed("create the order"))?;
 
+        // DNS-01: the names to prove and their values, written once all
+        // are known (a wildcard and its apex share one name).
+        let mut dns_values: Vec<(String, String)> = Vec::new();
         let mut authorizations = order.authorizations();
         while let Some(next) = authorizations.next().await {
             let mut authz = next.map_err(failed("fetch an authorization"))?;
-            let host = match authz.identifier().identifier {
-                Identifier::Dns(name) => name.clone(),
-                other => {
-                    return Err(AcmeError::Protocol {
-                        op: "fetch an authorization",
-                        message: format!("the CA returned a non-DNS identifier {other:?}"),
-                    });
-                }
-            };
+            let (host, wildcard) = authorized_host(&authz)?;
             match authz.status {
                 AuthorizationStatus::Pending => {}
                 AuthorizationStatus::Valid => continue,
@@ -233,12 +249,21 @@ impl Issuer {
                     });
                 }
             }
-            let Some(mut challenge) = authz.challenge(ChallengeType::Http01) else {
+            let kind = match proof {
+                Proof::Http01 => ChallengeType::Http01,
+                Proof::Dns01(_) => ChallengeType::Dns01,
+            };
+            let Some(mut challenge) = authz.challenge(kind.clone()) else {
                 return Err(AcmeError::Protocol {
                     op: "fetch an authorization",
-                    message: format!("the CA offers no http-01 challenge for {host}"),
+                    message: format!("the CA offers no {} challenge for {host}", kind_name(&kind)),
                 });
             };
+            if let Proof::Dns01(_) = proof {
+                let name = if wildcard { format!("*.{host}") } else { host };
+                dns_values.push((name, challenge.key_authorization().dns_value()));
+                continue;
+            }
             let key_authorization = challenge.key_authorization();
             let token = challenge.token.clone();
             // Store first: only a published token may be declared ready.
@@ -260,18 +285,38 @@ impl Issuer {
                 .await
                 .map_err(failed("mark the challenge ready"))?;
         }
+        if let Proof::Dns01(dns) = proof
+            && !dns_values.is_empty()
+        {
+            // Every record served by every authoritative server, then the
+            // CA is told to look.
+            dns.present_all(dns_values).await?;
+            let mut authorizations = order.authorizations();
+            while let Some(next) = authorizations.next().await {
+                let mut authz = next.map_err(failed("fetch an authorization"))?;
+                if authz.status != AuthorizationStatus::Pending {
+                    continue;
+                }
+                if let Some(mut challenge) = authz.challenge(ChallengeType::Dns01) {
+                    challenge
+                        .set_ready()
+                        .await
+                        .map_err(failed("mark the challenge ready"))?;
+                }
+            }
+        }
 
         match order.poll_ready(&self.poll).await {
             Ok(OrderStatus::Ready) => {}
             Ok(status) => {
-                return Err(explain(&mut order).await.unwrap_or(AcmeError::Protocol {
+                return Err(explain(&mut order, proof).await.unwrap_or(AcmeError::Protocol {
                     op: "wait for validation",
                     message: format!("the order became {status:?} without a reason"),
                 }));
             }
             Err(e) => {
                 let mapped = failed("wait for validation")(e);
-                return Err(explain(&mut order).await.unwrap_or(mapped));
+                return Err(explain(&mut order, proof).await.unwrap_or(mapped));
             }
         }
         let key_pem = order
@@ -337,9 +382,47 @@ impl Issuer {
     }
 }
 
+/// The DNS name an authorization is for, and whether it is a wildcard's.
+fn authorized_host(authz: &AuthorizationHandle<'_>) -> Result<(String, bool), AcmeError> {
+    let id = authz.identifier();
+    match id.identifier {
+        Identifier::Dns(name) => Ok((name.clone(), id.wildcard)),
+        other => Err(AcmeError::Protocol {
+            op: "fetch an authorization",
+            message: format!("the CA returned a non-DNS identifier {other:?}"),
+        }),
+    }
+}
+
+/// The protocol's name of a challenge type.
+fn kind_name(kind: &ChallengeType) -> &'static str {
+    match kind {
+        ChallengeType::Http01 => "http-01",
+        ChallengeType::Dns01 => "dns-01",
+        _ => "other",
+    }
+}
+
 /// Why an order failed validation: the first challenge error the CA
-/// reports, as [`AcmeError::Validation`].
-async fn explain(order: &mut Order) -> Option<AcmeError> {
+/// reports, as [`AcmeError::Validation`] (HTTP-01) or
+/// [`AcmeError::DnsValidation`].
+async fn explain(order: &mut Order, proof: Proof<'_>) -> Option<AcmeError> {
+    let dns = matches!(proof, Proof::Dns01(_));
+    let validation = |host: String, problem_type: String, detail: String| {
+        if dns {
+            AcmeError::DnsValidation {
+                host,
+                problem_type,
+                detail,
+            }
+        } else {
+            AcmeError::Validation {
+                host,
+                problem_type,
+                detail,
+            }
+        }
+    };
     let mut authorizations = order.authorizations();
     while let Some(next) = authorizations.next().await {
         let Ok(mut authz) = next else { continue };
@@ -348,24 +431,23 @@ async fn explain(order: &mut Order) -> Option<AcmeError> {
         };
         let host = state.identifier().to_string();
         if let Some(problem) = state.challenges.iter().find_map(|c| c.error.as_ref()) {
-            return Some(AcmeError::Validation {
+            return Some(validation(
                 host,
-                problem_type: problem
+                problem
                     .r#type
                     .as_deref()
                     .map(|t| t.strip_prefix("urn:ietf:params:acme:error:").unwrap_or(t))
                     .unwrap_or("unknown")
                     .to_owned(),
-                detail: one_line(problem.detail.as_deref().unwrap_or_default()).into_owned(),
-            });
+                one_line(problem.detail.as_deref().unwrap_or_default()).into_owned(),
+            ));
         }
         if state.status == AuthorizationStatus::Invalid {
-            return Some(AcmeError::Validation {
+            return Some(validation(
                 host,
-                problem_type: "unknown".to_owned(),
-                detail: "the CA marked the authorization invalid without a challenge error"
-                    .to_owned(),
-            });
+                "unknown".to_owned(),
+                "the CA marked the authorization invalid without a challenge error".to_owned(),
+            ));
         }
     }
     None
@@ -384,9 +466,9 @@ fn new_order<'a>(
     }
 }
 
-/// Lowercase, trimmed, deduplicated (first occurrence kept); wildcards and
-/// empty names refused.
-fn normalize_hosts(hosts: &[String]) -> Result<Vec<String>, AcmeError> {
+/// Lowercase, trimmed, deduplicated (first occurrence kept); empty names
+/// refused, and wildcards unless `wildcards` (DNS-01 proves them).
+fn normalize_hosts(hosts: &[String], wildcards: bool) -> Result<Vec<String>, AcmeError> {
     let mut out: Vec<String> = Vec::with_capacity(hosts.len());
     for host in hosts {
         let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
@@ -395,7 +477,7 @@ fn normalize_hosts(hosts: &[String]) -> Result<Vec<String>, AcmeError> {
                 "an empty hostname cannot be ordered".to_owned(),
             ));
         }
-        if host.contains('*') {
+        if host.contains('*') && !(wildcards && crate::config::hostname::normalize_wildcard(&host).is_ok()) {
             return Err(AcmeError::Config(format!(
                 "{host} is a wildcard: HTTP-01 cannot prove it, so it is never ordered"
             )));
@@ -535,13 +617,18 @@ mod tests {
             "b.example.com".to_owned(),
         ];
         assert_eq!(
-            normalize_hosts(&hosts).unwrap(),
+            normalize_hosts(&hosts, false).unwrap(),
             vec!["b.example.com".to_owned(), "a.example.com".to_owned()]
         );
         assert!(matches!(
-            normalize_hosts(&["*.example.com".to_owned()]),
+            normalize_hosts(&["*.example.com".to_owned()], false),
             Err(AcmeError::Config(_))
         ));
-        assert!(normalize_hosts(&[]).is_err());
+        assert_eq!(
+            normalize_hosts(&["*.Example.com".to_owned()], true).unwrap(),
+            vec!["*.example.com".to_owned()]
+        );
+        assert!(normalize_hosts(&["a.*.example.com".to_owned()], true).is_err());
+        assert!(normalize_hosts(&[], false).is_err());
     }
 }

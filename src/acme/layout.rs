@@ -7,6 +7,7 @@
 //! acme/<dir>/issued/<set>     issuance history of one hostname set
 //! acme/<dir>/budget           new-order budget of the account
 //! acme/<dir>/state/<set>      failures and renewal information of one certificate unit
+//! acme/<dir>/dns01/<set>     DNS-01 TXT records written and not removed yet (the ledger)
 //! acme/challenges/<token>     key authorization of a pending HTTP-01 challenge (expires)
 //! acme/certs/<host>           chain, key and facts of a host's certificate (sealed)
 //! acme/san/<set>              the same for the one certificate of `certificates: san` (sealed)
@@ -59,6 +60,21 @@ pub(crate) fn order_state(dir_id: &str, set_id: &str) -> String {
 }
 
 /// Pending HTTP-01 challenge of `token`.
+pub(crate) fn dns_ledger(dir_id: &str, set_id: &str) -> String {
+    format!("acme/{dir_id}/dns01/{set_id}")
+}
+
+/// `host` as a store key segment and a folder name: a wildcard's `*`
+/// (neither a key character nor a comfortable file name) spelt
+/// `wildcard_` (`*.example.com` is `wildcard_.example.com`, as Caddy
+/// spells it). A hostname has no `_`, so no hostname meets it.
+pub(crate) fn host_segment(host: &str) -> std::borrow::Cow<'_, str> {
+    match host.strip_prefix("*.") {
+        Some(rest) => std::borrow::Cow::Owned(format!("wildcard_.{rest}")),
+        None => std::borrow::Cow::Borrowed(host),
+    }
+}
+
 pub(crate) fn challenge(token: &str) -> String {
     format!("acme/challenges/{token}")
 }
@@ -69,12 +85,12 @@ pub(crate) const CERTS_PREFIX: &str = "acme/certs/";
 /// Certificate record of `host` (lowercase).
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) fn certificate(host: &str) -> String {
-    format!("{CERTS_PREFIX}{host}")
+    format!("{CERTS_PREFIX}{}", host_segment(host))
 }
 
 /// Lock held while `host` is ordered.
 pub(crate) fn order_lock(host: &str) -> String {
-    format!("acme-order-{host}")
+    format!("acme-order-{}", host_segment(host))
 }
 
 /// Prefix of the SAN certificate records (for listing).
@@ -125,12 +141,19 @@ mod tests {
             order_state(&dir, &set),
             challenge("abc_DEF-123"),
             certificate("api.example.com"),
+            certificate("*.example.com"),
             san_certificate(&set),
+            dns_ledger(&dir, &set),
         ] {
             validate_key(&key).unwrap();
         }
+        assert_eq!(
+            certificate("*.example.com"),
+            "acme/certs/wildcard_.example.com"
+        );
         // Locks are store keys too (under the lock prefix).
         validate_key(&format!("locks/{}", san_order_lock(&set))).unwrap();
+        validate_key(&format!("locks/{}", order_lock("*.example.com"))).unwrap();
         assert!(san_unit_id(&set).starts_with("san:"));
         assert!(!san_certificate(&set).starts_with(CERTS_PREFIX));
     }

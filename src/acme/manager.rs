@@ -93,6 +93,10 @@ pub struct AcmeLimits {
     /// this node's own challenge listener (`challenge_listen`) is asked;
     /// `None` for the manager (no listener either): nothing is checked.
     pub check_url: Option<Upstream>,
+    /// The recursive resolvers DNS-01 asks for a name's CNAMEs, its zone
+    /// and the zone's name servers (`--acme-dns-resolvers`); empty: the
+    /// `nameserver`s of `/etc/resolv.conf`.
+    pub dns_resolvers: Vec<std::net::SocketAddr>,
 }
 
 impl Default for AcmeLimits {
@@ -103,6 +107,7 @@ impl Default for AcmeLimits {
             orders_interval: flags::DEFAULT_ACME_ORDERS_INTERVAL,
             order_lock_ttl: flags::DEFAULT_ACME_ORDER_LOCK_TTL,
             check_url: None,
+            dns_resolvers: Vec::new(),
         }
     }
 }
@@ -792,6 +797,7 @@ impl Runner {
             issuer: self.issuer.clone(),
             book: self.book.clone(),
             reach: self.reach.clone(),
+            dns_resolvers: self.cfg.limits.dns_resolvers.clone(),
         };
         tokio::spawn(async move {
             let outcome = job.run().await;

@@ -15,6 +15,7 @@ internal_mod! {
     certs;
     challenge;
     deliver;
+    dns01;
     http_client;
     issuer;
     manager;

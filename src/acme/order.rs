@@ -23,10 +23,12 @@ use serde::Serialize;
 use tokio::sync::{Mutex, mpsc};
 use tracing::{debug, info, warn};
 
+use crate::acme::account::AcmeError;
 use crate::acme::account::{AccountSettings, load_or_create, one_line};
 use crate::acme::certs::{CertRecord, parse_chain};
 use crate::acme::challenge::ChallengeBook;
-use crate::acme::issuer::{Issued, Issuer, certificate_identifier};
+use crate::acme::dns01::{Dns01, Dns01Order, DnsError};
+use crate::acme::issuer::{Issued, Issuer, Proof, certificate_identifier};
 use crate::acme::layout;
 use crate::acme::outcome::{Deferral, OrderError, OrderOutcome};
 use crate::acme::plan::{Input, StoredCert, jitter};
@@ -36,7 +38,7 @@ use crate::acme::schedule::{
     ari_next_check, renew_at,
 };
 use crate::acme::unit::{CertUnit, check_record};
-use crate::config::AcmeSection;
+use crate::config::{AcmeSection, Challenge};
 use crate::keyring::KeyRing;
 use crate::metrics::Metrics;
 use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
@@ -103,6 +105,9 @@ pub(crate) struct OrderJob {
     /// Where the CA's request lands, checked before each order
     /// ([`crate::acme::reach`]); `None`: not checked.
     pub(crate) reach: Option<Arc<ReachCheck>>,
+    /// The resolvers DNS-01 asks (`--acme-dns-resolvers`; empty:
+    /// `/etc/resolv.conf`).
+    pub(crate) dns_resolvers: Vec<std::net::SocketAddr>,
 }
 
 /// A step of an order: what the next step needs, or (`Err`) the outcome
@@ -284,20 +289,43 @@ impl OrderJob {
     async fn locked(&self, keeper: &LeaseKeeper) -> Step<CertRecord> {
         let now = now_unix_ms() / 1000;
         let replaces = self.read_again(now).await?;
+        let dns = self.dns01().map_err(|e| failed(OrderError::Order(e)))?;
         // Before the CA hears of it: a validation the CA cannot complete
-        // is a failure it counts, and a backoff here.
-        if let Some(reach) = &self.reach {
+        // is a failure it counts, and a backoff here. (DNS-01 is checked
+        // where it is written: every authoritative server serves it.)
+        if let Some(reach) = self.reach.as_ref().filter(|_| dns.is_none()) {
             reach
                 .check(&self.book, &self.unit.names)
                 .await
                 .map_err(OrderOutcome::Unanswered)?;
         }
         let history_key = self.keep_duplicate_limit(now).await?;
+        let dns_order = dns.as_ref().map(|dns| {
+            let ledger = layout::dns_ledger(&self.dir_id(), &self.set_id());
+            Dns01Order::new(
+                dns,
+                self.store.as_ref(),
+                ledger,
+                keeper.lease(),
+                &self.holder,
+            )
+        });
+        if let Some(dns_order) = &dns_order {
+            // What a replica that died mid-order left goes first.
+            dns_order
+                .clear_leftovers()
+                .await
+                .map_err(|e| failed(OrderError::Order(e)))?;
+        }
         // The directory and the account first: an attempt that never
         // reaches the CA does not spend the budget.
         let issuer = self.issuer().await.map_err(failed)?;
         let window = self.spend_budget(now).await?;
-        let issued = self.order(&issuer, keeper, replaces, window).await?;
+        let proof = match &dns_order {
+            Some(order) => Proof::Dns01(order),
+            None => Proof::Http01,
+        };
+        let issued = self.order(&issuer, keeper, replaces, window, proof).await?;
         let record = self.store_certificate(issued, keeper).await?;
         self.record_issuance(&history_key, now).await;
         Ok(record)
@@ -381,12 +409,13 @@ impl OrderJob {
         keeper: &LeaseKeeper,
         replaces: Option<String>,
         window_start: u64,
+        proof: Proof<'_>,
     ) -> Step<Issued> {
         let replaces = replaces
             .filter(|_| issuer.offers_ari())
             .and_then(|chain| certificate_identifier(&chain).ok());
         let ordered = issuer
-            .order_replacing(&self.unit.names, Some(keeper.held()), replaces)
+            .order_replacing(&self.unit.names, Some(keeper.held()), replaces, proof)
             .await;
         match ordered {
             Ok(issued) => Ok(issued),
@@ -484,6 +513,28 @@ impl OrderJob {
         if let Err(e) = recorded {
             warn!(unit = %self.unit.id, error = %one_line(&e.to_string()), "issuance history not recorded");
         }
+    }
+
+    /// The DNS-01 provider of the settings, when the challenge is DNS-01
+    /// (built for each order: an edited `dns01` block or a rotated secret
+    /// applies at the next order).
+    fn dns01(&self) -> Result<Option<Dns01>, AcmeError> {
+        if self.acme.challenge != Challenge::Dns01 {
+            return Ok(None);
+        }
+        let section =
+            self.acme.dns01.as_ref().ok_or_else(|| {
+                AcmeError::Config("challenge: dns-01 needs a dns01 block".to_owned())
+            })?;
+        let env = |name: &str| std::env::var(name).ok();
+        Dns01::new(section, &self.dns_resolvers, &env, self.metrics.clone())
+            .map(Some)
+            .map_err(|e| match e {
+                DnsError::Config(message) => AcmeError::Config(message),
+                other => AcmeError::Dns {
+                    message: other.to_string(),
+                },
+            })
     }
 
     /// The shared issuer, built (and the account loaded or created) on

@@ -12,8 +12,9 @@ pub(crate) const MAX_LABEL_LEN: usize = 63;
 
 /// The hostname an origin key names, in the form a certificate carries it:
 /// trimmed, without a trailing dot, lowercased, IDN labels as A-labels.
-/// `Err` says what is wrong and what would be accepted. Wildcards are not
-/// handled here: callers set them apart first (they are not eligible).
+/// `Err` says what is wrong and what would be accepted. Wildcards are
+/// refused here: [`normalize_wildcard`] reads them where DNS-01 can prove
+/// them.
 pub(crate) fn normalize(origin: &str) -> Result<String, String> {
     let trimmed = origin.trim();
     let name = trimmed.strip_suffix('.').unwrap_or(trimmed);
@@ -84,9 +85,60 @@ pub(crate) fn normalize(origin: &str) -> Result<String, String> {
     Ok(ascii)
 }
 
+/// The prefix of a wildcard name: `*.` then the name it covers one label of.
+pub(crate) const WILDCARD_PREFIX: &str = "*.";
+
+/// [`normalize`], with a wildcard (`*.example.com`, the `*` a whole first
+/// label) accepted as `*.` and the normalised rest: what DNS-01 orders.
+/// A `*` anywhere else is refused, naming the form a CA accepts.
+pub(crate) fn normalize_wildcard(origin: &str) -> Result<String, String> {
+    let trimmed = origin.trim();
+    match trimmed.strip_prefix(WILDCARD_PREFIX) {
+        Some(rest) if !rest.contains('*') => {
+            let rest = normalize(rest)?;
+            if !rest.contains('.') {
+                return Err(format!(
+                    "covers every name under the top-level label {rest:?}; a CA certifies a \
+                     wildcard under a registered domain, such as *.example.com"
+                ));
+            }
+            Ok(format!("{WILDCARD_PREFIX}{rest}"))
+        }
+        _ if trimmed.contains('*') => Err(
+            "has a '*' that is not a whole first label; a wildcard is written *.example.com \
+             and covers one label"
+                .to_owned(),
+        ),
+        _ => normalize(trimmed),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::normalize;
+    use super::{normalize, normalize_wildcard};
+
+    #[test]
+    fn wildcards_are_one_whole_first_label() {
+        assert_eq!(
+            normalize_wildcard("*.Example.COM.").unwrap(),
+            "*.example.com"
+        );
+        assert_eq!(
+            normalize_wildcard("api.example.com").unwrap(),
+            "api.example.com"
+        );
+        for (bad, says) in [
+            ("*", "'*'"),
+            ("*.com", "top-level"),
+            ("a*.example.com", "whole first label"),
+            ("*.*.example.com", "whole first label"),
+            ("api.*.example.com", "whole first label"),
+            ("*.exa mple.com", "label"),
+        ] {
+            let e = normalize_wildcard(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
 
     #[test]
     fn normalises() {

@@ -35,7 +35,7 @@
 //! blocks are [`conflicts`].
 
 mod conflict;
-mod hostname;
+pub(crate) mod hostname;
 mod interpolate;
 mod key;
 mod parse;
@@ -55,6 +55,7 @@ pub use key::{
     KeyGenError, KeySource, generate_key, key_to_hex, parse_key_ring, resolve_key_source,
 };
 pub use parse::child_path;
+pub(crate) use parse::tsig_secret_bytes;
 
 /// Looks up an environment variable by name; `None` when it is not set.
 ///
@@ -198,21 +199,35 @@ impl SbConfig {
         self.acme().map(|a| a.certificates).unwrap_or_default()
     }
 
+    /// The challenge the sidecar's ACME uses (`http-01` when ACME is off
+    /// or the key is omitted).
+    pub fn challenge(&self) -> Challenge {
+        self.acme().map(|a| a.challenge).unwrap_or_default()
+    }
+
     /// The hostnames an ACME issuer orders for: the normalised form of every
-    /// origin that is a valid, non-wildcard hostname, deduplicated, in file
-    /// order; and the origins that are not eligible (wildcards), as
+    /// origin that is a valid hostname (and, with `challenge: dns-01`, a
+    /// wildcard such as `*.example.com`), deduplicated, in file order; and
+    /// the origins that are not eligible (wildcards under `http-01`), as
     /// written. Empty when ACME is disabled. Invalid origins are problems of
     /// [`parse`], so a parsed config with ACME on has none.
     pub(crate) fn acme_hostnames(&self) -> (Vec<String>, Vec<String>) {
         if !self.acme_enabled() {
             return (Vec::new(), Vec::new());
         }
+        let dns01 = self.challenge() == Challenge::Dns01;
         let mut hosts: Vec<String> = Vec::new();
         let mut wildcards = Vec::new();
         for origin in &self.origins {
-            if origin.contains('*') {
+            let name = if dns01 {
+                hostname::normalize_wildcard(origin)
+            } else if origin.contains('*') {
                 wildcards.push(origin.clone());
-            } else if let Ok(host) = hostname::normalize(origin)
+                continue;
+            } else {
+                hostname::normalize(origin)
+            };
+            if let Ok(host) = name
                 && !hosts.contains(&host)
             {
                 hosts.push(host);
@@ -222,9 +237,9 @@ impl SbConfig {
     }
 
     /// Problems that do not block the configuration: wildcard origins while
-    /// ACME is enabled (HTTP-01 cannot prove a wildcard, so they are never
-    /// ordered), and a file that still configures the sidecar the first
-    /// way (in `proxy.cluster` / `proxy.acme`).
+    /// ACME is enabled with `http-01` (which cannot prove a wildcard, so
+    /// they are never ordered), and a file that still configures the
+    /// sidecar the first way (in `proxy.cluster` / `proxy.acme`).
     pub fn warnings(&self) -> Vec<Problem> {
         let mut warnings = self.notes.clone();
         if self.proxy.sbmesh.is_none()
@@ -232,7 +247,7 @@ impl SbConfig {
         {
             warnings.push(Problem::warning(SBMESH_PATH, MIGRATION_MESSAGE));
         }
-        if self.acme_enabled() {
+        if self.acme_enabled() && self.challenge() == Challenge::Http01 {
             warnings.extend(
                 self.origins
                     .iter()
@@ -241,8 +256,8 @@ impl SbConfig {
                         Problem::warning(
                             parse::child_path("origins", host),
                             "wildcard origin is not eligible for an HTTP-01 certificate and will \
-                             not be ordered; provide its certificate another way (e.g. \
-                             cert-manager with DNS-01)",
+                             not be ordered; set acme.challenge: dns-01 (with a dns01 provider) \
+                             to order it, or provide its certificate another way",
                         )
                     }),
             );
@@ -496,6 +511,10 @@ pub struct AcmeSection {
     /// `apply`: how a new certificate reaches the running proxy; `None`
     /// when omitted (the sidecar's default applies, see `--proxy-cert-apply`).
     pub apply: Option<CertApply>,
+    /// `challenge`: how the CA is shown control of a name.
+    pub challenge: Challenge,
+    /// `dns01`: where and how TXT records are written, with `challenge: dns-01`.
+    pub dns01: Option<Dns01Section>,
 }
 
 impl Default for AcmeSection {
@@ -511,7 +530,202 @@ impl Default for AcmeSection {
             eab: None,
             certificates: CertificateMode::default(),
             apply: None,
+            challenge: Challenge::default(),
+            dns01: None,
         }
+    }
+}
+
+/// `acme.challenge`: how the CA is shown control of a name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Challenge {
+    /// `http-01`: the CA fetches a token from port 80 of the name (any
+    /// replica answers it from the shared store). No wildcards.
+    #[default]
+    #[serde(rename = "http-01")]
+    Http01,
+    /// `dns-01`: the replica ordering writes a TXT record at
+    /// `_acme-challenge.<name>` through the `dns01` provider. Wildcards too.
+    #[serde(rename = "dns-01")]
+    Dns01,
+}
+
+impl Challenge {
+    /// Every challenge, as listed to users.
+    pub(crate) const ALL: [Challenge; 2] = [Challenge::Http01, Challenge::Dns01];
+
+    /// The name used in `sb.yml` and by the ACME protocol.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Challenge::Http01 => "http-01",
+            Challenge::Dns01 => "dns-01",
+        }
+    }
+
+    /// The challenge named `name`, if it is one.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+}
+
+/// The default `dns01.propagation_timeout`: how long every authoritative
+/// server of the zone has to serve a TXT record before the order fails.
+pub const DEFAULT_DNS_PROPAGATION_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(120);
+
+/// `acme.dns01`: the DNS provider that writes the challenge's TXT records.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Dns01Section {
+    /// `provider`.
+    pub provider: DnsProvider,
+    /// `nameserver` (rfc2136): `host` or `host:port` (port 53 by default)
+    /// of the primary server that takes dynamic updates.
+    pub nameserver: Option<String>,
+    /// `tsig_key_name` (rfc2136): the TSIG key's name as the server knows it.
+    pub tsig_key_name: Option<String>,
+    /// `tsig_algorithm` (rfc2136).
+    pub tsig_algorithm: TsigAlgorithm,
+    /// `tsig_secret` (rfc2136): base64, as written: `env:NAME`, `file:PATH`
+    /// or the secret itself (resolved by [`resolve_field`] at each order).
+    pub tsig_secret: Option<String>,
+    /// `region` (route53).
+    pub region: Option<String>,
+    /// `hosted_zone_id` (route53): found from the name when omitted.
+    pub hosted_zone_id: Option<String>,
+    /// `command` (exec): called as `command present|cleanup FQDN VALUE`.
+    pub command: Option<PathBuf>,
+    /// `propagation_timeout`: how long every authoritative server has to
+    /// serve the record, default [`DEFAULT_DNS_PROPAGATION_TIMEOUT`].
+    pub propagation_timeout: std::time::Duration,
+}
+
+impl Dns01Section {
+    /// The block of `provider` with every other key at its default.
+    pub fn new(provider: DnsProvider) -> Self {
+        Self {
+            provider,
+            nameserver: None,
+            tsig_key_name: None,
+            tsig_algorithm: TsigAlgorithm::default(),
+            tsig_secret: None,
+            region: None,
+            hosted_zone_id: None,
+            command: None,
+            propagation_timeout: DEFAULT_DNS_PROPAGATION_TIMEOUT,
+        }
+    }
+}
+
+impl fmt::Debug for Dns01Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secret = self.tsig_secret.as_deref().map(|s| {
+            if s.starts_with("env:") || s.starts_with("file:") {
+                s
+            } else {
+                "<redacted>"
+            }
+        });
+        f.debug_struct("Dns01Section")
+            .field("provider", &self.provider)
+            .field("nameserver", &self.nameserver)
+            .field("tsig_key_name", &self.tsig_key_name)
+            .field("tsig_algorithm", &self.tsig_algorithm)
+            .field("tsig_secret", &secret)
+            .field("region", &self.region)
+            .field("hosted_zone_id", &self.hosted_zone_id)
+            .field("command", &self.command)
+            .field("propagation_timeout", &self.propagation_timeout)
+            .finish()
+    }
+}
+
+/// `dns01.provider`: what writes the TXT records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DnsProvider {
+    /// Dynamic update (RFC 2136), signed with TSIG, sent to `nameserver`.
+    Rfc2136,
+    /// The AWS Route 53 API.
+    Route53,
+    /// A command of the user's: `present|cleanup FQDN VALUE`.
+    Exec,
+}
+
+impl DnsProvider {
+    /// Every provider, as listed to users.
+    pub(crate) const ALL: [DnsProvider; 3] = [
+        DnsProvider::Rfc2136,
+        DnsProvider::Route53,
+        DnsProvider::Exec,
+    ];
+
+    /// The name used in `sb.yml`, in logs and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DnsProvider::Rfc2136 => "rfc2136",
+            DnsProvider::Route53 => "route53",
+            DnsProvider::Exec => "exec",
+        }
+    }
+
+    /// The provider named `name`, if it is one.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    /// The keys of `dns01` that belong to this provider.
+    pub(crate) fn keys(self) -> &'static [&'static str] {
+        match self {
+            DnsProvider::Rfc2136 => &[
+                "nameserver",
+                "tsig_key_name",
+                "tsig_algorithm",
+                "tsig_secret",
+            ],
+            DnsProvider::Route53 => &["region", "hosted_zone_id"],
+            DnsProvider::Exec => &["command"],
+        }
+    }
+}
+
+/// `dns01.tsig_algorithm`: the MAC of the TSIG signature (RFC 8945).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TsigAlgorithm {
+    /// `hmac-sha256`, the default (BIND's `tsig-keygen` default too).
+    #[default]
+    #[serde(rename = "hmac-sha256")]
+    HmacSha256,
+    /// `hmac-sha512`.
+    #[serde(rename = "hmac-sha512")]
+    HmacSha512,
+    /// `hmac-md5`: only for old servers that know no other; never a default.
+    #[serde(rename = "hmac-md5")]
+    HmacMd5,
+}
+
+impl TsigAlgorithm {
+    /// Every algorithm, as listed to users.
+    pub(crate) const ALL: [TsigAlgorithm; 3] = [
+        TsigAlgorithm::HmacSha256,
+        TsigAlgorithm::HmacSha512,
+        TsigAlgorithm::HmacMd5,
+    ];
+
+    /// The name used in `sb.yml` (BIND's `algorithm` names).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TsigAlgorithm::HmacSha256 => "hmac-sha256",
+            TsigAlgorithm::HmacSha512 => "hmac-sha512",
+            TsigAlgorithm::HmacMd5 => "hmac-md5",
+        }
+    }
+
+    /// The algorithm named `name` (case-insensitive), if it is one.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str().eq_ignore_ascii_case(name))
     }
 }
 

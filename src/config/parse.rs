@@ -16,9 +16,10 @@ use serde_norway::{Mapping, Value};
 use super::interpolate::Unresolved;
 use super::key::KeySource;
 use super::{
-    AcmeSection, AdminSection, CertApply, CertificateMode, DEFAULT_GOSSIP_PORT,
-    DEFAULT_TRANSPORT_PORT, Eab, MAX_SAN_NAMES, Problem, ProxyAcme, ProxyCluster, ProxySection,
-    SBMESH_PATH, SbConfig, SbmeshSection, StorageBackend, hostname, sbproxy,
+    AcmeSection, AdminSection, CertApply, CertificateMode, Challenge, DEFAULT_GOSSIP_PORT,
+    DEFAULT_TRANSPORT_PORT, Dns01Section, DnsProvider, Eab, MAX_SAN_NAMES, Problem, ProxyAcme,
+    ProxyCluster, ProxySection, SBMESH_PATH, SbConfig, SbmeshSection, StorageBackend,
+    TsigAlgorithm, hostname, sbproxy,
 };
 use crate::identity;
 
@@ -43,8 +44,14 @@ const ACME_KEYS: &[&str] = &[
     "renew_before_days",
     "certificates",
     "apply",
+    "challenge",
+    "dns01",
 ];
 const EAB_KEYS: &[&str] = &["kid", "hmac_key"];
+/// Every key of `dns01`: the provider's own ([`DnsProvider::keys`]) and these.
+const DNS01_COMMON_KEYS: &[&str] = &["provider", "propagation_timeout"];
+/// The range of `dns01.propagation_timeout`, seconds.
+const PROPAGATION_TIMEOUT_RANGE: (u64, u64) = (1, 3600);
 
 /// Lifetime of the certificates the public CAs whose directories are known
 /// here issue, to check `renew_before_days` before any certificate exists.
@@ -462,7 +469,258 @@ fn read_acme(sbmesh: &mut Fields<'_, '_, '_>) -> Option<AcmeSection> {
         }
     }
     acme.eab = read_eab(&mut f);
+    if let Some(challenge) = f.string("challenge") {
+        match Challenge::from_name(challenge.trim()) {
+            Some(c) => acme.challenge = c,
+            None => f.error(
+                "challenge",
+                format!(
+                    "{:?} is not a challenge; expected http-01 (the CA fetches a token from \
+                     port 80 of each name) or dns-01 (a TXT record written through dns01; \
+                     wildcards too)",
+                    shorten(&challenge)
+                ),
+            ),
+        }
+    }
+    acme.dns01 = read_dns01(&mut f);
+    match (acme.challenge, &acme.dns01) {
+        (Challenge::Dns01, None) if acme.enabled => f.error(
+            "dns01",
+            "required with challenge: dns-01: the provider that writes the TXT records \
+             (provider: rfc2136, route53 or exec, and its keys)",
+        ),
+        (Challenge::Http01, Some(_)) => f.error(
+            "dns01",
+            "set, but challenge is http-01 (the default), which never uses it; set \
+             challenge: dns-01, or remove dns01",
+        ),
+        _ => {}
+    }
     Some(acme)
+}
+
+/// Every key `dns01` accepts, for messages.
+fn dns01_keys() -> Vec<&'static str> {
+    let mut keys = vec![DNS01_COMMON_KEYS[0]];
+    for provider in DnsProvider::ALL {
+        keys.extend_from_slice(provider.keys());
+    }
+    keys.extend_from_slice(&DNS01_COMMON_KEYS[1..]);
+    keys
+}
+
+fn read_dns01(acme: &mut Fields<'_, '_, '_>) -> Option<Dns01Section> {
+    let path = acme.child("dns01");
+    let value = acme.get("dns01");
+    let keys = dns01_keys();
+    let mut f = Fields::open(value, &path, &keys, acme.ctx)?;
+    let names = || {
+        DnsProvider::ALL
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let provider = match f.string("provider") {
+        None => {
+            f.error("provider", format!("required: one of {}", names()));
+            return None;
+        }
+        Some(name) => match DnsProvider::from_name(name.trim()) {
+            Some(p) => p,
+            None => {
+                f.error(
+                    "provider",
+                    format!(
+                        "{:?} is not a DNS provider; expected one of {}",
+                        shorten(&name),
+                        names()
+                    ),
+                );
+                return None;
+            }
+        },
+    };
+    // A key of another provider would be silently ignored: say so.
+    for other in DnsProvider::ALL.into_iter().filter(|p| *p != provider) {
+        for key in other.keys() {
+            if f.get(key).is_some() && !provider.keys().contains(key) {
+                f.error(
+                    key,
+                    format!(
+                        "belongs to provider {}, not {}; the keys of {} are: {}",
+                        other.as_str(),
+                        provider.as_str(),
+                        provider.as_str(),
+                        provider.keys().join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    let mut dns = Dns01Section::new(provider);
+    if let Some(timeout) = f.string("propagation_timeout") {
+        match read_seconds(&timeout, PROPAGATION_TIMEOUT_RANGE) {
+            Some(secs) => dns.propagation_timeout = std::time::Duration::from_secs(secs),
+            None => f.error(
+                "propagation_timeout",
+                format!(
+                    "{:?} is not a duration from {}s to {}s; expected seconds such as 120s, \
+                     2m or 120",
+                    shorten(&timeout),
+                    PROPAGATION_TIMEOUT_RANGE.0,
+                    PROPAGATION_TIMEOUT_RANGE.1
+                ),
+            ),
+        }
+    }
+    match provider {
+        DnsProvider::Rfc2136 => read_rfc2136(&mut f, &mut dns),
+        DnsProvider::Route53 => {
+            dns.region = f.string("region").map(|r| r.trim().to_owned());
+            dns.hosted_zone_id = f.string("hosted_zone_id").map(|z| z.trim().to_owned());
+        }
+        DnsProvider::Exec => {
+            dns.command = f.string("command").map(PathBuf::from);
+            match &dns.command {
+                None => f.error(
+                    "command",
+                    "required with provider exec: the program called as `present|cleanup FQDN \
+                     VALUE`",
+                ),
+                Some(command) if !command.is_absolute() => f.error(
+                    "command",
+                    format!(
+                        "{:?} is not an absolute path; expected the program's full path, such \
+                         as /etc/sbmesh/dns-hook",
+                        shorten(&command.display().to_string())
+                    ),
+                ),
+                Some(_) => {}
+            }
+        }
+    }
+    Some(dns)
+}
+
+fn read_rfc2136(f: &mut Fields<'_, '_, '_>, dns: &mut Dns01Section) {
+    dns.nameserver = f.string("nameserver").map(|n| n.trim().to_owned());
+    match dns.nameserver.as_deref() {
+        None => f.error(
+            "nameserver",
+            "required with provider rfc2136: the primary server that takes dynamic updates, \
+             host or host:port (port 53 by default)",
+        ),
+        Some(ns) => {
+            if let Err(message) = check_nameserver(ns) {
+                f.error("nameserver", message);
+            }
+        }
+    }
+    if let Some(name) = f.string("tsig_algorithm") {
+        match TsigAlgorithm::from_name(name.trim()) {
+            Some(a) => dns.tsig_algorithm = a,
+            None => f.error(
+                "tsig_algorithm",
+                format!(
+                    "{:?} is not a TSIG algorithm; expected hmac-sha256 (the default), \
+                     hmac-sha512, or hmac-md5 (old servers only)",
+                    shorten(&name)
+                ),
+            ),
+        }
+    }
+    dns.tsig_key_name = f.string("tsig_key_name").map(|n| n.trim().to_owned());
+    dns.tsig_secret = f.string("tsig_secret").map(|s| s.trim().to_owned());
+    match (&dns.tsig_key_name, &dns.tsig_secret) {
+        (Some(_), None) => f.error(
+            "tsig_secret",
+            "required with tsig_key_name: the key's base64 secret, as env:NAME, file:PATH or \
+             the value",
+        ),
+        (None, Some(_)) => f.error(
+            "tsig_key_name",
+            "required with tsig_secret: the key's name as the server knows it",
+        ),
+        _ => {}
+    }
+    if let Some(name) = dns.tsig_key_name.as_deref()
+        && hickory_proto::rr::Name::from_ascii(name).is_err()
+    {
+        f.error(
+            "tsig_key_name",
+            format!(
+                "{:?} is not a DNS name; expected the key's name, such as sbmesh-acme.",
+                shorten(name)
+            ),
+        );
+    }
+    if let Some(secret) = dns.tsig_secret.as_deref()
+        && !secret.starts_with("env:")
+        && !secret.starts_with("file:")
+        && tsig_secret_bytes(secret).is_err()
+    {
+        f.error(
+            "tsig_secret",
+            "not base64; expected the key's secret as BIND's tsig-keygen prints it, or \
+             env:NAME / file:PATH naming where it is",
+        );
+    }
+}
+
+/// The bytes of a TSIG secret written in base64 (standard alphabet, as
+/// BIND writes it; padding optional).
+pub(crate) fn tsig_secret_bytes(secret: &str) -> Result<Vec<u8>, String> {
+    let text: String = secret.chars().filter(|c| !c.is_whitespace()).collect();
+    let engine = base64::engine::general_purpose::STANDARD_NO_PAD;
+    match engine.decode(text.trim_end_matches('=')) {
+        Ok(bytes) if !bytes.is_empty() => Ok(bytes),
+        Ok(_) => Err("empty".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Checks `host` or `host:port` (`[v6]:port`) of a DNS server.
+fn check_nameserver(ns: &str) -> Result<(), String> {
+    let bad = || {
+        Err(format!(
+            "{:?} is not a server address; expected host or host:port, such as 10.0.0.53:53 or \
+             ns1.example.com",
+            shorten(ns)
+        ))
+    };
+    if ns.parse::<std::net::SocketAddr>().is_ok() || ns.parse::<IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let (host, port) = match ns.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (ns, None),
+    };
+    if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
+        return bad();
+    }
+    if host.is_empty() || hostname::normalize(host).is_err() {
+        return bad();
+    }
+    Ok(())
+}
+
+/// Seconds written as `120`, `120s`, `2m` or `1h`, within `range`.
+fn read_seconds(text: &str, range: (u64, u64)) -> Option<u64> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let scale = match unit.trim() {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    let secs = number.parse::<u64>().ok()?.checked_mul(scale)?;
+    (range.0..=range.1).contains(&secs).then_some(secs)
 }
 
 fn read_eab(acme: &mut Fields<'_, '_, '_>) -> Option<Eab> {
@@ -535,10 +793,16 @@ fn read_origins(
             }
         };
         origins.push(host.clone());
-        if acme.is_none() || host.contains('*') {
+        let dns01 = acme.is_some_and(|a| a.challenge == Challenge::Dns01);
+        if acme.is_none() || (host.contains('*') && !dns01) {
             continue;
         }
-        match hostname::normalize(host) {
+        let name = if dns01 {
+            hostname::normalize_wildcard(host)
+        } else {
+            hostname::normalize(host)
+        };
+        match name {
             Ok(name) => {
                 eligible.insert(name);
             }

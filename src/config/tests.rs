@@ -965,3 +965,149 @@ fn tls_on_without_a_tls_port_is_a_warning_naming_the_port() {
         );
     }
 }
+
+const DNS01_RFC2136: &str = "enabled: true\nstorage_backend: memory\nchallenge: dns-01\n\
+    dns01:\n  provider: rfc2136\n  nameserver: \"10.0.0.53\"\n  tsig_key_name: sbmesh-acme.\n  \
+    tsig_secret: \"env:SBMESH_TSIG_SECRET\"\n";
+
+#[test]
+fn dns01_orders_wildcards_and_reads_its_provider() {
+    let text = format!(
+        "{}origins:\n  \"*.Example.com\": {{}}\n  example.com: {{}}\n",
+        acme(&format!("{DNS01_RFC2136}certificates: san\n"))
+    );
+    let cfg = parse(&text).unwrap();
+    assert!(cfg.warnings().is_empty(), "{:?}", cfg.warnings());
+    assert_eq!(cfg.challenge(), Challenge::Dns01);
+    assert_eq!(
+        cfg.acme_hostnames(),
+        (
+            vec!["*.example.com".to_owned(), "example.com".to_owned()],
+            vec![]
+        )
+    );
+    let dns = cfg.acme().unwrap().dns01.as_ref().unwrap();
+    assert_eq!(dns.provider, DnsProvider::Rfc2136);
+    assert_eq!(dns.nameserver.as_deref(), Some("10.0.0.53"));
+    assert_eq!(dns.tsig_algorithm, TsigAlgorithm::HmacSha256);
+    assert_eq!(dns.propagation_timeout, DEFAULT_DNS_PROPAGATION_TIMEOUT);
+    // The secret as written, never printed.
+    let literal = parse(&acme(
+        &DNS01_RFC2136.replace("env:SBMESH_TSIG_SECRET", "c2VjcmV0LXNlY3JldA=="),
+    ))
+    .unwrap();
+    let debug = format!("{:?}", literal.acme().unwrap().dns01);
+    assert!(
+        !debug.contains("c2VjcmV0") && debug.contains("<redacted>"),
+        "{debug}"
+    );
+}
+
+#[test]
+fn dns01_problems_name_the_key_and_what_is_accepted() {
+    let cases: &[(&str, &str, &str)] = &[
+        // (acme body, path, words of the message)
+        (
+            "enabled: true\nchallenge: dns-02\n",
+            "acme.challenge",
+            "expected http-01",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\n",
+            "acme.dns01",
+            "required with challenge: dns-01",
+        ),
+        (
+            "enabled: true\ndns01: { provider: exec, command: /bin/true }\n",
+            "acme.dns01",
+            "challenge is http-01",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: bind }\n",
+            "acme.dns01.provider",
+            "rfc2136, route53, exec",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: exec, command: /x, nameservr: a }\n",
+            "acme.dns01.nameservr",
+            "(did you mean nameserver?)",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: exec, command: /x, region: eu-west-1 }\n",
+            "acme.dns01.region",
+            "belongs to provider route53, not exec",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: exec, command: hook.sh }\n",
+            "acme.dns01.command",
+            "not an absolute path",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: rfc2136 }\n",
+            "acme.dns01.nameserver",
+            "required with provider rfc2136",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: rfc2136, nameserver: \"ns:99999\" }\n",
+            "acme.dns01.nameserver",
+            "host or host:port",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: rfc2136, nameserver: ns1.example.com, tsig_algorithm: hmac-sha1 }\n",
+            "acme.dns01.tsig_algorithm",
+            "hmac-sha256 (the default), hmac-sha512, or hmac-md5",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: rfc2136, nameserver: ns1.example.com, tsig_key_name: k. }\n",
+            "acme.dns01.tsig_secret",
+            "required with tsig_key_name",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: rfc2136, nameserver: ns1.example.com, tsig_key_name: k., tsig_secret: \"not base64!\" }\n",
+            "acme.dns01.tsig_secret",
+            "not base64",
+        ),
+        (
+            "enabled: true\nchallenge: dns-01\ndns01: { provider: exec, command: /x, propagation_timeout: 2h }\n",
+            "acme.dns01.propagation_timeout",
+            "from 1s to 3600s",
+        ),
+    ];
+    for (body, path, says) in cases {
+        let problems = errors(&acme(body));
+        let path = format!("proxy.extensions.sbmesh.{path}: ");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with(&path) && p.contains(says)),
+            "{body:?}: want {path}... {says:?}, got {problems:?}"
+        );
+    }
+    // A wildcard that is not one whole first label, under dns-01.
+    let text = format!(
+        "{}origins:\n  \"a.*.example.com\": {{}}\n",
+        acme(DNS01_RFC2136)
+    );
+    let problems = errors(&text);
+    assert!(
+        problems.iter().any(|p| p.contains("whole first label")),
+        "{problems:?}"
+    );
+    // Durations: seconds, s, m, h.
+    for (written, secs) in [("90", 90), ("45s", 45), ("2m", 120), ("1h", 3600)] {
+        let cfg = parse(&acme(&format!(
+            "enabled: true\nchallenge: dns-01\ndns01: {{ provider: exec, command: /x, propagation_timeout: {written} }}\n"
+        )))
+        .unwrap();
+        assert_eq!(
+            cfg.acme()
+                .unwrap()
+                .dns01
+                .as_ref()
+                .unwrap()
+                .propagation_timeout,
+            std::time::Duration::from_secs(secs),
+            "{written}"
+        );
+    }
+}

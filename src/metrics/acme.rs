@@ -11,6 +11,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
@@ -39,7 +40,31 @@ pub struct AcmeMetrics {
     /// `sbmesh_acme_orders_in_progress`: orders this node holds the lock
     /// of, from taking it to its release ([`AcmeMetrics::order_in_progress`]).
     pub orders_in_progress: Gauge,
+    /// `acme_dns_updates_total{provider,op,result}`: TXT records written
+    /// (`op="present"`) and removed (`op="cleanup"`) through the DNS-01
+    /// provider, `result="ok|error"`.
+    pub dns_updates: Family<DnsUpdateLabels, Counter>,
+    /// `acme_dns_propagation_seconds`: from a TXT record written to every
+    /// authoritative server of its zone serving it.
+    pub dns_propagation_seconds: Histogram,
 }
+
+/// `{provider,op,result}` of `acme_dns_updates_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DnsUpdateLabels {
+    /// `rfc2136`, `route53` or `exec`.
+    pub provider: &'static str,
+    /// `present` or `cleanup`.
+    pub op: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// Buckets of `acme_dns_propagation_seconds`: a local primary answers in
+/// milliseconds, a provider's anycast network in tens of seconds.
+pub const DNS_PROPAGATION_BUCKETS: [f64; 12] = [
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
 
 /// An order counted in `sbmesh_acme_orders_in_progress` until dropped.
 pub(crate) struct InProgress(Gauge);
@@ -64,6 +89,8 @@ impl AcmeMetrics {
             challenge_checks: Family::default(),
             orders_waiting: Gauge::default(),
             orders_in_progress: Gauge::default(),
+            dns_updates: Family::default(),
+            dns_propagation_seconds: Histogram::new(DNS_PROPAGATION_BUCKETS),
         };
         for result in CHALLENGE_CHECK_RESULTS {
             let _ = acme
@@ -104,6 +131,16 @@ impl AcmeMetrics {
             acme.orders_in_progress.clone(),
         );
         registry.register(
+            "acme_dns_updates",
+            "DNS-01 TXT records written (present) and removed (cleanup) through the provider, by result",
+            acme.dns_updates.clone(),
+        );
+        registry.register(
+            "acme_dns_propagation_seconds",
+            "Seconds from a DNS-01 TXT record written to every authoritative server of its zone serving it",
+            acme.dns_propagation_seconds.clone(),
+        );
+        registry.register(
             "sbproxy_cert_expiry_seconds",
             "Seconds until the notAfter of the certificate written for each host",
             acme.cert_expiry_seconds.clone(),
@@ -116,6 +153,19 @@ impl AcmeMetrics {
     pub(crate) fn order_in_progress(&self) -> InProgress {
         self.orders_in_progress.inc();
         InProgress(self.orders_in_progress.clone())
+    }
+
+    /// Counts one DNS-01 update through `provider`: `op` is `present` or
+    /// `cleanup`.
+    pub(crate) fn dns_update(&self, provider: &'static str, op: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.dns_updates
+            .get_or_create(&DnsUpdateLabels {
+                provider,
+                op,
+                result,
+            })
+            .inc();
     }
 
     /// Counts one order outcome: `issued`, `failed` or `skipped`.

@@ -170,9 +170,27 @@ pub(crate) mod tests {
         );
     }
 
-    /// The lines that carry values, in order.
-    fn samples(text: &str) -> Vec<&str> {
-        text.lines().filter(|l| !l.starts_with('#')).collect()
+    /// The lines that carry values, sorted, with a histogram bucket's
+    /// bound written one way (`le="1.0"` in OpenMetrics is `le="1"` in the
+    /// Prometheus text format, and the two order a histogram's lines
+    /// differently).
+    fn samples(text: &str) -> Vec<String> {
+        let mut out: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| match l.split_once("le=\"") {
+                Some((head, rest)) => match rest.split_once('"') {
+                    Some((bound, tail)) => {
+                        let bound = bound.strip_suffix(".0").unwrap_or(bound);
+                        format!("{head}le=\"{bound}\"{tail}")
+                    }
+                    None => l.to_owned(),
+                },
+                None => l.to_owned(),
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     #[test]
@@ -224,13 +242,23 @@ pub(crate) mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
-        // Every sample belongs to the family its TYPE line declares.
-        let mut family = "";
+        // Every sample belongs to the family its TYPE line declares (a
+        // histogram's as its _bucket, _sum and _count).
+        let (mut family, mut kind) = ("", "");
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
-                family = rest.split(' ').next().unwrap_or_default();
+                let mut words = rest.split(' ');
+                family = words.next().unwrap_or_default();
+                kind = words.next().unwrap_or_default();
             } else if !line.starts_with('#') {
                 let name = line.split(['{', ' ']).next().unwrap_or_default();
+                let name = match kind {
+                    "histogram" => ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|s| name.strip_suffix(s))
+                        .unwrap_or(name),
+                    _ => name,
+                };
                 assert_eq!(name, family, "sample {line:?} outside its family");
             }
         }

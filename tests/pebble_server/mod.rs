@@ -147,6 +147,13 @@ impl PebbleServer {
     /// Starts both servers for `test` on free ports, in a folder of their
     /// own; `None` as [`base_dir`], a panic when they do not start.
     pub fn start(test: &str) -> Option<Self> {
+        Self::start_resolving_with(test, None)
+    }
+
+    /// [`PebbleServer::start`], with Pebble's lookups (DNS-01 TXT records,
+    /// CAA) sent to `dns` (an authoritative server of the test zones)
+    /// instead of pebble-challtestsrv.
+    pub fn start_resolving_with(test: &str, dns: Option<SocketAddr>) -> Option<Self> {
         let base = base_dir(test)?;
         let mut last = String::new();
         for _ in 0..ATTEMPTS {
@@ -154,7 +161,7 @@ impl PebbleServer {
                 .prefix(&format!("{test}-"))
                 .tempdir_in(&base)
                 .unwrap_or_else(|e| panic!("{test}: a folder in {}: {e}", base.display()));
-            match Self::launch(&base, dir.path(), Ports::free()) {
+            match Self::launch(&base, dir.path(), Ports::free(), dns) {
                 Ok(mut server) => {
                     server.dir = Some(dir);
                     return Some(server);
@@ -176,12 +183,17 @@ impl PebbleServer {
                 format!("{test}: {DIR_VAR} is not set (scripts/test prepares Pebble)")
             })?;
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        Self::launch(Path::new(&base), dir, ports)
+        Self::launch(Path::new(&base), dir, ports, None)
     }
 
     /// pebble-challtestsrv, then Pebble, with the TLS material of `base`,
     /// until both listen; `Err` with the log of one that exits.
-    fn launch(base: &Path, dir: &Path, ports: Ports) -> Result<Self, String> {
+    fn launch(
+        base: &Path,
+        dir: &Path,
+        ports: Ports,
+        resolver: Option<SocketAddr>,
+    ) -> Result<Self, String> {
         let tls = base.join("tls");
         let config = dir.join("pebble.json");
         let json = serde_json::json!({ "pebble": {
@@ -229,7 +241,10 @@ impl PebbleServer {
             Command::new("pebble")
                 .arg("-config")
                 .arg(&config)
-                .args(["-dnsserver", &dns])
+                .args([
+                    "-dnsserver",
+                    &resolver.map_or_else(|| dns.clone(), |r| r.to_string()),
+                ])
                 // Validations at once, a fresh nonce always accepted, and
                 // no authorization reused: every order is validated.
                 .env("PEBBLE_VA_NOSLEEP", "1")

@@ -55,6 +55,12 @@ impl Pebble {
         PebbleServer::start(&pebble_server::test_name()).map(Pebble::from)
     }
 
+    /// [`Pebble::start`], looking names up at `dns` (the BIND of the
+    /// DNS-01 tests) instead of pebble-challtestsrv.
+    pub fn start_resolving_with(dns: SocketAddr) -> Option<Pebble> {
+        PebbleServer::start_resolving_with(&pebble_server::test_name(), Some(dns)).map(Pebble::from)
+    }
+
     /// Makes Pebble resolve `host` to `ip` only (its validations go there).
     pub fn route(&self, host: &str, ip: std::net::Ipv4Addr) {
         // add-a appends to what the name had: clear it first.
@@ -212,7 +218,13 @@ fn dechunk(body: &str) -> String {
 /// `tls.crt`/`tls.key`, verified against `root_pem` for the name `host`.
 /// `Err` says what failed.
 pub fn handshake_ok(cert_dir: &Path, host: &str, root_pem: &str) -> Result<(), String> {
-    let dir = cert_dir.join(host);
+    handshake_with(&cert_dir.join(host), host, root_pem)
+}
+
+/// [`handshake_ok`] with the files in `dir` and the client asking for
+/// `sni` (a name a SAN or wildcard certificate covers).
+pub fn handshake_with(dir: &Path, sni: &str, root_pem: &str) -> Result<(), String> {
+    let host = sni;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("tls.crt"))
         .map_err(|e| format!("tls.crt: {e}"))?
         .collect::<Result<_, _>>()
@@ -261,6 +273,33 @@ pub fn handshake_ok(cert_dir: &Path, host: &str, root_pem: &str) -> Result<(), S
             .map_err(|e| format!("client (verifying against Pebble's root): {e}"))?;
     }
     Err("handshake did not finish".to_owned())
+}
+
+/// The node ids of a three-replica fleet.
+pub const TRIO: [&str; 3] = ["node-1", "node-2", "node-3"];
+
+/// Spawns `node-1..3` of `cluster` on `ips`, seeded with each other, each
+/// with the flags `args` gives for its address.
+pub fn spawn_trio(
+    cluster: &mut super::Cluster,
+    ips: [std::net::Ipv4Addr; 3],
+    args: impl Fn(std::net::Ipv4Addr) -> Vec<String>,
+) {
+    let seeds: Vec<_> = ips
+        .iter()
+        .map(|ip| SocketAddr::from((*ip, super::GOSSIP_PORT)))
+        .collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let opts = super::NodeOpts {
+            node_id: TRIO[i].to_owned(),
+            ip: *ip,
+            cluster_id: cluster.cluster_id.clone(),
+            key: super::KeySource::Hex(cluster.key.clone()),
+            seeds: seeds.clone(),
+            extra_args: args(*ip),
+        };
+        cluster.spawn(opts);
+    }
 }
 
 /// `count` hostnames no other test (or earlier run) uses.

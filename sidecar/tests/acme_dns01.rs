@@ -1,0 +1,302 @@
+//! ACME DNS-01 across replicas, with real processes, a real CA (Pebble)
+//! and a real authoritative DNS server (BIND 9, which `scripts/test`
+//! starts: zone dns01.test on 127.0.0.1:53, TSIG keys sbmesh-*.). Pebble
+//! looks the TXT records up at BIND, so it sees exactly what the replica
+//! holding the order wrote. Checked from the outside: the certificates
+//! Pebble says it issued, a TLS handshake with each node's files for a
+//! name the wildcard covers, and `dig` at BIND afterwards.
+//!
+//! Address blocks: 127.0.61.x (wildcard and apex), 127.0.62.x (the holder
+//! killed mid-order).
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use common::acme::{
+    Pebble, SerialCache, acme_config, handshake_with, own_certs, redis_from_env, spawn_trio,
+};
+use common::*;
+
+#[path = "../../tests/dns_server/mod.rs"]
+mod dns_server;
+
+use dns_server::ZONE;
+
+/// A name under the test zone no other test or run uses.
+fn unique_apex(tag: &str) -> String {
+    format!(
+        "{tag}-{:x}{:04x}.{ZONE}",
+        now_unix_ms() % 0xffff_ffff,
+        std::process::id() % 0xffff
+    )
+}
+
+/// The TXT values BIND serves at `name`, as `dig` prints them.
+fn dig_txt(bind: SocketAddr, name: &str) -> Vec<String> {
+    let out = Command::new("dig")
+        .args([
+            &format!("@{}", bind.ip()),
+            "-p",
+            &bind.port().to_string(),
+            "+short",
+            "TXT",
+            name,
+        ])
+        .output()
+        .expect("dig (apt-get install bind9-dnsutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().trim_matches('"').to_owned())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The `acme:` lines of a DNS-01 fleet (below `storage_path`).
+fn dns01_block(provider_lines: &str) -> String {
+    format!(
+        "        certificates: san\n        challenge: dns-01\n        dns01:\n{provider_lines}\
+         \x20         propagation_timeout: 30s\n"
+    )
+}
+
+/// The rfc2136 lines with the key sbmesh-sha256., its secret in a file.
+fn rfc2136_lines(bind: SocketAddr, secret_file: &Path) -> String {
+    format!(
+        "          provider: rfc2136\n          nameserver: \"{bind}\"\n          \
+         tsig_key_name: sbmesh-sha256.\n          tsig_secret: \"file:{}\"\n",
+        secret_file.display()
+    )
+}
+
+/// Writes the test key's secret where the sidecars read it (`file:`; the
+/// harness keeps SBMESH_* variables from the sidecars).
+fn secret_file(dir: &Path) -> std::path::PathBuf {
+    let secret =
+        std::env::var("SBMESH_TEST_TSIG_SHA256").expect("scripts/test sets the TSIG secret");
+    let path = dir.join("tsig.secret");
+    std::fs::write(&path, format!("{secret}\n")).expect("write the secret");
+    path
+}
+
+/// Starts `node-1..3` on `ips`, seeded with each other, asking `bind` as
+/// their resolver.
+fn fleet(prefix: &str, ips: [Ipv4Addr; 3], bind: SocketAddr, config: &str) -> Cluster {
+    let mut cluster = Cluster::new(prefix);
+    cluster.cluster_id = format!("dns01-{}", prefix.replace('.', "-"));
+    write_atomic(&cluster.config, config);
+    spawn_trio(&mut cluster, ips, |_| {
+        vec![
+            "--acme-dns-resolvers".to_owned(),
+            bind.to_string(),
+            "--acme-order-lock-ttl-secs".to_owned(),
+            "10".to_owned(),
+        ]
+    });
+    cluster
+}
+
+/// The servers of a DNS-01 test: BIND, a Pebble that looks names up
+/// there, and Redis; `None` (skipped) without them.
+fn servers() -> Option<(SocketAddr, Pebble, String)> {
+    let bind = dns_server::server()?;
+    let pebble = Pebble::start_resolving_with(bind)?;
+    Some((bind, pebble, redis_from_env()?))
+}
+
+/// Waits until every node lists the CA's certificate for the SAN set whose
+/// first name is `host`; its serial.
+fn wait_all_serve(cluster: &Cluster, host: &str) -> String {
+    let mut serial = String::new();
+    cluster.wait_until(
+        &format!("every node lists the CA's certificate for {host}"),
+        || {
+            let mut seen = None;
+            for node in &cluster.nodes {
+                let Some(status) = node.status() else {
+                    return false;
+                };
+                let Some(s) = own_certs(&status).get(host).cloned() else {
+                    return false;
+                };
+                if seen.as_ref().is_some_and(|x| *x != s) {
+                    return false;
+                }
+                seen = Some(s);
+            }
+            serial = seen.unwrap_or_default();
+            true
+        },
+    );
+    serial
+}
+
+/// The checks once the fleet has its certificate: one issuance at the CA,
+/// every node's files serve a name the wildcard covers and the apex, and
+/// BIND serves no challenge record any more.
+fn check_issued_once(cluster: &Cluster, pebble: &Pebble, bind: SocketAddr, apex: &str) {
+    let wildcard = format!("*.{apex}");
+    let serial = wait_all_serve(cluster, &wildcard);
+    let mut cache = SerialCache::default();
+    let counts = pebble.issued_counts(&[wildcard.clone(), apex.to_owned()], &mut cache);
+    assert_eq!(
+        counts.values().copied().collect::<Vec<_>>(),
+        [1, 1],
+        "Pebble issued one certificate naming both {wildcard} and {apex}: {counts:?}"
+    );
+    let root = pebble.root_pem();
+    for node in &cluster.nodes {
+        let dir = node.dir.join("certs");
+        for sni in [
+            format!("www.{apex}"),
+            format!("api.{apex}"),
+            apex.to_owned(),
+        ] {
+            if let Err(e) = handshake_with(&dir, &sni, &root) {
+                panic!("{} {sni}: {e}", node.id());
+            }
+        }
+        let facts = sbmesh::acme::certs::parse_chain(
+            &std::fs::read_to_string(dir.join("tls.crt")).expect("tls.crt"),
+        )
+        .expect("a certificate");
+        assert_eq!(facts.serial, serial, "{} serves the one serial", node.id());
+    }
+    let challenge = format!("_acme-challenge.{apex}");
+    let left = dig_txt(bind, &challenge);
+    assert!(left.is_empty(), "TXT {challenge} left at BIND: {left:?}");
+    let all = cluster.all();
+    let presents = cluster.metric_total(
+        &all,
+        "acme_dns_updates_total",
+        &[("provider", "rfc2136"), ("op", "present"), ("result", "ok")],
+    );
+    let cleanups = cluster.metric_total(
+        &all,
+        "acme_dns_updates_total",
+        &[("provider", "rfc2136"), ("op", "cleanup"), ("result", "ok")],
+    );
+    assert_eq!(
+        (presents, cleanups),
+        (2.0, 2.0),
+        "two records written and removed in all"
+    );
+}
+
+#[test]
+fn a_wildcard_and_its_apex_are_issued_once_and_every_replica_serves_them() {
+    let Some((bind, pebble, redis)) = servers() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().expect("scratch");
+    let apex = unique_apex("w");
+    let hosts = [format!("*.{apex}"), apex.clone()];
+    let extra = dns01_block(&rfc2136_lines(bind, &secret_file(scratch.path())));
+    let config = acme_config(&pebble, "redis", &redis, &hosts, &extra);
+    let started = Instant::now();
+    let cluster = fleet("127.0.61", ips(61), bind, &config);
+    check_issued_once(&cluster, &pebble, bind, &apex);
+    eprintln!(
+        "every replica serves *.{apex} and {apex} {:.2} s after the start",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The holder of the order writes its records and dies before the CA is
+/// told to look: the next holder removes what it left, orders, and the CA
+/// issues one certificate; no record is left.
+#[test]
+fn the_order_holder_killed_after_writing_the_record_is_taken_over() {
+    let Some((bind, pebble, redis)) = servers() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().expect("scratch");
+    let secret = dns_server::secret("sha256");
+    // An exec hook that writes with nsupdate; the first present it is
+    // asked for, it writes, says which process asked, and hangs there.
+    let hook = scratch.path().join("dns-hook");
+    let hang = scratch.path().join("hang-once");
+    let hung = scratch.path().join("hung-by");
+    std::fs::write(&hang, "").expect("marker");
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nset -e\nop=add; [ \"$1\" = cleanup ] && op=delete\n\
+             printf 'server {ip} {port}\\nupdate %s %s 60 TXT \"%s\"\\nsend\\n' \"$op\" \"$2\" \"$3\" \\\n\
+             | nsupdate -y 'hmac-sha256:sbmesh-sha256.:{secret}'\n\
+             if [ \"$1\" = present ] && rm {hang} 2>/dev/null; then echo $PPID > {hung}; sleep 600; fi\n",
+            ip = bind.ip(),
+            port = bind.port(),
+            hang = hang.display(),
+            hung = hung.display(),
+        ),
+    )
+    .expect("hook");
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let apex = unique_apex("k");
+    let hosts = [format!("*.{apex}"), apex.clone()];
+    let extra = dns01_block(&format!(
+        "          provider: exec\n          command: \"{}\"\n",
+        hook.display()
+    ));
+    let config = acme_config(&pebble, "redis", &redis, &hosts, &extra);
+    let mut cluster = fleet("127.0.62", ips(62), bind, &config);
+    // The holder hangs with its first record written.
+    assert!(
+        poll_until(deadline(), || hung.exists()),
+        "no replica wrote a record"
+    );
+    let pid: u32 = std::fs::read_to_string(&hung)
+        .expect("hung-by")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let holder = cluster
+        .nodes
+        .iter()
+        .position(|n| n.pid() == Some(pid))
+        .expect("the hook's parent is a sidecar");
+    let challenge = format!("_acme-challenge.{apex}");
+    assert_eq!(
+        dig_txt(bind, &challenge).len(),
+        1,
+        "the holder's record is written"
+    );
+    cluster.nodes[holder].kill9();
+    // The others: the lock expires (10 s), the next holder clears the
+    // record, orders, and every survivor serves the certificate.
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != holder).collect();
+    let wildcard = format!("*.{apex}");
+    cluster.wait_until("both survivors serve the certificate", || {
+        survivors.iter().all(|i| {
+            cluster.nodes[*i]
+                .status()
+                .is_some_and(|s| own_certs(&s).contains_key(&wildcard))
+        })
+    });
+    let mut cache = SerialCache::default();
+    let counts = pebble.issued_counts(&hosts, &mut cache);
+    assert_eq!(
+        counts.values().copied().collect::<Vec<_>>(),
+        [1, 1],
+        "one certificate at the CA: {counts:?}"
+    );
+    let left = dig_txt(bind, &challenge);
+    assert!(left.is_empty(), "TXT {challenge} left at BIND: {left:?}");
+    let log: String = survivors
+        .iter()
+        .map(|i| cluster.nodes[*i].log_tail(400))
+        .collect();
+    assert!(
+        log.contains("removing DNS-01 records an earlier order left"),
+        "the next holder says it removed the dead holder's record"
+    );
+}
+
+fn ips(c: u8) -> [Ipv4Addr; 3] {
+    [1, 2, 3].map(|d| Ipv4Addr::new(127, 0, c, d))
+}

@@ -1,0 +1,295 @@
+//! DNS-01 against the real BIND 9 `scripts/test` starts (`dns`): the
+//! zones dns01.test and delegated.test on `SBMESH_TEST_DNS_SERVER`, and
+//! the TSIG keys sbmesh-<name>. whose secrets are `SBMESH_TEST_TSIG_<NAME>`.
+//! Each test writes under names of its own.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::rr::{Name, RecordType};
+
+use super::transport::exchange;
+use super::{Dns01, DnsError, TxtRecord, wire};
+use crate::config::{
+    Dns01Section, DnsProvider, TsigAlgorithm,
+};
+use crate::metrics::Metrics;
+
+#[path = "../../../tests/dns_server/mod.rs"]
+mod dns_server;
+
+use dns_server::{DELEGATED_ZONE as DELEGATED, ZONE, secret, secret_var, server};
+
+/// A label no other test or run uses.
+fn unique(tag: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{tag}-{:x}-{}-{}",
+        crate::store::now_unix_ms() % 0xffff_ffff,
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn rfc2136(server: SocketAddr, key: &str, algorithm: TsigAlgorithm) -> Dns01Section {
+    Dns01Section {
+        nameserver: Some(server.to_string()),
+        tsig_key_name: Some(format!("sbmesh-{key}.")),
+        tsig_algorithm: algorithm,
+        tsig_secret: Some(format!("env:{}", secret_var(key))),
+        ..Dns01Section::new(DnsProvider::Rfc2136)
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn dns(section: &Dns01Section, server: SocketAddr) -> Dns01 {
+    Dns01::new(section, &[server], &env, Arc::new(Metrics::new())).expect("settings")
+}
+
+/// What BIND serves at `fqdn` now (asked as the CA asks, without recursion).
+async fn served(server: SocketAddr, fqdn: &str) -> Vec<String> {
+    let name = Name::from_ascii(fqdn).unwrap();
+    let answer = exchange(server, &wire::query(1, &name, RecordType::TXT, false))
+        .await
+        .expect("BIND answers");
+    wire::txt_values(&answer, &name)
+}
+
+/// Makes `_acme-challenge.<host>` a CNAME to `target` with the admin key.
+async fn cname(server: SocketAddr, host: &str, target: &str) {
+    use hickory_proto::op::update_message;
+    use hickory_proto::rr::rdata::CNAME;
+    use hickory_proto::rr::{RData, Record, RecordSet};
+    let name = Name::from_ascii(format!("_acme-challenge.{host}.")).unwrap();
+    let mut rrset = RecordSet::new(name.clone(), RecordType::CNAME, 0);
+    rrset.insert(
+        Record::from_rdata(
+            name,
+            60,
+            RData::CNAME(CNAME(Name::from_ascii(target).unwrap())),
+        ),
+        0,
+    );
+    let mut m = update_message::create(rrset, Name::from_ascii(format!("{ZONE}.")).unwrap(), false);
+    m.metadata.id = 9;
+    let key = wire::TsigKey {
+        name: Name::from_ascii("sbmesh-admin.").unwrap(),
+        algorithm: TsigAlgorithm::HmacSha256,
+        secret: crate::config::tsig_secret_bytes(&secret("admin")).unwrap(),
+    };
+    wire::sign(&mut m, &key, crate::store::now_unix_ms() / 1000).unwrap();
+    let answer = exchange(server, &m).await.unwrap();
+    wire::update_result(&answer).expect("the admin key makes the CNAME");
+}
+
+#[tokio::test]
+async fn each_tsig_algorithm_writes_is_served_and_removes_the_record() {
+    let Some(server) = server() else { return };
+    for (key, algorithm) in [
+        ("sha256", TsigAlgorithm::HmacSha256),
+        ("sha512", TsigAlgorithm::HmacSha512),
+        ("md5", TsigAlgorithm::HmacMd5),
+    ] {
+        let dns = dns(&rfc2136(server, key, algorithm), server);
+        let host = format!("{}.{ZONE}", unique(key));
+        let record = dns.record_for(&host, format!("value-{key}")).await.unwrap();
+        assert_eq!(record.fqdn, format!("_acme-challenge.{host}."));
+        dns.present(&record).await.unwrap_or_else(|e| panic!("{key}: {e}"));
+        dns.wait_served(std::slice::from_ref(&record)).await.unwrap();
+        assert_eq!(served(server, &record.fqdn).await, std::slice::from_ref(&record.value));
+        dns.cleanup(&record).await.unwrap();
+        assert!(served(server, &record.fqdn).await.is_empty(), "{key}: removed");
+        // Removing what is not there is no error (a cleanup run twice).
+        dns.cleanup(&record).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_wildcard_and_its_apex_share_one_name_with_two_values() {
+    let Some(server) = server() else { return };
+    let dns = dns(&rfc2136(server, "sha256", TsigAlgorithm::HmacSha256), server);
+    let apex = format!("{}.{ZONE}", unique("apex"));
+    let a = dns.record_for(&apex, "apex-value".to_owned()).await.unwrap();
+    let w = dns.record_for(&format!("*.{apex}"), "wildcard-value".to_owned()).await.unwrap();
+    assert_eq!(a.fqdn, w.fqdn, "one _acme-challenge name for both");
+    dns.present(&a).await.unwrap();
+    dns.present(&w).await.unwrap();
+    dns.wait_served(&[a.clone(), w.clone()]).await.unwrap();
+    let mut values = served(server, &a.fqdn).await;
+    values.sort();
+    assert_eq!(values, ["apex-value", "wildcard-value"]);
+    dns.cleanup(&a).await.unwrap();
+    assert_eq!(served(server, &a.fqdn).await, ["wildcard-value"], "only its own value goes");
+    dns.cleanup(&w).await.unwrap();
+    assert!(served(server, &a.fqdn).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_refused_key_says_the_servers_codes() {
+    let Some(server) = server() else { return };
+    let host = format!("{}.{ZONE}", unique("refused"));
+    let record = TxtRecord {
+        fqdn: format!("_acme-challenge.{host}."),
+        value: "v".to_owned(),
+    };
+    // The right name with another secret: BADSIG.
+    let mut wrong = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
+    wrong.tsig_secret = Some("c2VjcmV0LW5vdC1rbm93bi10by1iaW5k".to_owned());
+    let e = dns(&wrong, server).present(&record).await.unwrap_err().to_string();
+    assert!(e.contains("NOTAUTH") && e.contains("BADSIG"), "{e}");
+    // A name the server does not know: BADKEY.
+    let mut unknown = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
+    unknown.tsig_key_name = Some("no-such-key.".to_owned());
+    let e = dns(&unknown, server).present(&record).await.unwrap_err().to_string();
+    assert!(e.contains("NOTAUTH") && e.contains("BADKEY"), "{e}");
+    // A key the policy does not allow in this zone: REFUSED.
+    let narrow = rfc2136(server, "narrow", TsigAlgorithm::HmacSha256);
+    let e = dns(&narrow, server).present(&record).await.unwrap_err().to_string();
+    assert!(e.contains("REFUSED") && e.contains("update policy"), "{e}");
+    assert!(served(server, &record.fqdn).await.is_empty(), "nothing written");
+}
+
+#[tokio::test]
+async fn a_zone_the_server_does_not_serve_and_a_server_that_is_not_there() {
+    let Some(server) = server() else { return };
+    let dns1 = dns(&rfc2136(server, "sha256", TsigAlgorithm::HmacSha256), server);
+    let record = TxtRecord {
+        fqdn: "_acme-challenge.www.example.org.".to_owned(),
+        value: "v".to_owned(),
+    };
+    let e = dns1.present(&record).await.unwrap_err();
+    assert!(matches!(e, DnsError::NoZone { .. }), "{e}");
+    assert!(e.to_string().contains("REFUSED"), "{e}");
+    // Nothing listens there: said as unreachable, within the exchange's limit.
+    let closed = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let gone = closed.local_addr().unwrap();
+    drop(closed);
+    let mut section = rfc2136(gone, "sha256", TsigAlgorithm::HmacSha256);
+    section.nameserver = Some(gone.to_string());
+    let started = std::time::Instant::now();
+    let e = Dns01::new(&section, &[server], &env, Arc::new(Metrics::new()))
+        .unwrap()
+        .present(&TxtRecord {
+            fqdn: format!("_acme-challenge.{}.{ZONE}.", unique("gone")),
+            value: "v".to_owned(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, DnsError::Unreachable { .. }), "{e}");
+    assert!(e.to_string().contains(&gone.to_string()), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_named() {
+    let Some(server) = server() else { return };
+    let mut section = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
+    section.tsig_secret = Some("env:SBMESH_NO_SUCH_SECRET".to_owned());
+    let e = Dns01::new(&section, &[server], &env, Arc::new(Metrics::new())).unwrap_err();
+    assert!(
+        matches!(&e, DnsError::Config(m) if m.contains("SBMESH_NO_SUCH_SECRET")),
+        "{e}"
+    );
+    section.tsig_secret = Some("file:/nonexistent/tsig.secret".to_owned());
+    let e = Dns01::new(&section, &[server], &env, Arc::new(Metrics::new())).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/tsig.secret"), "{e}");
+}
+
+#[tokio::test]
+async fn a_cname_delegates_the_challenge_to_another_zone() {
+    let Some(server) = server() else { return };
+    let label = unique("cname");
+    let host = format!("{label}.{ZONE}");
+    let target = format!("_acme-challenge.{label}.{DELEGATED}.");
+    cname(server, &host, &target).await;
+    // The narrow key may write only in the delegated zone, which is enough.
+    let dns = dns(&rfc2136(server, "narrow", TsigAlgorithm::HmacSha256), server);
+    let record = dns.record_for(&host, "delegated".to_owned()).await.unwrap();
+    assert_eq!(record.fqdn, target, "the CNAME followed");
+    dns.present(&record).await.unwrap();
+    dns.wait_served(std::slice::from_ref(&record)).await.unwrap();
+    assert_eq!(served(server, &target).await, ["delegated"]);
+    dns.cleanup(&record).await.unwrap();
+    assert!(served(server, &target).await.is_empty());
+}
+
+#[tokio::test]
+async fn propagation_times_out_naming_the_server_that_lacks_the_value() {
+    let Some(server) = server() else { return };
+    let mut section = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
+    section.propagation_timeout = Duration::from_secs(1);
+    let dns = dns(&section, server);
+    let record = TxtRecord {
+        fqdn: format!("_acme-challenge.{}.{ZONE}.", unique("never")),
+        value: "never-written".to_owned(),
+    };
+    let e = dns.wait_served(&[record]).await.unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, DnsError::NotPropagated { .. }), "{text}");
+    assert!(text.contains("ns1.dns01.test.") && text.contains("1s"), "{text}");
+}
+
+#[tokio::test]
+async fn the_exec_provider_runs_the_users_command() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let hook = dir.path().join("dns-hook");
+    let log = dir.path().join("calls");
+    // What a user writes: nsupdate with its own key, and a log of calls.
+    std::fs::write(
+        &hook,
+        format!(
+            "#!/bin/sh\nset -e\necho \"$@\" >> {log}\nop=add; [ \"$1\" = cleanup ] && op=delete\n\
+             printf 'server {ip} {port}\\nupdate %s %s 60 TXT \"%s\"\\nsend\\n' \"$op\" \"$2\" \"$3\" \\\n\
+             | nsupdate -y \"hmac-sha256:sbmesh-sha256.:$SBMESH_TEST_TSIG_SHA256\"\n",
+            log = log.display(),
+            ip = server.ip(),
+            port = server.port()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let section = Dns01Section {
+        command: Some(hook.clone()),
+        propagation_timeout: Duration::from_secs(10),
+        ..Dns01Section::new(DnsProvider::Exec)
+    };
+    let dns = dns(&section, server);
+    let host = format!("{}.{ZONE}", unique("exec"));
+    let record = dns.record_for(&host, "exec-value".to_owned()).await.unwrap();
+    dns.present(&record).await.unwrap();
+    dns.wait_served(std::slice::from_ref(&record)).await.unwrap();
+    assert_eq!(served(server, &record.fqdn).await, ["exec-value"]);
+    dns.cleanup(&record).await.unwrap();
+    assert!(served(server, &record.fqdn).await.is_empty());
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        calls,
+        format!(
+            "present {0} exec-value\ncleanup {0} exec-value\n",
+            record.fqdn
+        )
+    );
+    // A failing command: its status and stderr in the error.
+    let failing = dir.path().join("failing");
+    std::fs::write(&failing, "#!/bin/sh\necho 'no credentials for zone' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&failing, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap();
+    let section = Dns01Section {
+        command: Some(PathBuf::from(&failing)),
+        ..section
+    };
+    let e = super::Dns01::new(&section, &[server], &env, Arc::new(Metrics::new()))
+        .unwrap()
+        .present(&record)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exit status: 3") && e.contains("no credentials for zone"), "{e}");
+}
