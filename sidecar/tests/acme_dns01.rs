@@ -13,19 +13,16 @@ mod common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
 use common::acme::{
-    Pebble, SerialCache, acme_config, handshake_with, own_certs, redis_from_env, spawn_trio,
+    Pebble, SerialCache, acme_config, dns01_acme, handshake_with, own_certs, redis_from_env,
+    rfc2136_provider, spawn_trio, write_tsig_secret,
 };
 use common::*;
 
-#[path = "../../tests/dns_server/mod.rs"]
-mod dns_server;
-
-use dns_server::ZONE;
+use common::acme::dns_server::{self, ZONE};
 
 /// A name under the test zone no other test or run uses.
 fn unique_apex(tag: &str) -> String {
@@ -54,33 +51,6 @@ fn dig_txt(bind: SocketAddr, name: &str) -> Vec<String> {
         .map(|l| l.trim().trim_matches('"').to_owned())
         .filter(|l| !l.is_empty())
         .collect()
-}
-
-/// The `acme:` lines of a DNS-01 fleet (below `storage_path`).
-fn dns01_block(provider_lines: &str) -> String {
-    format!(
-        "        certificates: san\n        challenge: dns-01\n        dns01:\n{provider_lines}\
-         \x20         propagation_timeout: 30s\n"
-    )
-}
-
-/// The rfc2136 lines with the key sbmesh-sha256., its secret in a file.
-fn rfc2136_lines(bind: SocketAddr, secret_file: &Path) -> String {
-    format!(
-        "          provider: rfc2136\n          nameserver: \"{bind}\"\n          \
-         tsig_key_name: sbmesh-sha256.\n          tsig_secret: \"file:{}\"\n",
-        secret_file.display()
-    )
-}
-
-/// Writes the test key's secret where the sidecars read it (`file:`; the
-/// harness keeps SBMESH_* variables from the sidecars).
-fn secret_file(dir: &Path) -> std::path::PathBuf {
-    let secret =
-        std::env::var("SBMESH_TEST_TSIG_SHA256").expect("scripts/test sets the TSIG secret");
-    let path = dir.join("tsig.secret");
-    std::fs::write(&path, format!("{secret}\n")).expect("write the secret");
-    path
 }
 
 /// Starts `node-1..3` on `ips`, seeded with each other, asking `bind` as
@@ -195,7 +165,10 @@ fn a_wildcard_and_its_apex_are_issued_once_and_every_replica_serves_them() {
     let scratch = tempfile::tempdir().expect("scratch");
     let apex = unique_apex("w");
     let hosts = [format!("*.{apex}"), apex.clone()];
-    let extra = dns01_block(&rfc2136_lines(bind, &secret_file(scratch.path())));
+    let extra = dns01_acme(
+        "san",
+        &rfc2136_provider(bind, &write_tsig_secret(scratch.path())),
+    );
     let config = acme_config(&pebble, "redis", &redis, &hosts, &extra);
     let started = Instant::now();
     let cluster = fleet("127.0.61", ips(61), bind, &config);
@@ -239,10 +212,13 @@ fn the_order_holder_killed_after_writing_the_record_is_taken_over() {
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let apex = unique_apex("k");
     let hosts = [format!("*.{apex}"), apex.clone()];
-    let extra = dns01_block(&format!(
-        "          provider: exec\n          command: \"{}\"\n",
-        hook.display()
-    ));
+    let extra = dns01_acme(
+        "san",
+        &format!(
+            "          provider: exec\n          command: \"{}\"\n",
+            hook.display()
+        ),
+    );
     let config = acme_config(&pebble, "redis", &redis, &hosts, &extra);
     let mut cluster = fleet("127.0.62", ips(62), bind, &config);
     // The holder hangs with its first record written.

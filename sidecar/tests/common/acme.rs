@@ -25,6 +25,9 @@ pub mod pebble_server;
 
 use pebble_server::{Endpoints, PebbleServer};
 
+#[path = "../../../tests/dns_server/mod.rs"]
+pub mod dns_server;
+
 /// This test's CA: its own Pebble and pebble-challtestsrv (see
 /// `pebble_server` for why each test has its own), stopped when the last
 /// clone is dropped; its [`Endpoints`] by `Deref`.
@@ -337,6 +340,34 @@ pub fn acme_config(
         s.push_str(&format!("  \"{h}\": {{}}\n"));
     }
     s
+}
+
+/// The `acme:` lines of a DNS-01 fleet (after `storage_path`, as
+/// [`acme_config`]'s `extra_acme`): `certificates: <mode>`, `dns-01`, and
+/// the `dns01` block of `provider_lines` (written at 10 spaces).
+pub fn dns01_acme(mode: &str, provider_lines: &str) -> String {
+    format!(
+        "        certificates: {mode}\n        challenge: dns-01\n        dns01:\n{provider_lines}\
+         \x20         propagation_timeout: 30s\n"
+    )
+}
+
+/// The `dns01` lines of the rfc2136 provider at `bind`, with the key
+/// sbmesh-sha256. whose secret is in `secret_file`.
+pub fn rfc2136_provider(bind: SocketAddr, secret_file: &Path) -> String {
+    format!(
+        "          provider: rfc2136\n          nameserver: \"{bind}\"\n          \
+         tsig_key_name: sbmesh-sha256.\n          tsig_secret: \"file:{}\"\n",
+        secret_file.display()
+    )
+}
+
+/// Writes the secret of the key sbmesh-sha256. into `dir`, where sidecars
+/// read it (`file:`; the harness keeps SBMESH_* variables from them).
+pub fn write_tsig_secret(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("tsig.secret");
+    std::fs::write(&path, format!("{}\n", dns_server::secret("sha256"))).expect("write the secret");
+    path
 }
 
 /// The CA's certificates a node's status lists for itself (placeholders
