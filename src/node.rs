@@ -1442,11 +1442,15 @@ async fn publish_meta(
                 }
                 next.certificates.truncate(MAX_CERTS_IN_META);
             }
-            let said = !a.not_eligible.is_empty() || a.refusal.is_some() || !a.waiting.is_empty();
+            let said = !a.not_eligible.is_empty()
+                || a.refusal.is_some()
+                || !a.waiting.is_empty()
+                || !a.failing.is_empty();
             next.acme = said.then(|| AcmeInfo {
                 not_eligible: a.not_eligible.clone(),
                 refusal: a.refusal.clone(),
                 waiting: a.waiting.clone(),
+                failing: a.failing.clone(),
             });
         }
         if next != meta {

@@ -7,7 +7,7 @@
 //! name the wildcard covers, and `dig` at BIND afterwards.
 //!
 //! Address blocks: 127.0.61.x (wildcard and apex), 127.0.62.x (the holder
-//! killed mid-order).
+//! killed mid-order), 127.0.63.x (a refused update in status).
 
 mod common;
 
@@ -275,4 +275,58 @@ fn the_order_holder_killed_after_writing_the_record_is_taken_over() {
 
 fn ips(c: u8) -> [Ipv4Addr; 3] {
     [1, 2, 3].map(|d| Ipv4Addr::new(127, 0, c, d))
+}
+
+/// A key the server's policy refuses: the order fails, and status says
+/// why (the server's code), which host, and when it is tried again.
+#[test]
+fn a_refused_update_is_in_status_with_the_servers_code() {
+    let Some((bind, pebble, redis)) = servers() else {
+        return;
+    };
+    let scratch = tempfile::tempdir().expect("scratch");
+    let secret = scratch.path().join("narrow.secret");
+    std::fs::write(&secret, dns_server::secret("narrow")).expect("secret");
+    // The narrow key may write only in delegated.test, not in dns01.test.
+    let provider = rfc2136_provider(bind, &secret).replace("sbmesh-sha256.", "sbmesh-narrow.");
+    let host = unique_apex("r");
+    let config = acme_config(
+        &pebble,
+        "redis",
+        &redis,
+        std::slice::from_ref(&host),
+        &dns01_acme("per_host", &provider),
+    );
+    let cluster = fleet("127.0.63", ips(63), bind, &config);
+    let mut seen = serde_json::Value::Null;
+    cluster.wait_until(
+        "a node lists the failing order with the server's code",
+        || {
+            cluster.nodes.iter().filter_map(|n| n.status()).any(|s| {
+                let failing = s["nodes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|n| n["local"] == true)
+                    .flat_map(|n| n["acme"]["failing"].as_array().cloned().unwrap_or_default())
+                    .find(|f| f["host"] == host.as_str());
+                match failing {
+                    Some(f) => {
+                        seen = f;
+                        true
+                    }
+                    None => false,
+                }
+            })
+        },
+    );
+    let error = seen["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("REFUSED") && error.contains("update policy"),
+        "the error names the server's answer: {seen}"
+    );
+    assert!(
+        seen["retry_at_unix"].as_u64() > seen["since_unix"].as_u64(),
+        "a next attempt after the failure: {seen}"
+    );
 }

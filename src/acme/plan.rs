@@ -44,7 +44,9 @@ use crate::acme::schedule::{AriWindow, CertTimes, Failures, renew_at, renew_befo
 use crate::acme::unit::{
     AcmeStatus, CertUnit, Local, UnitFiles, local_store_refusal, needs_placeholder,
 };
-use crate::mesh::{CertificateInfo, OrderWaiting};
+use crate::mesh::{
+    CertificateInfo, MAX_FAILING_ERROR, MAX_FAILING_IN_META, OrderFailing, OrderWaiting,
+};
 use crate::store::StoreError;
 
 /// How long the set of alive members must hold still before orders start.
@@ -404,6 +406,8 @@ struct UnitState {
     /// Its order waits: the challenge was not answered where the CA's
     /// request lands (since when, unix seconds, and why).
     waiting: Option<(u64, String)>,
+    /// Its last order failed: since when (unix seconds) and why.
+    failing: Option<(u64, String)>,
 }
 
 impl UnitState {
@@ -419,6 +423,7 @@ impl UnitState {
             ari_next: None,
             renew_warned: None,
             waiting: None,
+            failing: None,
             placeholder_failed: false,
             placeholder_pending: false,
             installing: 0,
@@ -640,11 +645,27 @@ impl Machine {
                 })
             })
             .collect();
+        let mut failing: Vec<OrderFailing> = self
+            .units
+            .values()
+            .filter_map(|s| {
+                let (since, error) = s.failing.as_ref()?;
+                Some(OrderFailing {
+                    host: s.unit.record_host().to_owned(),
+                    since_unix: *since,
+                    retry_at_unix: s.view.failures.next_attempt_unix(),
+                    error: error.chars().take(MAX_FAILING_ERROR).collect(),
+                })
+            })
+            .collect();
+        failing.sort_by(|a, b| a.host.cmp(&b.host));
+        failing.truncate(MAX_FAILING_IN_META);
         AcmeStatus {
             certificates,
             not_eligible: self.not_eligible.clone(),
             refusal: self.refusal.clone(),
             waiting,
+            failing,
             settled: self.settled(),
         }
     }
@@ -842,9 +863,17 @@ impl Machine {
             OrderOutcome::Unanswered(_) => {}
             OrderOutcome::Issued(record) => {
                 state.view.failures.clear();
+                if state.failing.take().is_some() {
+                    self.status_dirty = true;
+                }
                 self.take_record(id, *record, out);
             }
-            OrderOutcome::AlreadyValid(record) => self.take_record(id, *record, out),
+            OrderOutcome::AlreadyValid(record) => {
+                if state.failing.take().is_some() {
+                    self.status_dirty = true;
+                }
+                self.take_record(id, *record, out)
+            }
             OrderOutcome::Busy { wait } => {
                 // Not before the lease's expiry (or a re-check a few
                 // seconds on): every wake-up must not send another attempt
@@ -873,11 +902,15 @@ impl Machine {
                     Some(f) => state.view.failures = f,
                     None => state.view.failures.record(now, error.retry_after_secs()),
                 }
+                let error = error.to_string();
+                let since = state.failing.as_ref().map_or(now, |(since, _)| *since);
+                state.failing = Some((since, error.clone()));
+                self.status_dirty = true;
                 out.push(Action::Report(Report::OrderFailed {
                     id: id.to_owned(),
                     deferred: false,
                     failures: state.view.failures.clone(),
-                    error: error.to_string(),
+                    error,
                 }));
             }
         }
@@ -1521,6 +1554,47 @@ mod tests {
         assert!(early.is_empty(), "ordered before Retry-After: {early:?}");
         let later = rig.run_for(Duration::from_secs(20), &["a"], false);
         assert_eq!(later, vec![host.to_owned()]);
+    }
+
+    #[test]
+    fn a_failing_order_is_in_status_with_its_error_until_it_issues() {
+        let host = "a.example.com";
+        let mut rig = ordering_alone(host);
+        let failed = || OrderOutcome::Failed {
+            error: OrderError::Order(AcmeError::Dns {
+                message: "TXT _acme-challenge.a.example.com. not served by every \
+                          authoritative server within 120s"
+                    .into(),
+            }),
+            shared: None,
+        };
+        let first = rig.clock.unix();
+        rig.finish(host, failed());
+        let status = rig.machine.status();
+        let [failing] = status.failing.as_slice() else {
+            panic!("one failing order: {:?}", status.failing);
+        };
+        assert_eq!(failing.host, host);
+        assert_eq!(failing.since_unix, first);
+        assert!(failing.error.contains("not served by every authoritative server"));
+        assert_eq!(
+            failing.retry_at_unix,
+            rig.machine.failures(host).unwrap().next_attempt_unix()
+        );
+        // Failing again keeps the first failure's time.
+        let ordered = rig.run_for(Duration::from_secs(61), &["a"], false);
+        assert_eq!(ordered, vec![host.to_owned()]);
+        rig.finish(host, failed());
+        assert_eq!(rig.machine.status().failing[0].since_unix, first);
+        // Issued: no longer failing.
+        let ordered = rig.run_for(Duration::from_secs(121), &["a"], false);
+        assert_eq!(ordered, vec![host.to_owned()]);
+        let now = rig.clock.unix();
+        rig.finish(
+            host,
+            OrderOutcome::Issued(Box::new(record(host, "01", now, now + 90 * 86_400))),
+        );
+        assert!(rig.machine.status().failing.is_empty());
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::acme::deliver::host_dir;
 use crate::acme::layout;
 use crate::acme::placeholder::PLACEHOLDER_REFRESH_SECS;
 use crate::config::{CertificateMode, SbConfig};
-use crate::mesh::{CertificateInfo, OrderWaiting};
+use crate::mesh::{CertificateInfo, OrderFailing, OrderWaiting};
 
 /// Where a unit's files go.
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -228,6 +228,8 @@ pub struct AcmeStatus {
     pub refusal: Option<String>,
     /// Orders this node holds back until their challenge is answered.
     pub waiting: Vec<OrderWaiting>,
+    /// Orders of this node that failed and back off, with why.
+    pub failing: Vec<OrderFailing>,
     /// Every unit's store record was read once and what it held is
     /// written for the proxy, and with peers every unit has the CA's
     /// certificate: a proxy started now serves every stored certificate

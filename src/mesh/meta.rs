@@ -60,6 +60,30 @@ pub struct AcmeInfo {
     /// where the CA's request lands (docs/reference.md#the-challenge-check).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waiting: Vec<OrderWaiting>,
+    /// Orders that failed and back off, with the error of the last
+    /// attempt (at most [`MAX_FAILING_IN_META`], by host).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failing: Vec<OrderFailing>,
+}
+
+/// Most failing orders a node lists in its metadata (each with its error).
+pub const MAX_FAILING_IN_META: usize = 10;
+/// Longest error a failing order lists, in characters.
+pub const MAX_FAILING_ERROR: usize = 400;
+
+/// An order that failed: the certificate, since when it fails, when it is
+/// tried again, and why the last attempt failed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OrderFailing {
+    /// The certificate's host (for a SAN certificate, its first name).
+    pub host: String,
+    /// Failing since, unix seconds.
+    pub since_unix: u64,
+    /// The next attempt, unix seconds.
+    pub retry_at_unix: u64,
+    /// The last attempt's error.
+    pub error: String,
 }
 
 /// An order held back until its challenge is answered, as shown in status.

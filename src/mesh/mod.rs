@@ -24,6 +24,9 @@ mod wire;
 pub use self::core::SwimTuning;
 pub use discovery::SeedSource;
 pub use member::NodeIdentity;
-pub use meta::{AcmeInfo, CertificateInfo, LastReload, NodeMeta, OrderWaiting, ProxyInfo};
+pub use meta::{
+    AcmeInfo, CertificateInfo, LastReload, MAX_FAILING_ERROR, MAX_FAILING_IN_META, NodeMeta,
+    OrderFailing, OrderWaiting, ProxyInfo,
+};
 pub use runtime::{Mesh, MeshConfig, MeshError};
 pub use view::{ClusterStatus, MemberInfo, MemberState, NodeStatus, Summary};

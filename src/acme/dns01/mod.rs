@@ -19,6 +19,7 @@
 mod exec;
 mod lookup;
 mod rfc2136;
+mod route53;
 mod transport;
 mod wire;
 
@@ -96,9 +97,13 @@ pub(crate) enum DnsError {
         op: &'static str,
         detail: String,
     },
-    /// A provider that this build does not carry.
-    #[error("DNS provider {0} is not available in this version of the sidecar")]
-    Unavailable(&'static str),
+    /// A provider's API refused or failed a call.
+    #[error("DNS provider {provider} failed to {op}: {detail}")]
+    Provider {
+        provider: &'static str,
+        op: &'static str,
+        detail: String,
+    },
 }
 
 /// One TXT record of a DNS-01 challenge: where and what.
@@ -131,7 +136,7 @@ pub(crate) struct Ledger {
 enum Provider {
     Rfc2136(rfc2136::Rfc2136),
     Exec(exec::Exec),
-    Route53,
+    Route53(Box<route53::Route53>),
 }
 
 /// The DNS-01 side of orders: the provider, the resolvers and the
@@ -166,7 +171,7 @@ impl Dns01 {
         let provider = match section.provider {
             DnsProvider::Rfc2136 => Provider::Rfc2136(rfc2136::Rfc2136::new(section, env)?),
             DnsProvider::Exec => Provider::Exec(exec::Exec::new(section)?),
-            DnsProvider::Route53 => Provider::Route53,
+            DnsProvider::Route53 => Provider::Route53(Box::new(route53::Route53::new(section)?)),
         };
         Ok(Self {
             kind: section.provider,
@@ -214,7 +219,7 @@ impl Dns01 {
         match &self.provider {
             Provider::Rfc2136(p) => p.change(&fqdn, &record.value, add).await,
             Provider::Exec(p) => p.run(add, &record.fqdn, &record.value).await,
-            Provider::Route53 => Err(DnsError::Unavailable("route53")),
+            Provider::Route53(p) => p.change(&fqdn, &record.value, add).await,
         }
     }
 
@@ -222,6 +227,11 @@ impl Dns01 {
     /// every value at its name; records the time in
     /// `acme_dns_propagation_seconds`.
     pub(crate) async fn wait_served(&self, records: &[TxtRecord]) -> Result<(), DnsError> {
+        if let Provider::Route53(_) = self.provider {
+            // Each change was waited for until Route 53 had it on all its
+            // servers (INSYNC), which are the zone's authoritative ones.
+            return Ok(());
+        }
         let started = Instant::now();
         let mut by_name: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for r in records {

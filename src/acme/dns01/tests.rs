@@ -293,3 +293,99 @@ async fn the_exec_provider_runs_the_users_command() {
         .to_string();
     assert!(e.contains("exit status: 3") && e.contains("no credentials for zone"), "{e}");
 }
+
+/// moto's endpoint (`scripts/test`'s `s3` server, which serves Route 53
+/// too, and exports `AWS_ENDPOINT_URL` and test credentials), or `None`.
+fn moto() -> Option<String> {
+    match std::env::var("SBMESH_TEST_S3_ENDPOINT") {
+        Ok(v) => Some(v),
+        Err(_) => {
+            assert!(
+                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "SBMESH_TEST_S3_ENDPOINT is not set but SBMESH_TEST_REQUIRE_SERVERS=1"
+            );
+            eprintln!("SKIP: SBMESH_TEST_S3_ENDPOINT is not set (scripts/test starts moto)");
+            None
+        }
+    }
+}
+
+/// Creates the hosted zone `name` at moto; its id.
+async fn create_zone(r53: &super::route53::Route53, name: &str) -> String {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><CreateHostedZoneRequest \
+         xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><Name>{name}</Name>\
+         <CallerReference>{}</CallerReference></CreateHostedZoneRequest>",
+        unique("ref")
+    );
+    let bytes = r53
+        .call("create a zone", hyper::Method::POST, "/hostedzone", Some(body))
+        .await
+        .expect("moto creates the zone");
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let id = text
+        .split("<Id>")
+        .nth(1)
+        .and_then(|rest| rest.split("</Id>").next())
+        .expect("a zone id");
+    id.trim_start_matches("/hostedzone/").to_owned()
+}
+
+#[tokio::test]
+async fn route53_adds_and_removes_one_value_of_a_shared_name() {
+    if moto().is_none() {
+        return;
+    }
+    let section = Dns01Section::new(DnsProvider::Route53);
+    let r53 = super::route53::Route53::new(&section).expect("route53");
+    let zone = format!("{}.test.", unique("r53"));
+    let id = create_zone(&r53, &zone).await;
+    // Found from the name (no hosted_zone_id), a wildcard and its apex on
+    // one name.
+    let dns = Dns01::new(&section, &[], &env, Arc::new(Metrics::new())).expect("settings");
+    let fqdn = format!("_acme-challenge.{zone}");
+    let apex = TxtRecord {
+        fqdn: fqdn.clone(),
+        value: "apex-value".to_owned(),
+    };
+    let wildcard = TxtRecord {
+        fqdn: fqdn.clone(),
+        value: "wildcard-value".to_owned(),
+    };
+    dns.present(&apex).await.unwrap();
+    dns.present(&wildcard).await.unwrap();
+    dns.wait_served(&[apex.clone(), wildcard.clone()]).await.unwrap();
+    let mut values = r53.values(&id, &fqdn).await.unwrap();
+    values.sort();
+    assert_eq!(values, ["apex-value", "wildcard-value"]);
+    dns.cleanup(&apex).await.unwrap();
+    assert_eq!(r53.values(&id, &fqdn).await.unwrap(), ["wildcard-value"]);
+    dns.cleanup(&wildcard).await.unwrap();
+    assert!(r53.values(&id, &fqdn).await.unwrap().is_empty());
+    // Removing what is not there is no error.
+    dns.cleanup(&wildcard).await.unwrap();
+    // The zone given by id.
+    let given = Dns01Section {
+        hosted_zone_id: Some(id.clone()),
+        ..Dns01Section::new(DnsProvider::Route53)
+    };
+    let dns = Dns01::new(&given, &[], &env, Arc::new(Metrics::new())).unwrap();
+    let deep = TxtRecord {
+        fqdn: format!("_acme-challenge.a.b.{zone}"),
+        value: "deep".to_owned(),
+    };
+    dns.present(&deep).await.unwrap();
+    assert_eq!(r53.values(&id, &deep.fqdn).await.unwrap(), ["deep"]);
+    dns.cleanup(&deep).await.unwrap();
+    // A name in no zone of the account: said so.
+    let dns = Dns01::new(&section, &[], &env, Arc::new(Metrics::new())).unwrap();
+    let e = dns
+        .present(&TxtRecord {
+            fqdn: format!("_acme-challenge.{}.nowhere.", unique("x")),
+            value: "v".to_owned(),
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no hosted zone of this account holds"), "{e}");
+}
