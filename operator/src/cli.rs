@@ -140,3 +140,16 @@ pub struct InjectArgs {
     #[arg(long)]
     pub mesh_service: Option<String>,
 }
+
+/// Writes a command's output to stdout. A reader that stopped reading
+/// (`install | head`) is not an error: the command ends quietly, as
+/// shell tools do; any other write error is.
+pub fn print_out(text: &str) -> anyhow::Result<std::process::ExitCode> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(std::process::ExitCode::SUCCESS),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(std::process::ExitCode::SUCCESS),
+        Err(e) => Err(anyhow::anyhow!("cannot write to stdout: {e}")),
+    }
+}

@@ -497,8 +497,7 @@ pub fn yaml_stream(docs: &[Value]) -> String {
 
 /// The `crds` command: prints [`crds_yaml`].
 pub fn command() -> anyhow::Result<ExitCode> {
-    print!("{}", crds_yaml());
-    Ok(ExitCode::SUCCESS)
+    crate::cli::print_out(&crds_yaml())
 }
 
 /// Checks an SBProxy or SBProxyConfig object (as JSON) the way the

@@ -306,10 +306,9 @@ pub fn command(args: &InjectArgs) -> anyhow::Result<ExitCode> {
         .pointer("/spec/template/metadata/labels")
         .and_then(|l| l.get(CONFIG_MAP_LABEL))
         .and_then(Value::as_str);
-    print!(
+    crate::cli::print_out(&format!(
         "{}{}",
         header(workload, &opts, config_map),
         crate::crd::yaml_stream(&[injected])
-    );
-    Ok(ExitCode::SUCCESS)
+    ))
 }

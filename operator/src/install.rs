@@ -527,6 +527,5 @@ pub fn install_yaml(args: &InstallArgs) -> String {
 
 /// The `install` command: prints [`install_yaml`].
 pub fn command(args: &InstallArgs) -> anyhow::Result<ExitCode> {
-    print!("{}", install_yaml(args));
-    Ok(ExitCode::SUCCESS)
+    crate::cli::print_out(&install_yaml(args))
 }

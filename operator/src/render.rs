@@ -2037,8 +2037,7 @@ pub fn command(args: &crate::cli::RenderArgs) -> anyhow::Result<ExitCode> {
     if refused {
         return Ok(ExitCode::FAILURE);
     }
-    print!("{out}");
-    Ok(ExitCode::SUCCESS)
+    crate::cli::print_out(&out)
 }
 
 /// The text of `path`, or of stdin for `-`.

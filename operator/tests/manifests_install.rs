@@ -296,3 +296,25 @@ fn the_webhook_is_a_service_a_configuration_and_a_narrow_cluster_role() {
         })));
     }
 }
+
+/// `install | head -0`: the reader is gone before the first write; the
+/// command ends quietly (exit 0, no panic on the closed pipe), as shell
+/// tools do.
+#[test]
+fn install_into_a_closed_pipe_ends_quietly() {
+    use std::process::Stdio;
+    for args in [&["install"][..], &["crds"][..]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sbmesh-operator"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sbmesh-operator runs");
+        // The read end closes before the command writes a byte.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("it exits");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?}: {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
