@@ -28,8 +28,16 @@ const MAX_STATUS_BODY: usize = 16 * 1024 * 1024;
 /// returns the exit code: 1 on any error, else 0.
 pub fn validate(args: &ValidateArgs) -> i32 {
     let (report, code) = validate_report(&args.config, &process_env);
-    print!("{report}");
+    print_out(&report);
     code
+}
+
+/// Writes a command's output to stdout; a reader that stopped reading
+/// (`status | head`) ends it quietly instead of a panic.
+pub fn print_out(text: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
 /// What `validate` prints for the file at `path`, and its exit code: one

@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         cli::Command::Validate(args) => code(commands::validate(&args)),
         cli::Command::Keygen => match commands::keygen() {
             Ok(key) => {
-                println!("{key}");
+                commands::print_out(&format!("{key}\n"));
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
             );
             match out {
                 Ok(table) => {
-                    print!("{table}");
+                    commands::print_out(&table);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -60,7 +60,7 @@ fn main() -> ExitCode {
             let settings = match settings::resolve(&args, &env, &settings::system_hostname(&env)) {
                 Ok(s) => s,
                 Err(problems) => {
-                    print!("{}", commands::render_problems(&problems));
+                    commands::print_out(&commands::render_problems(&problems));
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
