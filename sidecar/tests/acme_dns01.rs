@@ -10,6 +10,7 @@
 //! killed mid-order), 127.0.63.x (a refused update in status).
 
 mod common;
+mod doc_check;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
@@ -299,6 +300,7 @@ fn a_refused_update_is_in_status_with_the_servers_code() {
     );
     let cluster = fleet("127.0.63", ips(63), bind, &config);
     let mut seen = serde_json::Value::Null;
+    let mut status = serde_json::Value::Null;
     cluster.wait_until(
         "a node lists the failing order with the server's code",
         || {
@@ -313,6 +315,7 @@ fn a_refused_update_is_in_status_with_the_servers_code() {
                 match failing {
                     Some(f) => {
                         seen = f;
+                        status = s.clone();
                         true
                     }
                     None => false,
@@ -328,5 +331,13 @@ fn a_refused_update_is_in_status_with_the_servers_code() {
     assert!(
         seen["retry_at_unix"].as_u64() > seen["since_unix"].as_u64(),
         "a next attempt after the failure: {seen}"
+    );
+    let problems: Vec<String> = doc_check::status_schema()
+        .iter_errors(&status)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "status outside docs/status.schema.json: {problems:?}"
     );
 }

@@ -172,9 +172,7 @@ fn every_exposed_metric_is_documented() {
 }
 
 fn schema() -> jsonschema::Validator {
-    let text = read_doc("status.schema.json");
-    let schema: Value = serde_json::from_str(&text).expect("status.schema.json is JSON");
-    jsonschema::draft202012::new(&schema).expect("status.schema.json compiles")
+    doc_check::status_schema()
 }
 
 fn problems(validator: &jsonschema::Validator, status: &Value) -> Vec<String> {

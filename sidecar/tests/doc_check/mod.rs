@@ -18,6 +18,14 @@ pub fn read_doc(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
+/// The schema of `/admin/cluster/status` (`docs/status.schema.json`).
+pub fn status_schema() -> jsonschema::Validator {
+    let text = read_doc("status.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&text).expect("status.schema.json is JSON");
+    jsonschema::draft202012::new(&schema).expect("status.schema.json compiles")
+}
+
 /// Whether `needle` occurs in `text` as a whole token: the characters on
 /// either side are not `word` characters, so `--cluster-key` is not found
 /// inside `--cluster-key-file`, nor `POD_NAME` inside `SBPROXY_POD_NAME`.
