@@ -198,10 +198,19 @@ impl Dns01 {
 
     /// Writes `record`.
     pub(crate) async fn present(&self, record: &TxtRecord) -> Result<(), DnsError> {
+        let started = Instant::now();
         let result = self.change(record, true).await;
         self.metrics
             .acme
             .dns_update(self.provider_name(), "present", result.is_ok());
+        if let (Provider::Route53(_), Ok(())) = (&self.provider, &result) {
+            // Route 53's change is waited for until INSYNC inside it: that
+            // wait is its propagation.
+            self.metrics
+                .acme
+                .dns_propagation_seconds
+                .observe(started.elapsed().as_secs_f64());
+        }
         result
     }
 

@@ -342,7 +342,6 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
     let id = create_zone(&r53, &zone).await;
     // Found from the name (no hosted_zone_id), a wildcard and its apex on
     // one name.
-    let dns = Dns01::new(&section, &[], &env, Arc::new(Metrics::new())).expect("settings");
     let fqdn = format!("_acme-challenge.{zone}");
     let apex = TxtRecord {
         fqdn: fqdn.clone(),
@@ -352,9 +351,17 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
         fqdn: fqdn.clone(),
         value: "wildcard-value".to_owned(),
     };
+    let metrics = Arc::new(Metrics::new());
+    let dns = Dns01::new(&section, &[], &env, metrics.clone()).expect("settings");
     dns.present(&apex).await.unwrap();
     dns.present(&wildcard).await.unwrap();
     dns.wait_served(&[apex.clone(), wildcard.clone()]).await.unwrap();
+    assert!(
+        metrics
+            .encode()
+            .contains("acme_dns_propagation_seconds_count 2"),
+        "each change's wait to INSYNC observed"
+    );
     let mut values = r53.values(&id, &fqdn).await.unwrap();
     values.sort();
     assert_eq!(values, ["apex-value", "wildcard-value"]);
