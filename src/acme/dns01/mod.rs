@@ -5,10 +5,11 @@
 //! - `rfc2136`: a dynamic update (RFC 2136) signed with TSIG, sent to the
 //!   zone's primary server (`rfc2136.rs`);
 //! - `exec`: a command of the user's, `present|cleanup FQDN VALUE`;
-//! - `route53`: the AWS API.
+//! - `route53`: the AWS API (`route53.rs`).
 //!
 //! Before the CA is told to look, every authoritative server of the zone
-//! must serve every value (`lookup`): no fixed sleep. What was written is
+//! must serve every value (`lookup`; for Route 53, its own `INSYNC`): no
+//! fixed sleep. What was written is
 //! kept in the store's ledger of the unit (the order's `dns01` record,
 //! [`Ledger`]) before it is written, so the next holder of the lock removes
 //! what a replica that died left behind.
