@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::{
-    CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT,
+    CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT, DNS_PORT,
 };
 use crate::http::passthrough::Upstream;
 
@@ -742,7 +742,7 @@ impl FlagValue for Vec<SocketAddr> {
             .filter(|t| !t.is_empty())
             .map(|t| {
                 t.parse::<SocketAddr>()
-                    .or_else(|_| t.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                    .or_else(|_| t.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, DNS_PORT)))
                     .map_err(|_| {
                         format!(
                             "{t:?} is not a DNS server address; expected ip or ip:port, such as \

@@ -78,6 +78,9 @@ pub const DEFAULT_PROXY_ADMIN_USER: &str = "admin";
 pub const DEFAULT_PROXY_ADMIN_PASSWORD: &str = "changeme";
 /// The default gossip (UDP) port, of the sidecar's mesh and of the proxy's own.
 pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
+/// The DNS port: of `dns01.nameserver` and of `--acme-dns-resolvers` when
+/// they name none, and of every authoritative server DNS-01 asks.
+pub const DNS_PORT: u16 = 53;
 /// The default transport (TCP) port, of the sidecar's mesh and of the proxy's own.
 pub const DEFAULT_TRANSPORT_PORT: u16 = 8946;
 /// Most names one certificate may carry (the CA's usual limit), so most

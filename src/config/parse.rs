@@ -17,8 +17,8 @@ use super::interpolate::Unresolved;
 use super::key::KeySource;
 use super::{
     AcmeSection, AdminSection, CertApply, CertificateMode, Challenge, DEFAULT_GOSSIP_PORT,
-    DEFAULT_TRANSPORT_PORT, Dns01Section, DnsProvider, Eab, MAX_SAN_NAMES, Problem, ProxyAcme,
-    ProxyCluster, ProxySection, SBMESH_PATH, SbConfig, SbmeshSection, StorageBackend,
+    DEFAULT_TRANSPORT_PORT, DNS_PORT, Dns01Section, DnsProvider, Eab, MAX_SAN_NAMES, Problem,
+    ProxyAcme, ProxyCluster, ProxySection, SBMESH_PATH, SbConfig, SbmeshSection, StorageBackend,
     TsigAlgorithm, hostname, sbproxy,
 };
 use crate::identity;
@@ -613,8 +613,14 @@ fn read_rfc2136(f: &mut Fields<'_, '_, '_>, dns: &mut Dns01Section) {
              host or host:port (port 53 by default)",
         ),
         Some(ns) => {
-            if let Err(message) = check_nameserver(ns) {
-                f.error("nameserver", message);
+            if let Err(e) = identity::normalize_seed(ns, DNS_PORT) {
+                f.error(
+                    "nameserver",
+                    format!(
+                        "{e} (the primary that takes dynamic updates: host or host:port, port \
+                         {DNS_PORT} by default)"
+                    ),
+                );
             }
         }
     }
@@ -679,31 +685,6 @@ pub(crate) fn tsig_secret_bytes(secret: &str) -> Result<Vec<u8>, String> {
         Ok(_) => Err("empty".to_owned()),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// Checks `host` or `host:port` (`[v6]:port`) of a DNS server.
-fn check_nameserver(ns: &str) -> Result<(), String> {
-    let bad = || {
-        Err(format!(
-            "{:?} is not a server address; expected host or host:port, such as 10.0.0.53:53 or \
-             ns1.example.com",
-            shorten(ns)
-        ))
-    };
-    if ns.parse::<std::net::SocketAddr>().is_ok() || ns.parse::<IpAddr>().is_ok() {
-        return Ok(());
-    }
-    let (host, port) = match ns.rsplit_once(':') {
-        Some((h, p)) => (h, Some(p)),
-        None => (ns, None),
-    };
-    if port.is_some_and(|p| p.parse::<u16>().map_or(true, |p| p == 0)) {
-        return bad();
-    }
-    if host.is_empty() || hostname::normalize(host).is_err() {
-        return bad();
-    }
-    Ok(())
 }
 
 /// Seconds written as `120`, `120s`, `2m` or `1h`, within `range`.

@@ -13,6 +13,7 @@ use hickory_proto::rr::{Name, RecordType};
 use tokio::time::Instant;
 
 use super::DnsError;
+use crate::config::DNS_PORT;
 use super::transport::exchange;
 use super::wire::{self, rcode_name};
 
@@ -22,8 +23,6 @@ const MAX_CNAME_HOPS: usize = 8;
 /// each round up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
-/// Where a resolver listens when `/etc/resolv.conf` names only its address.
-const DNS_PORT: u16 = 53;
 /// The resolver configuration read when no resolver is given.
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 

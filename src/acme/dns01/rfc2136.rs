@@ -4,7 +4,7 @@
 //! holds the name (the owner of the SOA it returns), so a zone the server
 //! does not serve is said as such before any update is sent.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RecordType};
@@ -12,10 +12,9 @@ use hickory_proto::rr::{Name, RecordType};
 use super::DnsError;
 use super::transport::exchange;
 use super::wire::{self, Change, TsigKey, rcode_name};
-use crate::config::{Dns01Section, EnvLookup, resolve_field};
+use crate::config::{DNS_PORT, Dns01Section, EnvLookup, resolve_field};
+use crate::identity::normalize_seed;
 
-/// The port of `nameserver` when it names none.
-const DNS_PORT: u16 = 53;
 
 pub(super) struct Rfc2136 {
     /// `host` or `host:port`, as written.
@@ -58,17 +57,13 @@ impl Rfc2136 {
     /// that moved is followed).
     async fn server(&self) -> Result<SocketAddr, DnsError> {
         let ns = self.nameserver.as_str();
-        if let Ok(addr) = ns.parse::<SocketAddr>() {
+        // The form the configuration checked (`host:port`, `[v6]:port`).
+        let target = normalize_seed(ns, DNS_PORT).map_err(|e| {
+            DnsError::Config(format!("dns01.nameserver: {e}"))
+        })?;
+        if let Ok(addr) = target.parse::<SocketAddr>() {
             return Ok(addr);
         }
-        if let Ok(ip) = ns.parse::<IpAddr>() {
-            return Ok(SocketAddr::new(ip, DNS_PORT));
-        }
-        let target = if ns.contains(':') {
-            ns.to_owned()
-        } else {
-            format!("{ns}:{DNS_PORT}")
-        };
         let mut found = tokio::net::lookup_host(&target).await.map_err(|e| {
             DnsError::Unreachable {
                 server: ns.to_owned(),
