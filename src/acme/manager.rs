@@ -54,7 +54,7 @@ use crate::acme::certs::CertRecord;
 use crate::acme::challenge::ChallengeBook;
 use crate::acme::issuer::Issuer;
 use crate::acme::layout;
-use crate::acme::order::{AriTask, OrderJob, Reseal, read_record_sealed};
+use crate::acme::order::{AriTask, Dns01Slot, OrderJob, Reseal, read_record_sealed};
 use crate::acme::outcome::{OrderError, OrderOutcome};
 use crate::acme::plan::{Action, Input, Machine, Now, Ordering, Report, Settings, StoredCert};
 use crate::acme::reach::ReachCheck;
@@ -337,6 +337,8 @@ struct Runner {
     not_eligible: Vec<String>,
     acme: Option<AcmeSection>,
     issuer: Arc<Mutex<Option<Arc<Issuer>>>>,
+    /// The DNS-01 provider, built by the first DNS-01 order of a `dns01` block.
+    dns01: Dns01Slot,
     /// One reseal at a time, [`RESEAL_PACE`] apart (see `spawn_read`).
     reseals: Arc<Semaphore>,
     /// What the machine was last told about ARI.
@@ -408,6 +410,7 @@ impl Runner {
             not_eligible: Vec::new(),
             acme: None,
             issuer: Arc::new(Mutex::new(None)),
+            dns01: Dns01Slot::default(),
             reseals: Arc::new(Semaphore::new(1)),
             ari_offered: false,
             mesh_seen: None,
@@ -798,6 +801,7 @@ impl Runner {
             book: self.book.clone(),
             reach: self.reach.clone(),
             dns_resolvers: self.cfg.limits.dns_resolvers.clone(),
+            dns01: self.dns01.clone(),
         };
         tokio::spawn(async move {
             let outcome = job.run().await;

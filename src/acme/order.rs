@@ -28,6 +28,10 @@ use crate::acme::account::{AccountSettings, load_or_create, one_line};
 use crate::acme::certs::{CertRecord, parse_chain};
 use crate::acme::challenge::ChallengeBook;
 use crate::acme::dns01::{Dns01, Dns01Order, DnsError};
+
+/// The DNS-01 provider last built, with the `dns01` block it was built for.
+pub(crate) type Dns01Slot =
+    Arc<std::sync::Mutex<Option<(crate::config::Dns01Section, Arc<Dns01>)>>>;
 use crate::acme::issuer::{Issued, Issuer, Proof, certificate_identifier};
 use crate::acme::layout;
 use crate::acme::outcome::{Deferral, OrderError, OrderOutcome};
@@ -108,6 +112,9 @@ pub(crate) struct OrderJob {
     /// The resolvers DNS-01 asks (`--acme-dns-resolvers`; empty:
     /// `/etc/resolv.conf`).
     pub(crate) dns_resolvers: Vec<std::net::SocketAddr>,
+    /// The DNS-01 provider of the `dns01` block it was built for, shared
+    /// by every order until the block changes.
+    pub(crate) dns01: Dns01Slot,
 }
 
 /// A step of an order: what the next step needs, or (`Err`) the outcome
@@ -300,7 +307,7 @@ impl OrderJob {
                 .map_err(OrderOutcome::Unanswered)?;
         }
         let history_key = self.keep_duplicate_limit(now).await?;
-        let dns_order = dns.as_ref().map(|dns| {
+        let dns_order = dns.as_deref().map(|dns| {
             let ledger = layout::dns_ledger(&self.dir_id(), &self.set_id());
             Dns01Order::new(
                 dns,
@@ -515,10 +522,11 @@ impl OrderJob {
         }
     }
 
-    /// The DNS-01 provider of the settings, when the challenge is DNS-01
-    /// (built for each order: an edited `dns01` block or a rotated secret
-    /// applies at the next order).
-    fn dns01(&self) -> Result<Option<Dns01>, AcmeError> {
+    /// The DNS-01 provider of the settings, when the challenge is DNS-01:
+    /// the one already built for this `dns01` block, else a new one, kept
+    /// for the next orders (an edited block builds another; a rotated
+    /// secret is read at each update anyway).
+    fn dns01(&self) -> Result<Option<Arc<Dns01>>, AcmeError> {
         if self.acme.challenge != Challenge::Dns01 {
             return Ok(None);
         }
@@ -526,15 +534,23 @@ impl OrderJob {
             self.acme.dns01.as_ref().ok_or_else(|| {
                 AcmeError::Config("challenge: dns-01 needs a dns01 block".to_owned())
             })?;
+        let mut slot = self.dns01.lock().expect("not poisoned");
+        if let Some((built_for, dns)) = slot.as_ref()
+            && built_for == section
+        {
+            return Ok(Some(dns.clone()));
+        }
         let env = |name: &str| std::env::var(name).ok();
-        Dns01::new(section, &self.dns_resolvers, &env, self.metrics.clone())
-            .map(Some)
+        let dns = Dns01::new(section, &self.dns_resolvers, env, self.metrics.clone())
+            .map(Arc::new)
             .map_err(|e| match e {
                 DnsError::Config(message) => AcmeError::Config(message),
                 other => AcmeError::Dns {
                     message: other.to_string(),
                 },
-            })
+            })?;
+        *slot = Some((section.clone(), dns.clone()));
+        Ok(Some(dns))
     }
 
     /// The shared issuer, built (and the account loaded or created) on

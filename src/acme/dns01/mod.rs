@@ -36,12 +36,15 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::acme::account::AcmeError;
-use crate::config::{Dns01Section, DnsProvider, EnvLookup};
+use crate::config::{Dns01Section, DnsProvider};
 use crate::metrics::Metrics;
 use crate::store::lock::{Lease, get_fenced, put_fenced};
 use crate::store::{Store, StoreError};
 
 pub(crate) use lookup::Resolvers;
+
+/// Looks up an environment variable (the process's; a test's map).
+pub(crate) type Env = fn(&str) -> Option<String>;
 
 /// Why a DNS-01 step failed; each names what was wrong and where.
 #[derive(Debug, thiserror::Error)]
@@ -162,11 +165,12 @@ impl std::fmt::Debug for Dns01 {
 impl Dns01 {
     /// The provider of `section`, its secrets resolved through `env` and
     /// the file system; `resolvers` are `--acme-dns-resolvers` (empty:
-    /// `/etc/resolv.conf`).
+    /// `/etc/resolv.conf`). Built once per `dns01` block and kept for every
+    /// order (the Route 53 credentials and client with it).
     pub(crate) fn new(
         section: &Dns01Section,
         resolvers: &[SocketAddr],
-        env: &EnvLookup<'_>,
+        env: Env,
         metrics: Arc<Metrics>,
     ) -> Result<Self, DnsError> {
         let provider = match section.provider {

@@ -12,41 +12,67 @@ use hickory_proto::rr::{Name, RecordType};
 use super::DnsError;
 use super::transport::exchange;
 use super::wire::{self, Change, TsigKey, rcode_name};
-use crate::config::{DNS_PORT, Dns01Section, EnvLookup, resolve_field};
+use super::Env;
+use crate::config::{DNS_PORT, Dns01Section, TsigAlgorithm, resolve_field};
 use crate::identity::normalize_seed;
 
 
 pub(super) struct Rfc2136 {
     /// `host` or `host:port`, as written.
     nameserver: String,
-    key: Option<TsigKey>,
+    key: Option<KeySource>,
+}
+
+/// The TSIG key as configured: its secret is read where `tsig_secret`
+/// says at each update, so a rotated Secret applies at once.
+struct KeySource {
+    name: Name,
+    algorithm: TsigAlgorithm,
+    /// `env:NAME`, `file:PATH` or the base64 itself.
+    secret: String,
+    env: Env,
+}
+
+impl KeySource {
+    fn key(&self) -> Result<TsigKey, DnsError> {
+        let path = "proxy.extensions.sbmesh.acme.dns01.tsig_secret";
+        let text = resolve_field(path, &self.secret, &self.env, &|p| std::fs::read_to_string(p))
+            .map_err(|p| DnsError::Config(p.to_string()))?;
+        let secret = crate::config::tsig_secret_bytes(&text).map_err(|e| {
+            DnsError::Config(format!(
+                "{path}: not base64 ({e}); expected the key's secret as BIND's tsig-keygen \
+                 prints it"
+            ))
+        })?;
+        Ok(TsigKey {
+            name: self.name.clone(),
+            algorithm: self.algorithm,
+            secret,
+        })
+    }
 }
 
 impl Rfc2136 {
-    pub(super) fn new(section: &Dns01Section, env: &EnvLookup<'_>) -> Result<Self, DnsError> {
+    /// The provider of `section`; its secret is read once here, so a
+    /// missing one is said before any order.
+    pub(super) fn new(section: &Dns01Section, env: Env) -> Result<Self, DnsError> {
         let nameserver = section.nameserver.clone().ok_or_else(|| {
             DnsError::Config("provider rfc2136 needs dns01.nameserver".to_owned())
         })?;
         let key = match (&section.tsig_key_name, &section.tsig_secret) {
             (Some(name), Some(secret)) => {
-                let path = "proxy.extensions.sbmesh.acme.dns01.tsig_secret";
-                let text = resolve_field(path, secret, env, &|p| std::fs::read_to_string(p))
-                    .map_err(|p| DnsError::Config(p.to_string()))?;
-                let secret = crate::config::tsig_secret_bytes(&text).map_err(|e| {
-                    DnsError::Config(format!(
-                        "{path}: not base64 ({e}); expected the key's secret as BIND's \
-                         tsig-keygen prints it"
-                    ))
-                })?;
                 let mut name = Name::from_ascii(name).map_err(|e| {
                     DnsError::Config(format!("dns01.tsig_key_name {name:?}: {e}"))
                 })?;
                 name.set_fqdn(true);
-                Some(TsigKey {
+                let source = KeySource {
                     name,
                     algorithm: section.tsig_algorithm,
-                    secret,
-                })
+                    secret: secret.clone(),
+                    env,
+                };
+                source.key()?;
+                Some(source)
             }
             _ => None,
         };
@@ -118,9 +144,9 @@ impl Rfc2136 {
                 fqdn: fqdn.to_string(),
                 detail: format!("it names the zone {zone}"),
             })?;
-        if let Some(key) = &self.key {
+        if let Some(source) = &self.key {
             let now = crate::store::now_unix_ms() / 1000;
-            wire::sign(&mut message, key, now).map_err(|e| {
+            wire::sign(&mut message, &source.key()?, now).map_err(|e| {
                 DnsError::Config(format!("cannot sign the update with the TSIG key: {e}"))
             })?;
         }

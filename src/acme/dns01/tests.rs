@@ -49,7 +49,7 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn dns(section: &Dns01Section, server: SocketAddr) -> Dns01 {
-    Dns01::new(section, &[server], &env, Arc::new(Metrics::new())).expect("settings")
+    Dns01::new(section, &[server], env, Arc::new(Metrics::new())).expect("settings")
 }
 
 /// What BIND serves at `fqdn` now (asked as the CA asks, without recursion).
@@ -173,7 +173,7 @@ async fn a_zone_the_server_does_not_serve_and_a_server_that_is_not_there() {
     let mut section = rfc2136(gone, "sha256", TsigAlgorithm::HmacSha256);
     section.nameserver = Some(gone.to_string());
     let started = std::time::Instant::now();
-    let e = Dns01::new(&section, &[server], &env, Arc::new(Metrics::new()))
+    let e = Dns01::new(&section, &[server], env, Arc::new(Metrics::new()))
         .unwrap()
         .present(&TxtRecord {
             fqdn: format!("_acme-challenge.{}.{ZONE}.", unique("gone")),
@@ -191,13 +191,13 @@ async fn a_missing_secret_is_named() {
     let Some(server) = server() else { return };
     let mut section = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
     section.tsig_secret = Some("env:SBMESH_NO_SUCH_SECRET".to_owned());
-    let e = Dns01::new(&section, &[server], &env, Arc::new(Metrics::new())).unwrap_err();
+    let e = Dns01::new(&section, &[server], env, Arc::new(Metrics::new())).unwrap_err();
     assert!(
         matches!(&e, DnsError::Config(m) if m.contains("SBMESH_NO_SUCH_SECRET")),
         "{e}"
     );
     section.tsig_secret = Some("file:/nonexistent/tsig.secret".to_owned());
-    let e = Dns01::new(&section, &[server], &env, Arc::new(Metrics::new())).unwrap_err();
+    let e = Dns01::new(&section, &[server], env, Arc::new(Metrics::new())).unwrap_err();
     assert!(e.to_string().contains("/nonexistent/tsig.secret"), "{e}");
 }
 
@@ -285,7 +285,7 @@ async fn the_exec_provider_runs_the_users_command() {
         command: Some(PathBuf::from(&failing)),
         ..section
     };
-    let e = super::Dns01::new(&section, &[server], &env, Arc::new(Metrics::new()))
+    let e = super::Dns01::new(&section, &[server], env, Arc::new(Metrics::new()))
         .unwrap()
         .present(&record)
         .await
@@ -352,7 +352,7 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
         value: "wildcard-value".to_owned(),
     };
     let metrics = Arc::new(Metrics::new());
-    let dns = Dns01::new(&section, &[], &env, metrics.clone()).expect("settings");
+    let dns = Dns01::new(&section, &[], env, metrics.clone()).expect("settings");
     dns.present(&apex).await.unwrap();
     dns.present(&wildcard).await.unwrap();
     dns.wait_served(&[apex.clone(), wildcard.clone()]).await.unwrap();
@@ -376,7 +376,7 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
         hosted_zone_id: Some(id.clone()),
         ..Dns01Section::new(DnsProvider::Route53)
     };
-    let dns = Dns01::new(&given, &[], &env, Arc::new(Metrics::new())).unwrap();
+    let dns = Dns01::new(&given, &[], env, Arc::new(Metrics::new())).unwrap();
     let deep = TxtRecord {
         fqdn: format!("_acme-challenge.a.b.{zone}"),
         value: "deep".to_owned(),
@@ -385,7 +385,7 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
     assert_eq!(r53.values(&id, &deep.fqdn).await.unwrap(), ["deep"]);
     dns.cleanup(&deep).await.unwrap();
     // A name in no zone of the account: said so.
-    let dns = Dns01::new(&section, &[], &env, Arc::new(Metrics::new())).unwrap();
+    let dns = Dns01::new(&section, &[], env, Arc::new(Metrics::new())).unwrap();
     let e = dns
         .present(&TxtRecord {
             fqdn: format!("_acme-challenge.{}.nowhere.", unique("x")),
