@@ -32,7 +32,7 @@ use std::time::Instant;
 
 use common::acme::{
     Pebble, SerialCache, TRIO, acme_config, dns_server, dns01_acme, own_certs, rfc2136_provider,
-    spawn_trio, unique_hosts, write_tsig_secret,
+    spawn_trio, unique_hosts, unique_names, write_tsig_secret,
 };
 use common::*;
 
@@ -112,11 +112,6 @@ fn env_number(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A fresh label for this run's names.
-fn run_label() -> String {
-    unique_hosts("x", 1)[0].replace('.', "-")
-}
-
 /// `hosts` as origins, with `mode` certificates, proven as `setup` says.
 fn config(setup: &Setup, hosts: &[String], mode: &str) -> String {
     let extra = match setup.bind {
@@ -188,12 +183,7 @@ fn scale(setup: &Setup) {
     let n = env_number("SBMESH_BENCH_HOSTS", 100);
     let hosts: Vec<String> = match setup.challenge {
         Challenge::Http01 => unique_hosts("bench", n),
-        _ => {
-            let run = run_label();
-            (0..n)
-                .map(|i| format!("b{i}-{run}.{}", dns_server::ZONE))
-                .collect()
-        }
+        _ => unique_names(dns_server::ZONE, n),
     };
     let (elapsed, cluster) = run_fleet(setup, &config(setup, &hosts, "per_host"), &hosts);
     let delivery = delivery_delays(&cluster, &hosts);
@@ -222,8 +212,8 @@ fn wildcard_runs(setup: &Setup) {
     let runs = env_number("SBMESH_BENCH_RUNS", 5);
     let mut times = Vec::new();
     let mut issued = 0;
-    for run in 0..runs {
-        let apex = format!("w{run}-{}.{}", run_label(), dns_server::ZONE);
+    for _ in 0..runs {
+        let apex = unique_names(dns_server::ZONE, 1).remove(0);
         let hosts = vec![format!("*.{apex}"), apex.clone()];
         let (elapsed, cluster) = run_fleet(setup, &config(setup, &hosts, "san"), &hosts[..1]);
         drop(cluster);

@@ -19,19 +19,15 @@ use std::time::Instant;
 
 use common::acme::{
     Pebble, SerialCache, acme_config, dns01_acme, handshake_with, own_certs, redis_from_env,
-    rfc2136_provider, spawn_trio, write_tsig_secret,
+    rfc2136_provider, spawn_trio, unique_names, write_tsig_secret,
 };
 use common::*;
 
 use common::acme::dns_server::{self, ZONE};
 
 /// A name under the test zone no other test or run uses.
-fn unique_apex(tag: &str) -> String {
-    format!(
-        "{tag}-{:x}{:04x}.{ZONE}",
-        now_unix_ms() % 0xffff_ffff,
-        std::process::id() % 0xffff
-    )
+fn unique_apex() -> String {
+    unique_names(ZONE, 1).remove(0)
 }
 
 /// The TXT values BIND serves at `name`, as `dig` prints them.
@@ -164,7 +160,7 @@ fn a_wildcard_and_its_apex_are_issued_once_and_every_replica_serves_them() {
         return;
     };
     let scratch = tempfile::tempdir().expect("scratch");
-    let apex = unique_apex("w");
+    let apex = unique_apex();
     let hosts = [format!("*.{apex}"), apex.clone()];
     let extra = dns01_acme(
         "san",
@@ -211,7 +207,7 @@ fn the_order_holder_killed_after_writing_the_record_is_taken_over() {
     )
     .expect("hook");
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let apex = unique_apex("k");
+    let apex = unique_apex();
     let hosts = [format!("*.{apex}"), apex.clone()];
     let extra = dns01_acme(
         "san",
@@ -290,7 +286,7 @@ fn a_refused_update_is_in_status_with_the_servers_code() {
     std::fs::write(&secret, dns_server::secret("narrow")).expect("secret");
     // The narrow key may write only in delegated.test, not in dns01.test.
     let provider = rfc2136_provider(bind, &secret).replace("sbmesh-sha256.", "sbmesh-narrow.");
-    let host = unique_apex("r");
+    let host = unique_apex();
     let config = acme_config(
         &pebble,
         "redis",

@@ -305,16 +305,20 @@ pub fn spawn_trio(
     }
 }
 
-/// `count` hostnames no other test (or earlier run) uses.
+/// `count` hostnames no other test (or earlier run) uses, under `<tag>.test`.
 pub fn unique_hosts(tag: &str, count: usize) -> Vec<String> {
+    unique_names(&format!("{tag}.test"), count)
+}
+
+/// `count` names directly under `parent` (a zone of the tests' BIND, say)
+/// no other test (or earlier run) uses.
+pub fn unique_names(parent: &str, count: usize) -> Vec<String> {
     let run = format!(
         "{:x}{:04x}",
         super::now_unix_ms() % 0xffff_ffff,
         std::process::id() % 0xffff
     );
-    (0..count)
-        .map(|i| format!("h{i}-{run}.{tag}.test"))
-        .collect()
+    (0..count).map(|i| format!("h{i}-{run}.{parent}")).collect()
 }
 
 /// The `sb.yml` of an ACME-enabled fleet.
