@@ -143,6 +143,15 @@ enum Provider {
     Route53(Box<route53::Route53>),
 }
 
+impl Provider {
+    /// Whether a change returns only once the zone's authoritative servers
+    /// serve it (Route 53's `INSYNC`, on servers that are all Route 53's):
+    /// the change's own wait is then the propagation, and nobody else asks.
+    fn confirms_propagation(&self) -> bool {
+        matches!(self, Provider::Route53(_))
+    }
+}
+
 /// The DNS-01 side of orders: the provider, the resolvers and the
 /// propagation time-out of one `dns01` block.
 pub(crate) struct Dns01 {
@@ -208,9 +217,7 @@ impl Dns01 {
         self.metrics
             .acme
             .dns_update(self.provider_name(), "present", result.is_ok());
-        if let (Provider::Route53(_), Ok(())) = (&self.provider, &result) {
-            // Route 53's change is waited for until INSYNC inside it: that
-            // wait is its propagation.
+        if self.provider.confirms_propagation() && result.is_ok() {
             self.metrics
                 .acme
                 .dns_propagation_seconds
@@ -241,9 +248,7 @@ impl Dns01 {
     /// every value at its name; records the time in
     /// `acme_dns_propagation_seconds`.
     pub(crate) async fn wait_served(&self, records: &[TxtRecord]) -> Result<(), DnsError> {
-        if let Provider::Route53(_) = self.provider {
-            // Each change was waited for until Route 53 had it on all its
-            // servers (INSYNC), which are the zone's authoritative ones.
+        if self.provider.confirms_propagation() {
             return Ok(());
         }
         let started = Instant::now();
