@@ -534,23 +534,18 @@ impl OrderJob {
             self.acme.dns01.as_ref().ok_or_else(|| {
                 AcmeError::Config("challenge: dns-01 needs a dns01 block".to_owned())
             })?;
-        let mut slot = self.dns01.lock().expect("not poisoned");
-        if let Some((built_for, dns)) = slot.as_ref()
-            && built_for == section
-        {
-            return Ok(Some(dns.clone()));
-        }
         let env = |name: &str| std::env::var(name).ok();
-        let dns = Dns01::new(section, &self.dns_resolvers, env, self.metrics.clone())
-            .map(Arc::new)
-            .map_err(|e| match e {
-                DnsError::Config(message) => AcmeError::Config(message),
-                other => AcmeError::Dns {
-                    message: other.to_string(),
-                },
-            })?;
-        *slot = Some((section.clone(), dns.clone()));
-        Ok(Some(dns))
+        built_for(&self.dns01, section, || {
+            Dns01::new(section, &self.dns_resolvers, env, self.metrics.clone())
+                .map(Arc::new)
+                .map_err(|e| match e {
+                    DnsError::Config(message) => AcmeError::Config(message),
+                    other => AcmeError::Dns {
+                        message: other.to_string(),
+                    },
+                })
+        })
+        .map(Some)
     }
 
     /// The shared issuer, built (and the account loaded or created) on
@@ -577,6 +572,24 @@ impl OrderJob {
         *slot = Some(issuer.clone());
         Ok(issuer)
     }
+}
+
+/// The value in `slot` when it was built for `key`, else a new one from
+/// `build`, kept there for the next caller (a failed build keeps nothing).
+fn built_for<K: PartialEq + Clone, V: Clone, E>(
+    slot: &std::sync::Mutex<Option<(K, V)>>,
+    key: &K,
+    build: impl FnOnce() -> Result<V, E>,
+) -> Result<V, E> {
+    let mut slot = slot.lock().expect("not poisoned");
+    if let Some((built, value)) = slot.as_ref()
+        && built == key
+    {
+        return Ok(value.clone());
+    }
+    let value = build()?;
+    *slot = Some((key.clone(), value.clone()));
+    Ok(value)
 }
 
 /// What [`take_budget`] did.
@@ -868,6 +881,35 @@ impl AriTask {
 mod tests {
     use super::*;
     use crate::acme::plan::{Hold, HostView, due_for_order};
+
+    #[test]
+    fn the_dns01_provider_is_built_once_per_block() {
+        let slot = std::sync::Mutex::new(None);
+        let mut builds = 0;
+        let mut get = |key: &str| {
+            built_for(&slot, &key.to_owned(), || {
+                builds += 1;
+                Ok::<_, ()>(Arc::new(builds))
+            })
+            .unwrap()
+        };
+        let first = get("a");
+        assert!(
+            Arc::ptr_eq(&first, &get("a")),
+            "the same block: the same provider"
+        );
+        let other = get("b");
+        assert!(!Arc::ptr_eq(&first, &other), "an edited block: a new one");
+        assert!(Arc::ptr_eq(&other, &get("b")));
+        assert_eq!(builds, 2);
+        // A build that fails keeps nothing: the next order tries again.
+        let failed: Result<Arc<i32>, &str> = built_for(&slot, &"c".to_owned(), || Err("no secret"));
+        assert!(failed.is_err());
+        assert_eq!(
+            slot.lock().unwrap().as_ref().map(|(k, _)| k.clone()),
+            Some("b".to_owned())
+        );
+    }
 
     #[test]
     fn a_busy_lock_waits_for_its_expiry_or_a_recheck() {
