@@ -1144,12 +1144,32 @@ fn a_sidecar_starved_of_cpu_says_so_and_is_not_lost() {
             r#"{"spec":{"initContainers":[{"name":"sbmesh-sidecar","resources":{"requests":{"cpu":"20m"},"limits":{"cpu":"20m"}}}]}}"#,
         ])
         .expect("an in-place resize of the sidecar's CPU");
+    // The kubelet (1.33) resizes a running native sidecar only once it
+    // holds the sidecar's first liveness result (computeInitContainerActions
+    // stops at "not probed yet"), and that first success starts no pod
+    // sync: a resize admitted before it waits for the periodic resync,
+    // 60-90 s later. Any change to the pod starts a sync, so the test
+    // touches an annotation every 5 s until the quota is there.
+    let resized = std::time::Instant::now();
+    let mut nudges = 0;
     let throttled_before = wait_for(
         "the kubelet's CPU quota (2 ms per 100 ms) in the sidecar's cgroup",
         Duration::from_secs(60),
         || match cluster::container_cpu(&c, &id)? {
             (Some(2000), throttled) => Some(throttled),
-            _ => None,
+            _ => {
+                if resized.elapsed() > Duration::from_secs(5 * (nudges + 1)) {
+                    nudges += 1;
+                    let _ = fleet.ns.kubectl(&[
+                        "annotate",
+                        "pod",
+                        starved,
+                        "--overwrite",
+                        &format!("sbmesh.test/resize-nudge={nudges}"),
+                    ]);
+                }
+                None
+            }
         },
     );
     let views = watch();
