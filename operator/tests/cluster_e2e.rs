@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use cluster::{
     ADMIN, Cluster, LEADER_LEASE, Namespace, OPERATOR_DEPLOYMENT, OPERATOR_NAMESPACE,
-    acme_manifest, add_a, container_id, curl, identities, invalid_authorizations, issued,
-    kill_container, metric, mock_answer, pebble_root, pod_ip, serves_tls, sidecar_status,
-    sidecar_status_forwarded, wait_every, wait_for, wait_for_answer,
+    acme_manifest, add_a, container_id, curl, dns01_manifest, dns01_txt, identities,
+    invalid_authorizations, issued, kill_container, metric, mock_answer, pebble_root, pod_ip,
+    serves_tls, sidecar_status, sidecar_status_forwarded, tls_verified, wait_every, wait_for,
+    wait_for_answer,
 };
 use serde_json::json;
 
@@ -636,6 +637,81 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
     assert_eq!(issued(&c) - issued_before, 1, "certificates Pebble issued");
     // A fresh deploy's Service has no ready endpoint for its first
     // seconds: the order waited for one instead of failing at the CA.
+    assert_eq!(
+        invalid_authorizations(&c) - invalid_before,
+        0,
+        "validations Pebble failed"
+    );
+}
+
+/// DNS-01 on the real cluster: a wildcard origin and its apex, ordered by
+/// 3 replicas from the cluster's BIND (`rfc2136`, the TSIG secret from a
+/// Secret through `sidecarEnv`), validated by Pebble through the zone's
+/// authoritative server, never through the pods. One replica writes the
+/// TXT records and removes them; Pebble issues one certificate; every
+/// proxy serves it for the apex and for any name under it.
+#[test]
+fn a_wildcard_is_issued_over_dns01_once_and_every_proxy_serves_it() {
+    let Some(c) = Cluster::from_env() else { return };
+    c.operator();
+    let ns = Namespace::new(&c, "e2e-dns01", &[]);
+    // A name of this run's own: BIND outlives the namespace, and a record
+    // a failed run left must not be taken for this run's.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let apex = format!("r{run:x}.{}.{}", ns.name, c.dns01_zone);
+    let wildcard = format!("*.{apex}");
+    let issued_before = issued(&c);
+    let invalid_before = invalid_authorizations(&c);
+    let applied = Instant::now();
+    c.apply(&dns01_manifest(&c, &ns.name, &[&wildcard, &apex], 2));
+    let root = pebble_root(&c);
+    let pods = ns.ready_pods("demo", 3);
+    let names = [format!("www.{apex}"), format!("api.{apex}"), apex.clone()];
+    for pod in &pods {
+        for name in &names {
+            wait_for(
+                &format!(
+                    "{name} served by {} with Pebble's certificate",
+                    pod["metadata"]["name"]
+                ),
+                Duration::from_secs(240),
+                || tls_verified(&root, name, &pod_ip(pod), 8443).then_some(()),
+            );
+        }
+    }
+    eprintln!(
+        "every proxy serves the wildcard and the apex {:.1} s after the apply",
+        applied.elapsed().as_secs_f64()
+    );
+    // The records are gone once the CA is done.
+    let challenge = format!("_acme-challenge.{apex}");
+    wait_for(
+        &format!("BIND serving no TXT at {challenge}"),
+        Duration::from_secs(30),
+        || dns01_txt(&c, &challenge).is_empty().then_some(()),
+    );
+    // One writer: the replica that held the order wrote both values (the
+    // wildcard's and the apex's, one name) and removed both.
+    let count = |op: &str| -> Vec<f64> {
+        let sample =
+            format!("acme_dns_updates_total{{provider=\"rfc2136\",op=\"{op}\",result=\"ok\"}}");
+        pods.iter()
+            .map(|p| metric(&pod_ip(p), &sample).unwrap_or(0.0))
+            .collect()
+    };
+    let (presents, cleanups) = (count("present"), count("cleanup"));
+    assert_eq!(
+        presents.iter().filter(|n| **n > 0.0).count(),
+        1,
+        "replicas that wrote a TXT record: {presents:?}"
+    );
+    assert_eq!(presents.iter().sum::<f64>(), 2.0, "TXT records written");
+    assert_eq!(cleanups, presents, "each writer removed what it wrote");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(issued(&c) - issued_before, 1, "certificates Pebble issued");
     assert_eq!(
         invalid_authorizations(&c) - invalid_before,
         0,

@@ -62,6 +62,13 @@ pub struct Cluster {
     /// The cluster's containerd socket (`ctr --address`), to kill a
     /// container through the runtime as a crash would.
     pub containerd: String,
+    /// BIND, authoritative for [`Cluster::dns01_zone`] (host:port, as pods
+    /// and this machine reach it), and the TSIG key that may write its TXT
+    /// records: name and base64 secret.
+    pub dns01_server: String,
+    pub dns01_zone: String,
+    pub dns01_key: String,
+    pub dns01_secret: String,
 }
 
 impl Cluster {
@@ -94,6 +101,10 @@ impl Cluster {
             redis_url: need("SBMESH_CLUSTER_REDIS_URL"),
             sbmesh_image: need("SBMESH_CLUSTER_SBMESH_IMAGE"),
             containerd: need("SBMESH_CLUSTER_CONTAINERD_SOCK"),
+            dns01_server: need("SBMESH_CLUSTER_DNS01_SERVER"),
+            dns01_zone: need("SBMESH_CLUSTER_DNS01_ZONE"),
+            dns01_key: need("SBMESH_CLUSTER_DNS01_KEY"),
+            dns01_secret: need("SBMESH_CLUSTER_DNS01_SECRET"),
         })
     }
 
@@ -449,6 +460,53 @@ spec:
     )
 }
 
+/// [`acme_manifest`] ordering over DNS-01 from the cluster's BIND
+/// (`rfc2136`), its TSIG secret in a Secret `dns01-tsig` handed to the
+/// sidecar as `SBMESH_TSIG_SECRET` through `spec.podTemplate.sidecarEnv`,
+/// as a user keeps a credential out of the config.
+pub fn dns01_manifest(c: &Cluster, ns: &str, names: &[&str], db: u8) -> String {
+    let acme = format!(
+        "            apply: restart\n            challenge: dns-01\n            dns01:\n\
+         \x20             provider: rfc2136\n\
+         \x20             nameserver: \"{server}\"\n\
+         \x20             tsig_key_name: {key}\n\
+         \x20             tsig_secret: \"env:SBMESH_TSIG_SECRET\"\n",
+        server = c.dns01_server,
+        key = c.dns01_key,
+    );
+    let env = "    sidecarEnv:\n    - name: SBMESH_TSIG_SECRET\n      \
+               valueFrom: { secretKeyRef: { name: dns01-tsig, key: secret } }\n    \
+               sidecarVolumeMounts:\n";
+    let manifest = acme_manifest(c, ns, names, db);
+    let edited = manifest
+        .replacen("            apply: restart\n", &acme, 1)
+        .replacen("    sidecarVolumeMounts:\n", env, 1);
+    assert_eq!(
+        edited.matches("SBMESH_TSIG_SECRET").count(),
+        2,
+        "acme_manifest changed shape: {manifest}"
+    );
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: dns01-tsig, namespace: {ns}}}\n\
+         stringData: {{secret: \"{secret}\"}}\n---\n{edited}",
+        secret = c.dns01_secret
+    )
+}
+
+/// The TXT values the cluster's BIND serves at `name` (`dig +short`).
+pub fn dns01_txt(c: &Cluster, name: &str) -> Vec<String> {
+    let (host, port) = c.dns01_server.rsplit_once(':').expect("host:port");
+    run(
+        Command::new("dig").args([&format!("@{host}"), "-p", port, "+short", "TXT", name]),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("dig TXT {name} at {}: {e}", c.dns01_server))
+    .lines()
+    .map(|l| l.trim().trim_matches('"').to_string())
+    .filter(|l| !l.is_empty())
+    .collect()
+}
+
 /// Makes Pebble resolve `name` to `ip` (pebble-challtestsrv's `/add-a`), as
 /// a public DNS record points a name at the LoadBalancer before a Service.
 /// Records of an earlier run are cleared first: a name that still resolved
@@ -543,6 +601,23 @@ pub fn serves_tls(root: &str, name: &str, ip: &str, port: u16) -> bool {
         &format!("https://{name}:{port}/"),
     ])
     .is_ok_and(|(code, _)| code == 200)
+}
+
+/// Whether a TLS handshake with `ip:port` for SNI `name` presents a
+/// certificate for `name` that `root` vouches for (whatever the proxy then
+/// answers over HTTP).
+pub fn tls_verified(root: &str, name: &str, ip: &str, port: u16) -> bool {
+    let resolve = format!("{name}:{port}:{ip}");
+    curl(&[
+        "--max-time",
+        "2",
+        "--cacert",
+        root,
+        "--resolve",
+        &resolve,
+        &format!("https://{name}:{port}/"),
+    ])
+    .is_ok_and(|(code, _)| code != 0)
 }
 
 /// The serial (lowercase hex, no leading zeros) of the certificate served
