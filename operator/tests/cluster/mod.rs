@@ -588,25 +588,21 @@ impl std::ops::Deref for PebbleRoot {
 /// Whether `https://NAME:PORT/` at `ip` completes a TLS handshake verified
 /// against `root` and answers 200.
 pub fn serves_tls(root: &str, name: &str, ip: &str, port: u16) -> bool {
-    let resolve = format!("{name}:{port}:{ip}");
-    // 2 s, not curl()'s 10: a connection a restarting proxy accepted and
-    // never answers must not hold a timed wait up.
-    curl(&[
-        "--max-time",
-        "2",
-        "--cacert",
-        root,
-        "--resolve",
-        &resolve,
-        &format!("https://{name}:{port}/"),
-    ])
-    .is_ok_and(|(code, _)| code == 200)
+    https_status(root, name, ip, port) == Some(200)
 }
 
 /// Whether a TLS handshake with `ip:port` for SNI `name` presents a
 /// certificate for `name` that `root` vouches for (whatever the proxy then
 /// answers over HTTP).
 pub fn tls_verified(root: &str, name: &str, ip: &str, port: u16) -> bool {
+    https_status(root, name, ip, port).is_some_and(|code| code != 0)
+}
+
+/// The HTTP status of `https://NAME:PORT/` at `ip`, verified against
+/// `root`; `None` when no verified exchange completes within 2 s (not
+/// curl()'s 10: a connection a restarting proxy accepted and never answers
+/// must not hold a timed wait up).
+fn https_status(root: &str, name: &str, ip: &str, port: u16) -> Option<u16> {
     let resolve = format!("{name}:{port}:{ip}");
     curl(&[
         "--max-time",
@@ -617,7 +613,8 @@ pub fn tls_verified(root: &str, name: &str, ip: &str, port: u16) -> bool {
         &resolve,
         &format!("https://{name}:{port}/"),
     ])
-    .is_ok_and(|(code, _)| code != 0)
+    .ok()
+    .map(|(code, _)| code)
 }
 
 /// The serial (lowercase hex, no leading zeros) of the certificate served
