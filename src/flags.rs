@@ -31,10 +31,14 @@ use std::time::Duration;
 use crate::config::{
     CertApply, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_TRANSPORT_PORT, DNS_PORT,
 };
-use crate::http::passthrough::Upstream;
 
 /// The default `--config`: where sbproxy's image keeps `sb.yml`.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sbproxy/sb.yml";
+/// The config file to read: the one `--config` gave, else
+/// [`DEFAULT_CONFIG_PATH`] (the one place the default is applied).
+pub fn config_path(given: Option<&std::path::Path>) -> PathBuf {
+    given.map_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH), PathBuf::from)
+}
 /// The default `--namespace`.
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// The default `--cluster-domain`: Kubernetes' default DNS domain.
@@ -758,12 +762,6 @@ impl FlagValue for CertApply {
     fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
         CertApply::from_name(text)
             .ok_or_else(|| format!("{text:?} is not one of: {}", CertApply::names()))
-    }
-}
-
-impl FlagValue for Upstream {
-    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
-        Upstream::parse(text).map_err(|e| e.to_string())
     }
 }
 

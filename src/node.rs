@@ -495,37 +495,23 @@ impl Node {
 
         let (store_rx, store_checks) = probe_store(&cfg, &metrics, &mut follow_tasks, &stop_rx);
         let hand_off = HandOff::start(&cfg.proxy, reload_trigger, &metrics);
-        let mut readiness = vec![mesh_running(mesh.clone()), store_checks.readiness];
-        readiness.extend(hand_off.readiness(cfg.proxy.cert_apply));
         let (acme_tx, acme_rx) = watch::channel(AcmeStatus::default());
-        let startup = vec![certificates_written(
-            acme_rx.clone(),
-            cfg.config.acme().is_some(),
-            Instant::now(),
-        )];
-        let state = AdminState {
-            mesh: mesh.clone(),
-            metrics: metrics.clone(),
-            auth: AdminAuth::new(cfg.admin_user.as_deref(), cfg.admin_password.as_deref()),
-            readiness,
-            degraded: vec![store_checks.degraded, mesh_stalls(mesh.clone())],
-            startup,
-        };
+        let state = admin_state(&cfg, &mesh, &metrics, store_checks, &hand_off, &acme_rx);
 
         // The HTTP-01 responder needs the store; until the store is open
         // it answers 404 for every path, as it does for unknown tokens.
         let responder: Arc<OnceLock<Router>> = Arc::new(OnceLock::new());
         let challenge = challenge_router_of(&cfg, responder.clone(), &metrics);
-        let mut listeners = Vec::new();
-        for (listener, name, router) in [
+        let listeners = [
             (admin_listener, "admin", admin_router(state.clone())),
             (challenge_listener, "challenge", challenge.clone()),
-        ] {
-            if let Some(listener) = listener {
-                let (metrics, stop) = (metrics.clone(), stop_rx.clone());
-                listeners.push(tokio::spawn(serve(listener, name, router, metrics, stop)));
-            }
-        }
+        ]
+        .into_iter()
+        .filter_map(|(listener, name, router)| {
+            let (metrics, stop) = (metrics.clone(), stop_rx.clone());
+            listener.map(|l| tokio::spawn(serve(l, name, router, metrics, stop)))
+        })
+        .collect();
 
         // ACME: hostnames follow the config file as it is read; the
         // manager starts once the store is open. Each certificate change
@@ -897,23 +883,23 @@ fn follow_config(cfg: &NodeConfig, metrics: &Arc<Metrics>) -> Result<FollowedCon
             out
         }
         (Some(path), None) => {
-            let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
             let (status_tx, status_rx) = watch::channel(ReloadStatus {
                 delivered_hash: cfg.config_hash(),
                 last_result: None,
             });
-            let (content_tx, content_rx) = mpsc::channel(16);
-            tasks.push(tokio::spawn(crate::reload::watcher::run(
-                path.clone(),
-                cfg.reload.debounce,
-                cfg.reload.rescan,
-                true,
-                sidecar_ports,
-                content_tx,
-                config_tx,
-            )));
-            tasks.push(tokio::spawn(follow_hash(content_rx, status_tx)));
-            (config_rx, status_rx, None)
+            let watching = crate::reload::watcher::spawn(
+                crate::reload::watcher::WatchSpec {
+                    path: path.clone(),
+                    debounce: cfg.reload.debounce,
+                    rescan: cfg.reload.rescan,
+                    events: true,
+                    ports: sidecar_ports,
+                },
+                Arc::new(cfg.config.clone()),
+            );
+            tasks.push(watching.task);
+            tasks.push(tokio::spawn(follow_hash(watching.contents, status_tx)));
+            (watching.config, status_rx, None)
         }
         (None, _) => {
             let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
@@ -957,6 +943,34 @@ fn mesh_config(cfg: &NodeConfig, keys: Vec<[u8; 32]>) -> MeshConfig {
         keys,
         key_file: cfg.cluster_key_file.clone(),
         tuning: cfg.swim.clone(),
+    }
+}
+
+/// What the admin listener serves: readiness (the mesh running, the store
+/// and the certificate hand-off), degradation (the store, the mesh's
+/// stalls) and start-up (the stored certificates written, when ACME is on).
+fn admin_state(
+    cfg: &NodeConfig,
+    mesh: &Mesh,
+    metrics: &Arc<Metrics>,
+    store: StoreChecks,
+    hand_off: &HandOff,
+    acme: &watch::Receiver<AcmeStatus>,
+) -> AdminState {
+    let mut readiness = vec![mesh_running(mesh.clone()), store.readiness];
+    readiness.extend(hand_off.readiness(cfg.proxy.cert_apply));
+    let startup = vec![certificates_written(
+        acme.clone(),
+        cfg.config.acme().is_some(),
+        Instant::now(),
+    )];
+    AdminState {
+        mesh: mesh.clone(),
+        metrics: metrics.clone(),
+        auth: AdminAuth::new(cfg.admin_user.as_deref(), cfg.admin_password.as_deref()),
+        readiness,
+        degraded: vec![store.degraded, mesh_stalls(mesh.clone())],
+        startup,
     }
 }
 

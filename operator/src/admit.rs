@@ -123,13 +123,7 @@ pub fn admit(body: &[u8], defaults: &Defaults) -> Result<Decision, Malformed> {
     if asked.inject == Some(false) {
         return Ok(skip(format!("{INJECT}: {DISABLED}: opted out")));
     }
-    let has_sidecar = pod.spec.as_ref().is_some_and(|s| {
-        s.containers
-            .iter()
-            .chain(s.init_containers.iter().flatten())
-            .any(|c| c.name == render::SIDECAR_CONTAINER)
-    });
-    if has_sidecar {
+    if has_sidecar(&pod) {
         return Ok(skip(format!(
             "it has a container named {} already",
             render::SIDECAR_CONTAINER
@@ -144,7 +138,6 @@ pub fn admit(body: &[u8], defaults: &Defaults) -> Result<Decision, Malformed> {
         mesh_service: asked.mesh_service,
         cluster_key_secret: asked.cluster_key_secret,
     };
-    let before = serde_json::to_value(&pod).unwrap_or(Value::Null);
     let mut template = PodTemplateSpec {
         metadata: Some(pod.metadata.clone()),
         spec: pod.spec.clone(),
@@ -163,15 +156,7 @@ pub fn admit(body: &[u8], defaults: &Defaults) -> Result<Decision, Malformed> {
         }
         Err(e) => return Ok(skip(format!("{e}: admitted without the sidecar"))),
     }
-    let mut after = pod.clone();
-    let mut meta = template.metadata.unwrap_or_default();
-    meta.annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(INJECTED_ANNOTATION.to_string(), defaults.version.clone());
-    after.metadata = meta;
-    after.spec = template.spec;
-    let after = serde_json::to_value(&after).unwrap_or(Value::Null);
-    let patch = json_patch::diff(&before, &after);
+    let patch = injection_patch(&pod, template, &defaults.version);
     let reason = format!(
         "sidecar {} added (cluster id {}, {})",
         opts.sidecar_image,
@@ -187,6 +172,32 @@ pub fn admit(body: &[u8], defaults: &Defaults) -> Result<Decision, Malformed> {
             "the patch did not serialise ({e}): admitted without the sidecar"
         ))),
     }
+}
+
+/// Whether the pod has a container (or init container) named as the
+/// sidecar already.
+fn has_sidecar(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == render::SIDECAR_CONTAINER)
+    })
+}
+
+/// The JSON patch from `pod` to the pod `inject` made of it (`template`),
+/// marked with [`INJECTED_ANNOTATION`] (`version`).
+fn injection_patch(pod: &Pod, template: PodTemplateSpec, version: &str) -> json_patch::Patch {
+    let before = serde_json::to_value(pod).unwrap_or(Value::Null);
+    let mut after = pod.clone();
+    let mut meta = template.metadata.unwrap_or_default();
+    meta.annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(INJECTED_ANNOTATION.to_string(), version.to_string());
+    after.metadata = meta;
+    after.spec = template.spec;
+    let after = serde_json::to_value(&after).unwrap_or(Value::Null);
+    json_patch::diff(&before, &after)
 }
 
 /// The AdmissionReview as the API server's own webhooks write it: the

@@ -440,23 +440,26 @@ fn default_replicas() -> i32 {
 fn default_port() -> i32 {
     8080
 }
+// The sidecar's and the proxy's own defaults, read from where sbmesh
+// defines them (its flag table and config), so a pod the operator renders
+// and a sidecar started by hand agree.
 fn default_admin_port() -> i32 {
-    9090
+    i32::from(sbmesh::config::DEFAULT_PROXY_ADMIN_PORT)
 }
-fn default_gossip_port() -> i32 {
-    7946
+pub(crate) fn default_gossip_port() -> i32 {
+    i32::from(sbmesh::config::DEFAULT_GOSSIP_PORT)
 }
-fn default_transport_port() -> i32 {
-    8946
+pub(crate) fn default_transport_port() -> i32 {
+    i32::from(sbmesh::config::DEFAULT_TRANSPORT_PORT)
 }
-fn default_cluster_domain() -> String {
-    "cluster.local".to_string()
+pub(crate) fn default_cluster_domain() -> String {
+    sbmesh::flags::DEFAULT_CLUSTER_DOMAIN.to_string()
 }
-fn default_sidecar_admin_port() -> i32 {
-    9091
+pub(crate) fn default_sidecar_admin_port() -> i32 {
+    i32::from(sbmesh::flags::DEFAULT_ADMIN_LISTEN.port())
 }
-fn default_challenge_port() -> i32 {
-    8089
+pub(crate) fn default_challenge_port() -> i32 {
+    i32::from(sbmesh::flags::DEFAULT_CHALLENGE_LISTEN.port())
 }
 fn default_key_rotation_grace_seconds() -> i64 {
     300

@@ -21,18 +21,12 @@ use kube::ResourceExt;
 use serde_json::Value;
 
 use crate::cli::InjectArgs;
+use crate::crd;
 use crate::injected::CONFIG_MAP_LABEL;
 use crate::render::{self, KeySecret, MeshSettings, SidecarSettings};
 
 /// Kinds `inject` accepts.
 pub const ACCEPTED_KINDS: &str = "StatefulSet or Deployment (apps/v1)";
-
-/// Defaults of the mesh when `--mesh-service` is given.
-const GOSSIP_PORT: i32 = 7946;
-const TRANSPORT_PORT: i32 = 8946;
-const CLUSTER_DOMAIN: &str = "cluster.local";
-const SIDECAR_ADMIN_PORT: i32 = 9091;
-const CHALLENGE_PORT: i32 = 8089;
 
 /// Why a manifest cannot be injected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -191,9 +185,9 @@ pub fn inject_pod(
 
     let mesh = opts.mesh_service.as_ref().map(|service| MeshSettings {
         service: service.clone(),
-        cluster_domain: CLUSTER_DOMAIN.to_string(),
-        gossip_port: GOSSIP_PORT,
-        transport_port: TRANSPORT_PORT,
+        cluster_domain: crd::default_cluster_domain(),
+        gossip_port: crd::default_gossip_port(),
+        transport_port: crd::default_transport_port(),
     });
     let cluster_key = mesh.as_ref().map(|_| KeySecret {
         name: opts
@@ -214,8 +208,8 @@ pub fn inject_pod(
             .cluster_id
             .clone()
             .unwrap_or_else(|| workload.to_string()),
-        admin_port: SIDECAR_ADMIN_PORT,
-        challenge_port: CHALLENGE_PORT,
+        admin_port: crd::default_sidecar_admin_port(),
+        challenge_port: crd::default_challenge_port(),
         // Unknown here: the sidecar takes proxy.admin.port from sb.yml.
         proxy_admin_port: None,
         // Off: which port the proxy serves plain HTTP on is not known here
@@ -260,9 +254,11 @@ pub fn header(workload: &str, opts: &InjectOptions, config_map: Option<&str>) ->
         Some(service) => text.push_str(&format!(
             "# inject creates no other object. For the mesh, create:\n\
              # - the headless Service {service:?} (clusterIP: None, publishNotReadyAddresses: true,\n\
-             #   ports gossip {GOSSIP_PORT}/UDP and transport {TRANSPORT_PORT}/TCP, selecting these pods);\n\
+             #   ports gossip {gossip}/UDP and transport {transport}/TCP, selecting these pods);\n\
              # - the Secret \"{workload}-cluster-key\" with the cluster key:\n\
-             #   kubectl create secret generic {workload}-cluster-key --from-literal=cluster-key=\"$(sbmesh-sidecar keygen)\"\n"
+             #   kubectl create secret generic {workload}-cluster-key --from-literal=cluster-key=\"$(sbmesh-sidecar keygen)\"\n",
+            gossip = crd::default_gossip_port(),
+            transport = crd::default_transport_port(),
         )),
         None => text.push_str(
             "# No --mesh-service: each pod runs a mesh of one. inject creates no other object.\n",

@@ -411,41 +411,13 @@ fn webhook_configuration(args: &InstallArgs) -> MutatingWebhookConfiguration {
 }
 
 fn deployment(args: &InstallArgs) -> Deployment {
-    let ns = args.namespace.as_str();
-    let mut run_args = vec!["run".to_string()];
-    let mut env = vec![
-        EnvVar {
-            name: "SBMESH_SIDECAR_IMAGE".to_string(),
-            value: Some(args.image.clone()),
-            ..EnvVar::default()
-        },
-        field_env("POD_NAME", "metadata.name"),
-        field_env("SBMESH_LEASE_NAMESPACE", "metadata.namespace"),
-    ];
-    match args.rbac_scope {
-        RbacScope::Namespace => {
-            run_args.extend(["--namespace".to_string(), ns.to_string()]);
-            env.push(field_env("SBMESH_OPERATOR_NAMESPACE", "metadata.namespace"));
-        }
-        RbacScope::Cluster => run_args.push("--all-namespaces".to_string()),
-    }
-    let selector = selector();
-    let probe = |path: &str| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.to_string()),
-            port: IntOrString::String("metrics".to_string()),
-            ..HTTPGetAction::default()
-        }),
-        period_seconds: Some(10),
-        ..Probe::default()
-    };
     Deployment {
-        metadata: meta(OPERATOR_NAME, Some(ns)),
+        metadata: meta(OPERATOR_NAME, Some(args.namespace.as_str())),
         spec: Some(DeploymentSpec {
             // One leads; the other takes the Lease within 15 s when it goes.
             replicas: Some(2),
             selector: LabelSelector {
-                match_labels: Some(selector),
+                match_labels: Some(selector()),
                 ..LabelSelector::default()
             },
             template: PodTemplateSpec {
@@ -473,50 +445,82 @@ fn deployment(args: &InstallArgs) -> Deployment {
                         }),
                         ..PodSecurityContext::default()
                     }),
-                    containers: vec![Container {
-                        name: OPERATOR_NAME.to_string(),
-                        image: Some(args.image.clone()),
-                        command: Some(vec![OPERATOR_COMMAND.to_string()]),
-                        args: Some(run_args),
-                        env: Some(env),
-                        ports: Some(vec![
-                            ContainerPort {
-                                name: Some("metrics".to_string()),
-                                container_port: METRICS_PORT,
-                                protocol: Some("TCP".to_string()),
-                                ..ContainerPort::default()
-                            },
-                            ContainerPort {
-                                name: Some("webhook".to_string()),
-                                container_port: i32::from(webhook::DEFAULT_PORT),
-                                protocol: Some("TCP".to_string()),
-                                ..ContainerPort::default()
-                            },
-                        ]),
-                        liveness_probe: Some(probe("/healthz")),
-                        // Ready once its webhook can answer (its Service
-                        // routes admissions to ready replicas only).
-                        readiness_probe: Some(probe("/readyz")),
-                        resources: Some(ResourceRequirements {
-                            requests: Some(BTreeMap::from([
-                                ("cpu".to_string(), Quantity("50m".to_string())),
-                                ("memory".to_string(), Quantity("64Mi".to_string())),
-                            ])),
-                            limits: Some(BTreeMap::from([(
-                                "memory".to_string(),
-                                Quantity("256Mi".to_string()),
-                            )])),
-                            ..ResourceRequirements::default()
-                        }),
-                        security_context: Some(restricted_security_context()),
-                        ..Container::default()
-                    }],
+                    containers: vec![operator_container(args)],
                     ..PodSpec::default()
                 }),
             },
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
+    }
+}
+
+/// The operator's container: `run` for the chosen scope, its metrics and
+/// webhook ports, probes on the metrics port.
+fn operator_container(args: &InstallArgs) -> Container {
+    let mut run_args = vec!["run".to_string()];
+    let mut env = vec![
+        EnvVar {
+            name: "SBMESH_SIDECAR_IMAGE".to_string(),
+            value: Some(args.image.clone()),
+            ..EnvVar::default()
+        },
+        field_env("POD_NAME", "metadata.name"),
+        field_env("SBMESH_LEASE_NAMESPACE", "metadata.namespace"),
+    ];
+    match args.rbac_scope {
+        RbacScope::Namespace => {
+            run_args.extend(["--namespace".to_string(), args.namespace.clone()]);
+            env.push(field_env("SBMESH_OPERATOR_NAMESPACE", "metadata.namespace"));
+        }
+        RbacScope::Cluster => run_args.push("--all-namespaces".to_string()),
+    }
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("metrics".to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
+    };
+    Container {
+        name: OPERATOR_NAME.to_string(),
+        image: Some(args.image.clone()),
+        command: Some(vec![OPERATOR_COMMAND.to_string()]),
+        args: Some(run_args),
+        env: Some(env),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("metrics".to_string()),
+                container_port: METRICS_PORT,
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some("webhook".to_string()),
+                container_port: i32::from(webhook::DEFAULT_PORT),
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+        ]),
+        liveness_probe: Some(probe("/healthz")),
+        // Ready once its webhook can answer (its Service routes admissions
+        // to ready replicas only).
+        readiness_probe: Some(probe("/readyz")),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("50m".to_string())),
+                ("memory".to_string(), Quantity("64Mi".to_string())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("256Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(restricted_security_context()),
+        ..Container::default()
     }
 }
 

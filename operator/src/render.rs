@@ -621,23 +621,7 @@ fn pod_template(
             // keys it writes for the proxy are 0600 (docs/reference.md#certificate-files), so the
             // proxy must be the same user to read them. fsGroup makes the
             // shared emptyDir writable by it.
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(NONROOT_UID),
-                run_as_group: Some(NONROOT_UID),
-                fs_group: Some(NONROOT_UID),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_string(),
-                    ..SeccompProfile::default()
-                }),
-                sysctls: unprivileged_port_start.map(|port| {
-                    vec![Sysctl {
-                        name: UNPRIVILEGED_PORT_SYSCTL.to_string(),
-                        value: port.to_string(),
-                    }]
-                }),
-                ..PodSecurityContext::default()
-            }),
+            security_context: Some(pod_security_context(unprivileged_port_start)),
             volumes: Some(
                 [
                     Volume {
@@ -664,6 +648,29 @@ fn pod_template(
         set_restart_grace(&mut template);
     }
     Ok(template)
+}
+
+/// The pod's security context: both containers as the sidecar's
+/// non-root user, the runtime's seccomp profile, and the lowest port a
+/// process may bind without privilege when a port below 1024 needs it.
+fn pod_security_context(unprivileged_port_start: Option<i32>) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(NONROOT_UID),
+        run_as_group: Some(NONROOT_UID),
+        fs_group: Some(NONROOT_UID),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            ..SeccompProfile::default()
+        }),
+        sysctls: unprivileged_port_start.map(|port| {
+            vec![Sysctl {
+                name: UNPRIVILEGED_PORT_SYSCTL.to_string(),
+                value: port.to_string(),
+            }]
+        }),
+        ..PodSecurityContext::default()
+    }
 }
 
 /// The proxy container: `spec.image` with its `http`, `admin` (and, when the
@@ -775,48 +782,15 @@ fn add_pod_knobs(template: &mut PodTemplateSpec, knobs: &PodTemplate) -> Result<
     let Some(pod) = template.spec.as_mut() else {
         return Ok(());
     };
-    let mut problems = Vec::new();
-
     let own_labels = meta.labels.clone().unwrap_or_default();
-    for (key, value) in &knobs.labels {
-        if let Some(own) = own_labels.get(key).filter(|own| *own != value) {
-            problems.push(format!(
-                "spec.podTemplate.labels[{key:?}] is {value:?}, but the operator sets that label to \
-                 {own:?}: app.kubernetes.io/name and app.kubernetes.io/instance select the \
-                 SBProxy's pods (StatefulSet, Services, PodDisruptionBudget), and \
-                 app.kubernetes.io/managed-by marks them as the operator's. Remove it from \
-                 spec.podTemplate.labels; any other label is accepted."
-            ));
-        }
-    }
-
+    let mut problems = label_problems(&own_labels, knobs);
     let own_volumes: Vec<&str> = pod
         .volumes
         .iter()
         .flatten()
         .map(|v| v.name.as_str())
         .collect();
-    for (i, volume) in knobs.volumes.iter().enumerate() {
-        if own_volumes.contains(&volume.name.as_str()) {
-            problems.push(format!(
-                "spec.podTemplate.volumes[{i}].name is {:?}, the name of a volume the operator \
-                 puts in the pod ({}). Rename it, and the mounts that use it; any other name is \
-                 accepted.",
-                volume.name,
-                own_volumes.join(", ")
-            ));
-        } else if let Some(first) = knobs.volumes[..i]
-            .iter()
-            .position(|v| v.name == volume.name)
-        {
-            problems.push(format!(
-                "spec.podTemplate.volumes[{i}].name is {:?}, as is \
-                 spec.podTemplate.volumes[{first}].name; each volume of a pod needs its own name. \
-                 Rename one of them.",
-                volume.name
-            ));
-        }
-    }
+    problems.extend(volume_problems(&own_volumes, knobs));
     let volume_names: Vec<&str> = own_volumes
         .iter()
         .copied()
@@ -868,6 +842,57 @@ fn add_pod_knobs(template: &mut PodTemplateSpec, knobs: &PodTemplate) -> Result<
         ));
     }
 
+    copy_pod_knobs(meta, pod, knobs);
+    Ok(())
+}
+
+/// Labels of `spec.podTemplate` that would change one the operator sets.
+fn label_problems(own: &BTreeMap<String, String>, knobs: &PodTemplate) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (key, value) in &knobs.labels {
+        if let Some(own) = own.get(key).filter(|own| *own != value) {
+            problems.push(format!(
+                "spec.podTemplate.labels[{key:?}] is {value:?}, but the operator sets that label to \
+                 {own:?}: app.kubernetes.io/name and app.kubernetes.io/instance select the \
+                 SBProxy's pods (StatefulSet, Services, PodDisruptionBudget), and \
+                 app.kubernetes.io/managed-by marks them as the operator's. Remove it from \
+                 spec.podTemplate.labels; any other label is accepted."
+            ));
+        }
+    }
+    problems
+}
+
+/// Volumes of `spec.podTemplate` named as one of the operator's
+/// (`own_volumes`) or as an earlier one of their own.
+fn volume_problems(own_volumes: &[&str], knobs: &PodTemplate) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, volume) in knobs.volumes.iter().enumerate() {
+        if own_volumes.contains(&volume.name.as_str()) {
+            problems.push(format!(
+                "spec.podTemplate.volumes[{i}].name is {:?}, the name of a volume the operator \
+                 puts in the pod ({}). Rename it, and the mounts that use it; any other name is \
+                 accepted.",
+                volume.name,
+                own_volumes.join(", ")
+            ));
+        } else if let Some(first) = knobs.volumes[..i]
+            .iter()
+            .position(|v| v.name == volume.name)
+        {
+            problems.push(format!(
+                "spec.podTemplate.volumes[{i}].name is {:?}, as is \
+                 spec.podTemplate.volumes[{first}].name; each volume of a pod needs its own name. \
+                 Rename one of them.",
+                volume.name
+            ));
+        }
+    }
+    problems
+}
+
+/// The pod-wide knobs of `spec.podTemplate`, once they were found sound.
+fn copy_pod_knobs(meta: &mut ObjectMeta, pod: &mut PodSpec, knobs: &PodTemplate) {
     if !knobs.labels.is_empty() {
         meta.labels
             .get_or_insert_with(BTreeMap::new)
@@ -894,7 +919,6 @@ fn add_pod_knobs(template: &mut PodTemplateSpec, knobs: &PodTemplate) -> Result<
             .get_or_insert_with(Vec::new)
             .extend(knobs.volumes.iter().cloned());
     }
-    Ok(())
 }
 
 fn non_empty<T: Clone>(list: &[T]) -> Option<Vec<T>> {

@@ -189,30 +189,7 @@ async fn lead_and_reconcile(
     // The Lease is renewed while the controller runs and while it drains,
     // so no other process starts before this one has stopped.
     let (keeper_stop_tx, keeper_stop_rx) = watch::channel(false);
-    let keeper = elector.map(|mut el| {
-        let stop_tx = stop_tx.clone();
-        tokio::spawn(async move {
-            let mut keeper_stop = keeper_stop_rx;
-            let held = el
-                .hold(async move {
-                    let _ = keeper_stop.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Held::Lost { reason } = &held {
-                warn!(%reason, "lost the leader Lease: stopping");
-                // A signal that came first keeps its reason.
-                stop_tx.send_if_modified(|s| {
-                    if s.is_none() {
-                        *s = Some(Stop::LostLease);
-                        true
-                    } else {
-                        false
-                    }
-                });
-            }
-            (el, held)
-        })
-    });
+    let keeper = keep_lease(elector, &stop_tx, keeper_stop_rx);
 
     let ctx = Arc::new(Context::new(
         client,
@@ -220,34 +197,8 @@ async fn lead_and_reconcile(
         metrics.clone(),
         reconcile::reporter(Some(plan.identity)),
     ));
-    let trigger = |mut rx: watch::Receiver<Option<Stop>>| async move {
-        let _ = rx.wait_for(Option::is_some).await;
-    };
-    info!(scope = ?plan.scope, "starting the controller");
-    let running = ctx.clone();
-    let injected = crate::injected::run(ctx.clone(), plan.scope.clone(), trigger(stop_rx.clone()));
-    let missed = crate::missed::run(ctx.clone(), plan.scope.clone(), trigger(stop_rx.clone()));
-    let controller = reconcile::run(ctx, plan.scope, trigger(stop_rx.clone()));
-    let controller = async move {
-        futures::join!(controller, injected, missed);
-    };
-    tokio::pin!(controller);
     let grace = plan.grace;
-    let mut stopped = stop_rx.clone();
-    let drained = tokio::select! {
-        _ = &mut controller => true,
-        // Stopped and nothing in flight (see `Context::in_flight`).
-        _ = async {
-            let _ = stopped.wait_for(Option::is_some).await;
-            while running.in_flight() > 0 {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        } => true,
-        _ = async {
-            let _ = stop_rx.wait_for(Option::is_some).await;
-            tokio::time::sleep(grace).await;
-        } => false,
-    };
+    let drained = control_until_stopped(ctx, plan.scope, stop_rx, grace).await;
     metrics.set_leader(false);
     let reason = *stop_rx.borrow();
     if drained {
@@ -278,6 +229,77 @@ async fn lead_and_reconcile(
             warn!("the controller stopped without being asked to");
             EXIT_DRAIN_TIMEOUT
         }
+    }
+}
+
+/// Renews the Lease (when there is an elector) until `stop` says true; a
+/// Lease lost meanwhile stops the process (`stop_tx`), unless a signal
+/// came first. Ends with the elector and how the holding ended.
+fn keep_lease(
+    elector: Option<Elector>,
+    stop_tx: &watch::Sender<Option<Stop>>,
+    mut stop: watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<(Elector, Held)>> {
+    elector.map(|mut el| {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            let held = el
+                .hold(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Held::Lost { reason } = &held {
+                warn!(%reason, "lost the leader Lease: stopping");
+                // A signal that came first keeps its reason.
+                stop_tx.send_if_modified(|s| {
+                    if s.is_none() {
+                        *s = Some(Stop::LostLease);
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+            (el, held)
+        })
+    })
+}
+
+/// Runs the controllers (SBProxies, injected pods, missed injections)
+/// until a stop, then waits for the reconciles in flight for at most
+/// `grace`: whether they all ended.
+async fn control_until_stopped(
+    ctx: Arc<Context>,
+    scope: Scope,
+    stop_rx: &mut watch::Receiver<Option<Stop>>,
+    grace: Duration,
+) -> bool {
+    let trigger = |mut rx: watch::Receiver<Option<Stop>>| async move {
+        let _ = rx.wait_for(Option::is_some).await;
+    };
+    info!(scope = ?scope, "starting the controller");
+    let running = ctx.clone();
+    let injected = crate::injected::run(ctx.clone(), scope.clone(), trigger(stop_rx.clone()));
+    let missed = crate::missed::run(ctx.clone(), scope.clone(), trigger(stop_rx.clone()));
+    let controller = reconcile::run(ctx, scope, trigger(stop_rx.clone()));
+    let controller = async move {
+        futures::join!(controller, injected, missed);
+    };
+    tokio::pin!(controller);
+    let mut stopped = stop_rx.clone();
+    tokio::select! {
+        _ = &mut controller => true,
+        // Stopped and nothing in flight (see `Context::in_flight`).
+        _ = async {
+            let _ = stopped.wait_for(Option::is_some).await;
+            while running.in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } => true,
+        _ = async {
+            let _ = stop_rx.wait_for(Option::is_some).await;
+            tokio::time::sleep(grace).await;
+        } => false,
     }
 }
 

@@ -103,7 +103,10 @@ pub enum TlsError {
 pub fn service_names(namespace: &str) -> Vec<String> {
     vec![
         format!("{SERVICE}.{namespace}.svc"),
-        format!("{SERVICE}.{namespace}.svc.cluster.local"),
+        format!(
+            "{SERVICE}.{namespace}.svc.{}",
+            sbmesh::flags::DEFAULT_CLUSTER_DOMAIN
+        ),
     ]
 }
 

@@ -876,7 +876,7 @@ fn main() {
             .map(|(id, (by, first))| {
                 let own = log_of.get(id).copied().unwrap_or_default();
                 // How old the victim was at its first false down (young
-                // members get a longer suspicion: core.rs, YOUNG_FOR).
+                // members get a longer suspicion: mesh/machine.rs, YOUNG_FOR).
                 let age = first.zip(spawn_ms(own)).map_or("?".into(), |(t, spawn)| {
                     format!("{:.1}", t.saturating_sub(spawn) as f64 / 1000.0)
                 });

@@ -13,9 +13,6 @@ use std::path::PathBuf;
 use clap::{Arg, Args, Parser, Subcommand};
 use sbmesh::flags::{self, Flag, Kind};
 
-/// The default `--config`.
-pub const DEFAULT_CONFIG: &str = flags::DEFAULT_CONFIG_PATH;
-
 /// The default `status --admin`: the default `--admin-listen` seen from
 /// the same host (a test keeps the two together).
 pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9091";
@@ -167,7 +164,7 @@ pub struct ValidateArgs {
         long,
         env = flags::CONFIG.env,
         value_name = flags::CONFIG.value_name,
-        default_value = DEFAULT_CONFIG
+        default_value = flags::DEFAULT_CONFIG_PATH
     )]
     pub config: PathBuf,
 }

@@ -1,7 +1,7 @@
 //! The short subcommands: `validate`, `keygen` and `status`.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -14,7 +14,7 @@ use sbmesh::config::{self, EnvLookup, Problem};
 use sbmesh::flags;
 use serde_json::Value;
 
-use crate::cli::{DEFAULT_ADMIN_URL, DEFAULT_CONFIG, RunArgs, StatusArgs, ValidateArgs};
+use crate::cli::{DEFAULT_ADMIN_URL, RunArgs, StatusArgs, ValidateArgs};
 use crate::settings;
 use crate::settings::{basic_authorization, process_env};
 
@@ -117,10 +117,7 @@ pub fn status_target(
     let written = match (&args.user, &args.password) {
         (Some(_), Some(_)) => None,
         _ => {
-            let path = args
-                .config
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+            let path = flags::config_path(args.config.as_deref());
             // The default path is skipped when absent; a path given is read.
             if args.config.is_none() && !path.exists() {
                 None
@@ -238,25 +235,8 @@ pub fn render_status_table(status: &Value) -> String {
         count("suspect_nodes"),
         count("down_nodes"),
     );
-    if let Some(hashes) = summary.get("config_hashes").and_then(Value::as_object) {
-        let mut hashes: Vec<(String, u64)> = hashes
-            .iter()
-            .map(|(hash, n)| (short_hash(hash), n.as_u64().unwrap_or(0)))
-            .collect();
-        hashes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let listed: Vec<String> = hashes
-            .iter()
-            .map(|(hash, n)| format!("{hash} on {n} node{}", if *n == 1 { "" } else { "s" }))
-            .collect();
-        match listed.len() {
-            0 => {}
-            1 => {
-                let _ = writeln!(out, "config: {}", listed[0]);
-            }
-            _ => {
-                let _ = writeln!(out, "config differs: {}", listed.join(", "));
-            }
-        }
+    if let Some(line) = config_line(summary) {
+        let _ = writeln!(out, "{line}");
     }
 
     for reason in status
@@ -288,34 +268,7 @@ pub fn render_status_table(status: &Value) -> String {
         "CONFIG HASH".into(),
         "VERSION".into(),
     ]];
-    for node in nodes {
-        let local = node.get("local").and_then(Value::as_bool).unwrap_or(false);
-        let mut name = text(node, "node_id");
-        if local {
-            name.push_str(" (local)");
-        }
-        let last_seen = match node.get("last_seen_ms_ago").and_then(Value::as_u64) {
-            _ if local => "-".to_string(),
-            Some(ms) => ago(ms),
-            None => "-".to_string(),
-        };
-        let hash = node
-            .get("config_hash")
-            .and_then(Value::as_str)
-            .map_or_else(|| "-".to_string(), short_hash);
-        rows.push([
-            name,
-            text(node, "address"),
-            text(node, "membership_state"),
-            text(node, "health"),
-            node.get("incarnation")
-                .and_then(Value::as_u64)
-                .map_or_else(|| "-".to_string(), |n| n.to_string()),
-            last_seen,
-            hash,
-            text(node, "version"),
-        ]);
-    }
+    rows.extend(nodes.iter().map(node_row));
     out.push('\n');
     let widths: Vec<usize> = (0..8)
         .map(|col| {
@@ -334,6 +287,55 @@ pub fn render_status_table(status: &Value) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The summary's config hashes: the one all nodes run, or how they differ.
+fn config_line(summary: &Value) -> Option<String> {
+    let hashes = summary.get("config_hashes").and_then(Value::as_object)?;
+    let mut hashes: Vec<(String, u64)> = hashes
+        .iter()
+        .map(|(hash, n)| (short_hash(hash), n.as_u64().unwrap_or(0)))
+        .collect();
+    hashes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let listed: Vec<String> = hashes
+        .iter()
+        .map(|(hash, n)| format!("{hash} on {n} node{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    match listed.len() {
+        0 => None,
+        1 => Some(format!("config: {}", listed[0])),
+        _ => Some(format!("config differs: {}", listed.join(", "))),
+    }
+}
+
+/// One node's row of the table.
+fn node_row(node: &Value) -> [String; 8] {
+    let local = node.get("local").and_then(Value::as_bool).unwrap_or(false);
+    let mut name = text(node, "node_id");
+    if local {
+        name.push_str(" (local)");
+    }
+    let last_seen = match node.get("last_seen_ms_ago").and_then(Value::as_u64) {
+        _ if local => "-".to_string(),
+        Some(ms) => ago(ms),
+        None => "-".to_string(),
+    };
+    let hash = node
+        .get("config_hash")
+        .and_then(Value::as_str)
+        .map_or_else(|| "-".to_string(), short_hash);
+    [
+        name,
+        text(node, "address"),
+        text(node, "membership_state"),
+        text(node, "health"),
+        node.get("incarnation")
+            .and_then(Value::as_u64)
+            .map_or_else(|| "-".to_string(), |n| n.to_string()),
+        last_seen,
+        hash,
+        text(node, "version"),
+    ]
 }
 
 /// A string field, or `-`; control characters are dropped so a hostile

@@ -17,7 +17,7 @@ use sbmesh::acme::{CHAIN_FILE, KEY_FILE};
 use sbmesh::config::{self, CertApply, EnvLookup, Problem, SbConfig, SidecarPorts};
 use sbmesh::flags::{
     self, DEFAULT_ADMIN_LISTEN, DEFAULT_CHALLENGE_LISTEN, DEFAULT_CLUSTER_DOMAIN,
-    DEFAULT_CONFIG_PATH, DEFAULT_NAMESPACE, DEFAULT_SHUTDOWN_GRACE, Flag, FlagValue,
+    DEFAULT_NAMESPACE, DEFAULT_SHUTDOWN_GRACE, Flag, FlagValue,
 };
 use sbmesh::identity;
 use sbmesh::node::{NodeConfig, ProxyReload};
@@ -230,9 +230,7 @@ struct Pod {
 
 /// Reads the config file and names the node: its id and cluster id.
 fn resolve_identity(r: &mut Resolver<'_>, args: &RunArgs, hostname: &str) -> (NodeConfig, Pod) {
-    let config_path = r
-        .path(&flags::CONFIG, args.config.as_deref())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+    let config_path = flags::config_path(r.path(&flags::CONFIG, args.config.as_deref()).as_deref());
     let (config, config_sha256) = match config::load(&config_path, r.env) {
         Ok(loaded) => {
             r.problems.extend(loaded.config.warnings());
@@ -1141,8 +1139,8 @@ origins: { api.example.com: {} }
         let case = case.args(|a| a.config = None);
         let env = |_: &str| None;
         let problems = resolve(&case.args, &env, "h").unwrap_err();
-        if !Path::new(DEFAULT_CONFIG_PATH).exists() {
-            assert_eq!(problems[0].path, DEFAULT_CONFIG_PATH);
+        if !Path::new(flags::DEFAULT_CONFIG_PATH).exists() {
+            assert_eq!(problems[0].path, flags::DEFAULT_CONFIG_PATH);
         }
     }
 

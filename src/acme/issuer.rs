@@ -288,22 +288,7 @@ impl Issuer {
         if let Proof::Dns01(dns) = proof
             && !dns_values.is_empty()
         {
-            // Every record served by every authoritative server, then the
-            // CA is told to look.
-            dns.present_all(dns_values).await?;
-            let mut authorizations = order.authorizations();
-            while let Some(next) = authorizations.next().await {
-                let mut authz = next.map_err(failed("fetch an authorization"))?;
-                if authz.status != AuthorizationStatus::Pending {
-                    continue;
-                }
-                if let Some(mut challenge) = authz.challenge(ChallengeType::Dns01) {
-                    challenge
-                        .set_ready()
-                        .await
-                        .map_err(failed("mark the challenge ready"))?;
-                }
-            }
+            dns01_ready(&mut order, dns, dns_values, capture).await?;
         }
 
         match order.poll_ready(&self.poll).await {
@@ -319,6 +304,17 @@ impl Issuer {
                 return Err(explain(&mut order, proof).await.unwrap_or(mapped));
             }
         }
+        self.finish(&mut order, hosts, capture).await
+    }
+
+    /// Finalizes a ready order and downloads its certificate.
+    async fn finish(
+        &self,
+        order: &mut Order,
+        hosts: &[String],
+        capture: &RetryAfterCapture,
+    ) -> Result<Issued, AcmeError> {
+        let failed = |op: &'static str| move |e| AcmeError::from_acme(op, e, capture);
         let key_pem = order
             .finalize()
             .await
@@ -401,6 +397,32 @@ fn kind_name(kind: &ChallengeType) -> &'static str {
         ChallengeType::Dns01 => "dns-01",
         _ => "other",
     }
+}
+
+/// DNS-01: every record written and served by every authoritative server
+/// of its zone, then the CA told to look at each pending authorization.
+async fn dns01_ready(
+    order: &mut Order,
+    dns: &Dns01Order<'_>,
+    values: Vec<(String, String)>,
+    capture: &RetryAfterCapture,
+) -> Result<(), AcmeError> {
+    let failed = |op: &'static str| move |e| AcmeError::from_acme(op, e, capture);
+    dns.present_all(values).await?;
+    let mut authorizations = order.authorizations();
+    while let Some(next) = authorizations.next().await {
+        let mut authz = next.map_err(failed("fetch an authorization"))?;
+        if authz.status != AuthorizationStatus::Pending {
+            continue;
+        }
+        if let Some(mut challenge) = authz.challenge(ChallengeType::Dns01) {
+            challenge
+                .set_ready()
+                .await
+                .map_err(failed("mark the challenge ready"))?;
+        }
+    }
+    Ok(())
 }
 
 /// Why an order failed validation: the first challenge error the CA

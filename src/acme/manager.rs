@@ -28,7 +28,7 @@
 //!
 //! The decisions are pure: what to read, order, ask the CA about and
 //! write as a placeholder is decided by the state machine in
-//! [`crate::acme::plan`] (from the mesh's members and announced serials,
+//! [`crate::acme::machine`] (from the mesh's members and announced serials,
 //! the configuration, the answers of the store, CA and disk tasks, and a
 //! clock passed in), over the unit model of [`crate::acme::unit`].
 //!
@@ -56,7 +56,7 @@ use crate::acme::issuer::Issuer;
 use crate::acme::layout;
 use crate::acme::order::{AriTask, Dns01Slot, OrderJob, Reseal, read_record_sealed};
 use crate::acme::outcome::{OrderError, OrderOutcome};
-use crate::acme::plan::{Action, Input, Machine, Now, Ordering, Report, Settings, StoredCert};
+use crate::acme::machine::{Action, Input, Machine, Now, Ordering, Report, Settings, StoredCert};
 use crate::acme::reach::ReachCheck;
 use crate::acme::schedule::Failures;
 use crate::acme::unit::{AcmeStatus, CertUnit, UnitFiles, wanted_units};
@@ -792,15 +792,12 @@ impl Runner {
             store: self.store.clone(),
             metrics: self.metrics.clone(),
             ring: self.cfg.key_ring.clone(),
-            lock_ttl: self.cfg.limits.order_lock_ttl,
-            max_orders: self.cfg.limits.max_orders,
-            orders_interval: self.cfg.limits.orders_interval,
+            limits: self.cfg.limits.clone(),
             renew_before_days,
             acme,
             issuer: self.issuer.clone(),
             book: self.book.clone(),
             reach: self.reach.clone(),
-            dns_resolvers: self.cfg.limits.dns_resolvers.clone(),
             dns01: self.dns01.clone(),
         };
         tokio::spawn(async move {

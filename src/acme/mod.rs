@@ -18,11 +18,11 @@ internal_mod! {
     dns01;
     http_client;
     issuer;
+    machine;
     manager;
     outcome;
     ownership;
     placeholder;
-    plan;
     reach;
     schedule;
     unit;

@@ -34,8 +34,9 @@ pub(crate) type Dns01Slot =
     Arc<std::sync::Mutex<Option<(crate::config::Dns01Section, Arc<Dns01>)>>>;
 use crate::acme::issuer::{Issued, Issuer, Proof, certificate_identifier};
 use crate::acme::layout;
+use crate::acme::machine::{Input, StoredCert, jitter};
+use crate::acme::manager::AcmeLimits;
 use crate::acme::outcome::{Deferral, OrderError, OrderOutcome};
-use crate::acme::plan::{Input, StoredCert, jitter};
 use crate::acme::reach::ReachCheck;
 use crate::acme::schedule::{
     AriCheck, AriWindow, CertTimes, Failures, IssuanceHistory, OrderBudget, UnitOrderState,
@@ -94,11 +95,8 @@ pub(crate) struct OrderJob {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) ring: AtRestRing,
-    pub(crate) lock_ttl: Duration,
-    /// New orders the whole cluster may place per account and interval.
-    pub(crate) max_orders: u32,
-    /// The interval of `max_orders`.
-    pub(crate) orders_interval: Duration,
+    /// The lock's lease, the cluster's order budget, the DNS-01 resolvers.
+    pub(crate) limits: AcmeLimits,
     pub(crate) renew_before_days: Option<u32>,
     /// The certificate the scheduler saw when it decided to order.
     pub(crate) known: Option<StoredCert>,
@@ -109,9 +107,6 @@ pub(crate) struct OrderJob {
     /// Where the CA's request lands, checked before each order
     /// ([`crate::acme::reach`]); `None`: not checked.
     pub(crate) reach: Option<Arc<ReachCheck>>,
-    /// The resolvers DNS-01 asks (`--acme-dns-resolvers`; empty:
-    /// `/etc/resolv.conf`).
-    pub(crate) dns_resolvers: Vec<std::net::SocketAddr>,
     /// The DNS-01 provider of the `dns01` block it was built for, shared
     /// by every order until the block changes.
     pub(crate) dns01: Dns01Slot,
@@ -270,7 +265,10 @@ impl OrderJob {
     /// node's previous process (same node id, another boot id: it is dead,
     /// a pod name runs once) is taken over at once instead of waited out.
     async fn try_lock(&self, lock: &LeaseLock) -> Result<LockAttempt, StoreError> {
-        if let Some(lease) = lock.try_acquire(&self.holder, self.lock_ttl).await? {
+        if let Some(lease) = lock
+            .try_acquire(&self.holder, self.limits.order_lock_ttl)
+            .await?
+        {
             return Ok(LockAttempt::Held(lease));
         }
         let Some(record) = lock.current().await? else {
@@ -281,10 +279,15 @@ impl OrderJob {
             if lock.release_predecessor(&record.holder).await? {
                 info!(unit = %self.unit.id, previous = %record.holder, fence = record.fence, "taking over the order lock of this node's previous process");
             }
-            return Ok(match lock.try_acquire(&self.holder, self.lock_ttl).await? {
-                Some(lease) => LockAttempt::Held(lease),
-                None => LockAttempt::Busy(BUSY_MIN_WAIT),
-            });
+            return Ok(
+                match lock
+                    .try_acquire(&self.holder, self.limits.order_lock_ttl)
+                    .await?
+                {
+                    Some(lease) => LockAttempt::Held(lease),
+                    None => LockAttempt::Busy(BUSY_MIN_WAIT),
+                },
+            );
         }
         debug!(unit = %self.unit.id, holder = %record.holder, expires_at_unix_ms = record.expires_at_unix_ms, "order lock held by another replica");
         // The lease's expiry is on the store's clock, not this node's.
@@ -396,13 +399,12 @@ impl OrderJob {
     /// interval it was taken from (to give it back).
     async fn spend_budget(&self, now: u64) -> Step<u64> {
         let key = layout::order_budget(&self.dir_id());
-        let limit = (self.max_orders, self.orders_interval);
-        match take_budget(self.store.as_ref(), &key, limit, now).await {
+        match take_budget(self.store.as_ref(), &key, &self.limits, now).await {
             Ok(Budget::Taken { window_start }) => Ok(window_start),
             Ok(Budget::Spent { until }) => Err(deferred(
                 until,
                 Deferral::BudgetSpent {
-                    max_orders: self.max_orders,
+                    max_orders: self.limits.max_orders,
                 },
             )),
             Err(e) => Err(failed(OrderError::Budget(e))),
@@ -536,14 +538,19 @@ impl OrderJob {
             })?;
         let env = |name: &str| std::env::var(name).ok();
         built_for(&self.dns01, section, || {
-            Dns01::new(section, &self.dns_resolvers, env, self.metrics.clone())
-                .map(Arc::new)
-                .map_err(|e| match e {
-                    DnsError::Config(message) => AcmeError::Config(message),
-                    other => AcmeError::Dns {
-                        message: other.to_string(),
-                    },
-                })
+            Dns01::new(
+                section,
+                &self.limits.dns_resolvers,
+                env,
+                self.metrics.clone(),
+            )
+            .map(Arc::new)
+            .map_err(|e| match e {
+                DnsError::Config(message) => AcmeError::Config(message),
+                other => AcmeError::Dns {
+                    message: other.to_string(),
+                },
+            })
         })
         .map(Some)
     }
@@ -604,9 +611,10 @@ enum Budget {
 async fn take_budget(
     store: &dyn Store,
     key: &str,
-    (max, interval): (u32, Duration),
+    limits: &AcmeLimits,
     now: u64,
 ) -> Result<Budget, StoreError> {
+    let (max, interval) = (limits.max_orders, limits.orders_interval);
     let mut window_start = 0;
     let taken = update_json(store, key, |budget: Option<OrderBudget>| {
         // A changed limit starts a fresh budget.
@@ -880,7 +888,7 @@ impl AriTask {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::acme::plan::{Hold, HostView, due_for_order};
+    use crate::acme::machine::{Hold, HostView, due_for_order};
 
     #[test]
     fn the_dns01_provider_is_built_once_per_block() {

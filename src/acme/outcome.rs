@@ -1,4 +1,4 @@
-//! How the shell's tasks end, as the pure core ([`crate::acme::plan`])
+//! How the shell's tasks end, as the pure core ([`crate::acme::machine`])
 //! reads them: an order's [`OrderOutcome`] (with [`Deferral`] and
 //! [`OrderError`]) and a placeholder write's [`PlaceholderError`].
 //!

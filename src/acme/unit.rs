@@ -8,7 +8,7 @@
 //! and what a node says about its certificates ([`AcmeStatus`], with
 //! [`local_store_refusal`]).
 //!
-//! No store, disk or clock here: the core ([`crate::acme::plan`]) and the
+//! No store, disk or clock here: the core ([`crate::acme::machine`]) and the
 //! shell ([`crate::acme::manager`]) both build on it.
 
 use std::collections::BTreeSet;

@@ -75,44 +75,9 @@ pub(super) fn parse(text: &str, unresolved: &[Unresolved]) -> Result<SbConfig, V
             format!("cannot apply merge keys (<<): {e}"),
         )]
     })?;
-    let root = match &value {
-        Value::Mapping(root) => root,
-        Value::Null => {
-            return Err(vec![Problem::error(
-                "(root)",
-                "the document is empty; expected a mapping with `proxy` and `origins`",
-            )]);
-        }
-        other => {
-            return Err(vec![Problem::error(
-                "(root)",
-                format!(
-                    "expected a mapping with `proxy` and `origins` at the top level, found {}",
-                    describe(other)
-                ),
-            )]);
-        }
-    };
-
+    let root = root_mapping(&value)?;
     let mut problems: Vec<Problem> = unresolved.iter().map(Unresolved::warning).collect();
-    for unknown in sbproxy::unknown_keys(&value) {
-        let mut message = format!(
-            "sbproxy 1.13 refuses this key, and with it the whole file; its block accepts: {}",
-            unknown.accepted.join(", ")
-        );
-        if unknown.path == "proxy.acme.eab" {
-            message.push_str(
-                " (external account binding for the sidecar's ACME goes in \
-                 proxy.extensions.sbmesh.acme.eab)",
-            );
-        } else if let Some(near) = closest(
-            unknown.path.rsplit('.').next().unwrap_or_default(),
-            unknown.accepted,
-        ) {
-            message.push_str(&format!(" (did you mean {near}?)"));
-        }
-        problems.push(Problem::warning(unknown.path, message));
-    }
+    problems.extend(sbproxy_unknown_keys(&value));
     let proxy = match root.get("proxy") {
         None | Some(Value::Null) => None,
         Some(Value::Mapping(proxy)) => Some(proxy),
@@ -177,6 +142,50 @@ pub(super) fn parse(text: &str, unresolved: &[Unresolved]) -> Result<SbConfig, V
         problems.extend(config.warnings());
         Err(problems)
     }
+}
+
+/// The document's top-level mapping, or the one problem it has instead.
+fn root_mapping(value: &Value) -> Result<&Mapping, Vec<Problem>> {
+    match value {
+        Value::Mapping(root) => Ok(root),
+        Value::Null => Err(vec![Problem::error(
+            "(root)",
+            "the document is empty; expected a mapping with `proxy` and `origins`",
+        )]),
+        other => Err(vec![Problem::error(
+            "(root)",
+            format!(
+                "expected a mapping with `proxy` and `origins` at the top level, found {}",
+                describe(other)
+            ),
+        )]),
+    }
+}
+
+/// A warning for each key sbproxy 1.13 itself refuses, naming what its
+/// block accepts and the nearest of those.
+fn sbproxy_unknown_keys(value: &Value) -> Vec<Problem> {
+    sbproxy::unknown_keys(value)
+        .into_iter()
+        .map(|unknown| {
+            let mut message = format!(
+                "sbproxy 1.13 refuses this key, and with it the whole file; its block accepts: {}",
+                unknown.accepted.join(", ")
+            );
+            if unknown.path == "proxy.acme.eab" {
+                message.push_str(
+                    " (external account binding for the sidecar's ACME goes in \
+                     proxy.extensions.sbmesh.acme.eab)",
+                );
+            } else if let Some(near) = closest(
+                unknown.path.rsplit('.').next().unwrap_or_default(),
+                unknown.accepted,
+            ) {
+                message.push_str(&format!(" (did you mean {near}?)"));
+            }
+            Problem::warning(unknown.path, message)
+        })
+        .collect()
 }
 
 /// Why sbproxy 1.13 exits at start-up when TLS is on without a TLS port.
@@ -356,74 +365,8 @@ fn read_acme(sbmesh: &mut Fields<'_, '_, '_>) -> Option<AcmeSection> {
     if let Some(enabled) = f.boolean("enabled") {
         acme.enabled = enabled;
     }
-    acme.email = f.string("email");
-    if let Some(email) = acme.email.as_deref() {
-        let address = email.strip_prefix("mailto:").unwrap_or(email);
-        let valid = address
-            .split_once('@')
-            .is_some_and(|(user, domain)| !user.is_empty() && domain.contains('.'))
-            && !address.chars().any(char::is_whitespace);
-        if !valid {
-            f.error(
-                "email",
-                format!(
-                    "{:?} is not an email address; expected one such as ops@example.com",
-                    shorten(email)
-                ),
-            );
-        }
-    }
-    if let Some(url) = f.string("directory_url") {
-        let valid = ["https://", "http://"].iter().any(|scheme| {
-            url.strip_prefix(scheme)
-                .is_some_and(|rest| !rest.is_empty())
-        });
-        if !valid {
-            f.error(
-                "directory_url",
-                format!(
-                    "{:?} is not an http(s) URL; expected the CA's ACME directory, such as {}",
-                    shorten(&url),
-                    super::LETS_ENCRYPT_DIRECTORY
-                ),
-            );
-        }
-        acme.directory_url = url;
-    }
-    acme.ca_root = f.string("ca_root").map(PathBuf::from);
-    let backend_name = f.string("storage_backend");
-    acme.storage_backend = backend_name.as_deref().and_then(|name| {
-        let backend = StorageBackend::from_name(name);
-        if backend.is_none() {
-            let supported: Vec<&str> = StorageBackend::ALL.iter().map(|b| b.as_str()).collect();
-            f.error(
-                "storage_backend",
-                format!(
-                    "unsupported backend {:?}; supported: {}",
-                    shorten(name),
-                    supported.join(", ")
-                ),
-            );
-        }
-        backend
-    });
-    acme.storage_path = f.string("storage_path");
-    match (acme.storage_backend, acme.storage_path.as_deref()) {
-        (Some(backend), Some(path)) => {
-            if let Err(message) = check_storage_path(backend, path) {
-                f.error("storage_path", message);
-            }
-        }
-        (Some(backend), None) if acme.enabled && backend.needs_path() => f.error(
-            "storage_path",
-            format!(
-                "required for storage_backend {:?}; expected {}",
-                backend.as_str(),
-                backend.path_form()
-            ),
-        ),
-        _ => {}
-    }
+    read_acme_ca(&mut f, &mut acme);
+    read_acme_store(&mut f, &mut acme);
     acme.renew_before_days = f.days("renew_before_days");
     if let Some(days) = acme.renew_before_days
         && let Some((_, lifetime)) = KNOWN_LIFETIMES
@@ -498,6 +441,83 @@ fn read_acme(sbmesh: &mut Fields<'_, '_, '_>) -> Option<AcmeSection> {
         _ => {}
     }
     Some(acme)
+}
+
+/// `acme.email`, `directory_url` and `ca_root`: who the account is and
+/// which CA it talks to.
+fn read_acme_ca(f: &mut Fields<'_, '_, '_>, acme: &mut AcmeSection) {
+    acme.email = f.string("email");
+    if let Some(email) = acme.email.as_deref() {
+        let address = email.strip_prefix("mailto:").unwrap_or(email);
+        let valid = address
+            .split_once('@')
+            .is_some_and(|(user, domain)| !user.is_empty() && domain.contains('.'))
+            && !address.chars().any(char::is_whitespace);
+        if !valid {
+            f.error(
+                "email",
+                format!(
+                    "{:?} is not an email address; expected one such as ops@example.com",
+                    shorten(email)
+                ),
+            );
+        }
+    }
+    if let Some(url) = f.string("directory_url") {
+        let valid = ["https://", "http://"].iter().any(|scheme| {
+            url.strip_prefix(scheme)
+                .is_some_and(|rest| !rest.is_empty())
+        });
+        if !valid {
+            f.error(
+                "directory_url",
+                format!(
+                    "{:?} is not an http(s) URL; expected the CA's ACME directory, such as {}",
+                    shorten(&url),
+                    super::LETS_ENCRYPT_DIRECTORY
+                ),
+            );
+        }
+        acme.directory_url = url;
+    }
+    acme.ca_root = f.string("ca_root").map(PathBuf::from);
+}
+
+/// `acme.storage_backend` and `storage_path`, checked together.
+fn read_acme_store(f: &mut Fields<'_, '_, '_>, acme: &mut AcmeSection) {
+    let backend_name = f.string("storage_backend");
+    acme.storage_backend = backend_name.as_deref().and_then(|name| {
+        let backend = StorageBackend::from_name(name);
+        if backend.is_none() {
+            let supported: Vec<&str> = StorageBackend::ALL.iter().map(|b| b.as_str()).collect();
+            f.error(
+                "storage_backend",
+                format!(
+                    "unsupported backend {:?}; supported: {}",
+                    shorten(name),
+                    supported.join(", ")
+                ),
+            );
+        }
+        backend
+    });
+    acme.storage_path = f.string("storage_path");
+    match (acme.storage_backend, acme.storage_path.as_deref()) {
+        (Some(backend), Some(path)) => {
+            if let Err(message) = check_storage_path(backend, path) {
+                f.error("storage_path", message);
+            }
+        }
+        (Some(backend), None) if acme.enabled && backend.needs_path() => f.error(
+            "storage_path",
+            format!(
+                "required for storage_backend {:?}; expected {}",
+                backend.as_str(),
+                backend.path_form()
+            ),
+        ),
+        _ => {}
+    }
 }
 
 /// Every key `dns01` accepts, for messages.

@@ -49,6 +49,7 @@ use tracing::{debug, warn};
 use crate::acme::challenge::CHALLENGE_PATH_PREFIX;
 use crate::acme::challenge::WarnGate;
 use crate::acme::http_client::error_chain;
+use crate::flags::{FlagValue, Kind};
 use crate::metrics::{Metrics, PASSTHROUGH_RESULTS, ResultLabels};
 
 /// Largest request body passed to the proxy: a plain-HTTP form or upload on
@@ -143,6 +144,13 @@ impl FromStr for Upstream {
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         Self::parse(text)
+    }
+}
+
+/// `--challenge-passthrough`.
+impl FlagValue for Upstream {
+    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+        Upstream::parse(text).map_err(|e| e.to_string())
     }
 }
 

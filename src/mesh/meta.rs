@@ -324,7 +324,7 @@ pub(crate) type Wanted = Arc<Mutex<Vec<MetaDigest>>>;
 
 /// Digests heard by gossip and still to be passed on, the newest per owner,
 /// oldest first: handed to foca a few at a time
-/// ([`crate::mesh::core`]'s `RELAY_BACKLOG`) instead of all at once. foca
+/// ([`crate::mesh::machine`]'s `RELAY_BACKLOG`) instead of all at once. foca
 /// fills a packet by popping its whole custom-broadcast heap whenever the
 /// room left is smaller than the next digest (`Broadcasts::
 /// fill_with_len_prefix`), so a backlog of one digest per member made

@@ -4,7 +4,7 @@
 //! [`Mesh::status`]; publish this node's metadata with `Mesh::set_meta`;
 //! leave gracefully with [`Mesh::leave`].
 
-mod core;
+mod machine;
 internal_mod! {
     discovery;
     member;
@@ -21,8 +21,8 @@ mod runtime;
 mod suspicion;
 mod wire;
 
-pub use self::core::SwimTuning;
 pub use discovery::SeedSource;
+pub use machine::SwimTuning;
 pub use member::NodeIdentity;
 pub use meta::{
     AcmeInfo, CertificateInfo, LastReload, MAX_FAILING_ERROR, MAX_FAILING_IN_META, NodeMeta,

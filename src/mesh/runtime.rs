@@ -1,4 +1,4 @@
-//! The async shell around the mesh core ([`crate::mesh::core`]): one task
+//! The async shell around the mesh core ([`crate::mesh::machine`]): one task
 //! owns the core and moves bytes (UDP gossip, TCP full-state and metadata
 //! exchanges) and time; metrics and log lines are made here.
 //!
@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::keyring::KeyRing;
-use crate::mesh::core::{Event, MeshCore, Output, SwimTuning};
 use crate::mesh::discovery::SeedSource;
+use crate::mesh::machine::{Event, Machine, Output, SwimTuning};
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{MetaRecord, NodeMeta, key_ring_of};
 use crate::mesh::ring;
@@ -175,6 +175,35 @@ pub struct Mesh {
     rings: Arc<tokio::sync::watch::Sender<Arc<KeyRing>>>,
 }
 
+/// The gossip (UDP) and transport (TCP) sockets on `cfg.bind`, and the
+/// ports they got (the ones asked for, or the kernel's pick for 0).
+async fn bind_sockets(cfg: &MeshConfig) -> Result<(UdpSocket, TcpListener, u16, u16), MeshError> {
+    let failed = |what: &'static str, addr| move |source| MeshError::Bind { what, addr, source };
+    let udp_addr = SocketAddr::new(cfg.bind, cfg.gossip_port);
+    let udp = UdpSocket::bind(udp_addr)
+        .await
+        .map_err(failed("gossip (UDP)", udp_addr))?;
+    let rcvbuf = enlarge_receive_buffer(&udp, GOSSIP_RECEIVE_BUFFER);
+    debug!(
+        bytes = rcvbuf,
+        asked = GOSSIP_RECEIVE_BUFFER,
+        "gossip socket receive buffer"
+    );
+    let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
+    let tcp = TcpListener::bind(tcp_addr)
+        .await
+        .map_err(failed("transport (TCP)", tcp_addr))?;
+    let gossip_port = udp
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(cfg.gossip_port);
+    let transport_port = tcp
+        .local_addr()
+        .map(|a| a.port())
+        .unwrap_or(cfg.transport_port);
+    Ok((udp, tcp, gossip_port, transport_port))
+}
+
 impl Mesh {
     /// Binds the sockets and starts the node: it contacts its seeds and
     /// greets again those that are not members yet, and re-resolves them every 10 s.
@@ -195,36 +224,7 @@ impl Mesh {
         let rings = Arc::new(tokio::sync::watch::Sender::new(Arc::new(ring.clone())));
         let sealer = Arc::new(Sealer::new(&cfg.cluster_id, ring));
 
-        let udp_addr = SocketAddr::new(cfg.bind, cfg.gossip_port);
-        let udp = UdpSocket::bind(udp_addr)
-            .await
-            .map_err(|source| MeshError::Bind {
-                what: "gossip (UDP)",
-                addr: udp_addr,
-                source,
-            })?;
-        let rcvbuf = enlarge_receive_buffer(&udp, GOSSIP_RECEIVE_BUFFER);
-        debug!(
-            bytes = rcvbuf,
-            asked = GOSSIP_RECEIVE_BUFFER,
-            "gossip socket receive buffer"
-        );
-        let tcp_addr = SocketAddr::new(cfg.bind, cfg.transport_port);
-        let tcp = TcpListener::bind(tcp_addr)
-            .await
-            .map_err(|source| MeshError::Bind {
-                what: "transport (TCP)",
-                addr: tcp_addr,
-                source,
-            })?;
-        let gossip_port = udp
-            .local_addr()
-            .map(|a| a.port())
-            .unwrap_or(cfg.gossip_port);
-        let transport_port = tcp
-            .local_addr()
-            .map(|a| a.port())
-            .unwrap_or(cfg.transport_port);
+        let (udp, tcp, gossip_port, transport_port) = bind_sockets(&cfg).await?;
 
         let advertise = match cfg.advertise {
             Some(a) => a,
@@ -260,7 +260,7 @@ impl Mesh {
             ));
         }
 
-        let core = MeshCore::new(
+        let core = Machine::new(
             local.clone(),
             cfg.cluster_id,
             cfg.tuning,
@@ -480,7 +480,7 @@ fn receive_drops(_: &UdpSocket) -> Option<u32> {
 }
 
 struct Driver {
-    core: MeshCore,
+    core: Machine,
     udp: Arc<UdpSocket>,
     sealer: Arc<Sealer>,
     metrics: Arc<Metrics>,

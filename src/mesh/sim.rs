@@ -1,5 +1,5 @@
 //! A deterministic simulator of many mesh nodes: the shipping core
-//! ([`crate::mesh::core`]) on one virtual clock, with datagram latency,
+//! ([`crate::mesh::machine`]) on one virtual clock, with datagram latency,
 //! jitter and loss, transport exchanges as request/reply messages, pod
 //! start patterns and faults (kill, SIGTERM, partition, CPU starvation).
 //! The same seed gives the same run, event for event.
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::mesh::core::{Event, MeshCore, Output, SwimTuning};
+use crate::mesh::machine::{Event, Machine, Output, SwimTuning};
 use crate::mesh::member::NodeIdentity;
 use crate::mesh::meta::{MetaRecord, NodeMeta};
 use crate::mesh::seal::Sealer;
@@ -117,7 +117,7 @@ enum Life {
 }
 
 struct Node {
-    core: Option<MeshCore>,
+    core: Option<Machine>,
     id: NodeIdentity,
     life: Life,
     /// The wake-up queued for the core's next timer.
@@ -418,7 +418,7 @@ impl Sim {
 
     /// Whether pod `i` would answer `/readyz`.
     pub(crate) fn is_running(&self, i: usize) -> bool {
-        self.nodes[i].core.as_ref().is_some_and(MeshCore::running)
+        self.nodes[i].core.as_ref().is_some_and(Machine::running)
     }
 
     /// Bytes pod `i` sent, datagrams and transport frames, sealed.
@@ -772,7 +772,7 @@ impl Sim {
             ..Default::default()
         };
         self.up += 1;
-        n.core = Some(MeshCore::new(
+        n.core = Some(Machine::new(
             n.id.clone(),
             "sim".into(),
             self.cfg.tuning.clone(),
@@ -919,7 +919,7 @@ impl Sim {
 
     /// Carries out what core `i` asked for.
     fn drain(&mut self, i: usize) {
-        while let Some(out) = self.nodes[i].core.as_mut().and_then(MeshCore::poll_output) {
+        while let Some(out) = self.nodes[i].core.as_mut().and_then(Machine::poll_output) {
             match out {
                 Output::Send { to, plain } => {
                     self.nodes[i].sent_bytes += (plain.len() + Sealer::overhead()) as u64;

@@ -226,21 +226,20 @@ impl Reloader {
                 .map(|h| format!("sha256:{h}")),
             last_result: None,
         });
-        let (content_tx, content_rx) = mpsc::channel(16);
-        let (parsed_tx, parsed_rx) = watch::channel(config.initial_config.clone());
-        let watcher = tokio::spawn(watcher::run(
-            config.config_path.clone(),
-            config.debounce,
-            config.rescan,
-            config.watch,
-            config.sidecar_ports,
-            content_tx,
-            parsed_tx,
-        ));
+        let watching = watcher::spawn(
+            watcher::WatchSpec {
+                path: config.config_path.clone(),
+                debounce: config.debounce,
+                rescan: config.rescan,
+                events: config.watch,
+                ports: config.sidecar_ports,
+            },
+            config.initial_config.clone(),
+        );
         let driver = tokio::spawn(drive(
             Machine::new(config.assume_delivered.clone()),
             poster,
-            content_rx,
+            watching.contents,
             notify.clone(),
             status_tx,
             metrics,
@@ -248,8 +247,8 @@ impl Reloader {
         Ok(ReloaderHandle {
             trigger: ReloadTrigger(notify),
             status: status_rx,
-            config: parsed_rx,
-            tasks: vec![watcher, driver],
+            config: watching.config,
+            tasks: vec![watching.task, driver],
         })
     }
 }

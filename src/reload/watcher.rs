@@ -218,20 +218,55 @@ fn parent_dir(path: &Path) -> PathBuf {
     }
 }
 
-/// Watches `path` forever, sending what it reads to `tx`: once at start,
-/// after every debounced burst of directory events (when `watch`), and every
-/// `rescan`. Each new valid content, parsed, also goes to `parsed` (the
-/// one reading of the file other components follow). Returns when `tx` is
-/// closed.
-pub(crate) async fn run(
-    path: PathBuf,
-    debounce: Duration,
-    rescan: Duration,
-    watch: bool,
-    ports: Option<SidecarPorts>,
-    tx: mpsc::Sender<Input>,
-    parsed: watch::Sender<Arc<SbConfig>>,
-) {
+/// What the config watcher follows and how: the one description both its
+/// starters (the reloader and a node without a proxy to tell) fill in.
+#[derive(Clone, Debug)]
+pub(crate) struct WatchSpec {
+    /// The config file.
+    pub path: PathBuf,
+    /// How long a burst of directory events may last before the file is read.
+    pub debounce: Duration,
+    /// The full re-read's period, whatever inotify says.
+    pub rescan: Duration,
+    /// Whether to watch the directory at all (else only `rescan`).
+    pub events: bool,
+    /// The sidecar's ports: content that conflicts with them is invalid.
+    pub ports: Option<SidecarPorts>,
+}
+
+/// A running watcher ([`spawn`]).
+pub(crate) struct Watching {
+    pub task: tokio::task::JoinHandle<()>,
+    /// Every read of the file, for whoever decides on it.
+    pub contents: mpsc::Receiver<Input>,
+    /// The newest valid content, parsed (starting from `initial`): the one
+    /// reading of the file other components follow.
+    pub config: watch::Receiver<Arc<SbConfig>>,
+}
+
+/// Starts watching `spec.path` ([`run`]).
+pub(crate) fn spawn(spec: WatchSpec, initial: Arc<SbConfig>) -> Watching {
+    let (content_tx, contents) = mpsc::channel(16);
+    let (parsed_tx, config) = watch::channel(initial);
+    Watching {
+        task: tokio::spawn(run(spec, content_tx, parsed_tx)),
+        contents,
+        config,
+    }
+}
+
+/// Watches the file forever, sending what it reads to `tx`: once at start,
+/// after every debounced burst of directory events (when `events`), and
+/// every `rescan`. Each new valid content, parsed, also goes to `parsed`.
+/// Returns when `tx` is closed.
+async fn run(spec: WatchSpec, tx: mpsc::Sender<Input>, parsed: watch::Sender<Arc<SbConfig>>) {
+    let WatchSpec {
+        path,
+        debounce,
+        rescan,
+        events: watch,
+        ports,
+    } = spec;
     // Without a watch, only the rescan remains.
     let mut events = watch
         .then(|| DirWatch::new(&parent_dir(&path), "reload"))

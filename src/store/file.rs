@@ -852,9 +852,7 @@ impl Store for FileStore {
         lock_key: &str,
         fence: u64,
     ) -> Result<Version, StoreError> {
-        validate_key(key)?;
-        validate_key(lock_key)?;
-        validate_value(key, value)?;
+        super::validate_fenced_write(key, value, lock_key)?;
         let (key, value, lock_key) = (key.to_owned(), value.to_vec(), lock_key.to_owned());
         self.run(move |root| {
             let paths = KeyPaths::new(root, &key)?;

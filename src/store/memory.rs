@@ -179,9 +179,7 @@ impl Store for MemoryStore {
         lock_key: &str,
         fence: u64,
     ) -> Result<Version, StoreError> {
-        validate_key(key)?;
-        validate_key(lock_key)?;
-        validate_value(key, value)?;
+        super::validate_fenced_write(key, value, lock_key)?;
         let now = now_unix_ms();
         let mut inner = self.lock();
         lock::check_fence(

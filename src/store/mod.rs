@@ -254,6 +254,18 @@ pub fn validate_prefix(prefix: &str) -> Result<(), StoreError> {
     validate_key(prefix.strip_suffix('/').unwrap_or(prefix))
 }
 
+/// The checks before a fenced write ([`Store::put_fenced`]), one step for
+/// every backend that implements it itself: both keys and the value.
+pub(crate) fn validate_fenced_write(
+    key: &str,
+    value: &[u8],
+    lock_key: &str,
+) -> Result<(), StoreError> {
+    validate_key(key)?;
+    validate_key(lock_key)?;
+    validate_value(key, value)
+}
+
 /// Checks a value's size.
 pub fn validate_value(key: &str, value: &[u8]) -> Result<(), StoreError> {
     if value.len() > MAX_VALUE_BYTES {

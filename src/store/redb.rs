@@ -389,9 +389,7 @@ impl Store for RedbStore {
         lock_key: &str,
         fence: u64,
     ) -> Result<Version, StoreError> {
-        validate_key(key)?;
-        validate_key(lock_key)?;
-        validate_value(key, value)?;
+        super::validate_fenced_write(key, value, lock_key)?;
         let (key, value, lock_key) = (key.to_owned(), value.to_vec(), lock_key.to_owned());
         self.write(move |records, meta| {
             let now = now_unix_ms();

@@ -650,9 +650,7 @@ impl Store for RedisStore {
         lock_key: &str,
         fence: u64,
     ) -> Result<Version, StoreError> {
-        validate_key(key)?;
-        validate_key(lock_key)?;
-        validate_value(key, value)?;
+        super::validate_fenced_write(key, value, lock_key)?;
         let version = new_version();
         let mut invocation = self.fenced.key(self.redis_key(key));
         invocation

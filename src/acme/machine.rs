@@ -934,24 +934,9 @@ impl Machine {
         }
     }
 
-    /// What is due now: reads, then (when this node may order) renewal
-    /// window questions and orders.
-    fn plan(&mut self, now: Now, out: &mut Vec<Action>) {
-        if self.units.is_empty() {
-            return;
-        }
-        let full = std::mem::take(&mut self.full_check_due)
-            || now.mono.saturating_duration_since(self.last_full_check)
-                >= self.settings.full_check_every;
-        if full {
-            self.last_full_check = now.mono;
-            // New units got theirs with the config; this renews the ones
-            // close to expiry while the CA's certificate is still missing.
-            self.write_placeholders(now, out);
-            if self.ordering.is_some() {
-                out.push(Action::ResealAccount);
-            }
-        }
+    /// The store reads due now: every unit at a full check, else the ones
+    /// not read yet, wanted, or missing their CA certificate.
+    fn plan_reads(&mut self, now: Now, full: bool, out: &mut Vec<Action>) {
         let missing_every = self.settings.missing_check_every;
         for state in self.units.values_mut() {
             if state.fetching || state.read_retry_at.is_some_and(|t| now.mono < t) {
@@ -972,6 +957,27 @@ impl Machine {
                 out.push(Action::ReadRecord(state.unit.clone()));
             }
         }
+    }
+
+    /// What is due now: reads, then (when this node may order) renewal
+    /// window questions and orders.
+    fn plan(&mut self, now: Now, out: &mut Vec<Action>) {
+        if self.units.is_empty() {
+            return;
+        }
+        let full = std::mem::take(&mut self.full_check_due)
+            || now.mono.saturating_duration_since(self.last_full_check)
+                >= self.settings.full_check_every;
+        if full {
+            self.last_full_check = now.mono;
+            // New units got theirs with the config; this renews the ones
+            // close to expiry while the CA's certificate is still missing.
+            self.write_placeholders(now, out);
+            if self.ordering.is_some() {
+                out.push(Action::ResealAccount);
+            }
+        }
+        self.plan_reads(now, full, out);
 
         let Some(ordering) = self.ordering.clone() else {
             return;

@@ -2,7 +2,7 @@
 //! around it (hellos to seeds, full-state exchanges, metadata digests and
 //! records, the periodic tick). No sockets, no clock, no global RNG: every
 //! input carries `now`, the RNG is seeded by whoever builds the core, and
-//! what must go on the wire comes out of [`MeshCore::poll_output`].
+//! what must go on the wire comes out of [`Machine::poll_output`].
 //!
 //! The tokio shell (`runtime`) moves bytes for it; the simulator (`sim`)
 //! runs thousands of them on one virtual clock.
@@ -82,7 +82,7 @@ const YOUNG_FOR: Duration = Duration::from_secs(10);
 const YOUNG_SUSPICION: u32 = 3;
 /// Least time between two catch-ups (a re-resolve and hellos to strangers)
 /// because the gossip socket dropped datagrams
-/// ([`MeshCore::handle_receive_drops`]).
+/// ([`Machine::handle_receive_drops`]).
 const CATCH_UP_EVERY: Duration = Duration::from_secs(1);
 /// Metadata fetches out at once. The first periodic exchange of each pod
 /// of a 512-pod start showed ~70 records newer than its own: one transport
@@ -194,12 +194,12 @@ pub(crate) enum Output {
     /// Seal `plain` (kind byte first) for `to` and send it as a datagram.
     Send { to: SocketAddr, plain: Vec<u8> },
     /// Exchange full state with `to` over the transport; the reply goes to
-    /// [`MeshCore::handle_push_pull_reply`].
+    /// [`Machine::handle_push_pull_reply`].
     PushPull { to: NodeIdentity, state: FullState },
     /// Fetch `node_id`'s metadata record from `from` over the transport;
-    /// the answer goes to [`MeshCore::handle_meta_fetched`].
+    /// the answer goes to [`Machine::handle_meta_fetched`].
     FetchMeta { from: NodeIdentity, node_id: String },
-    /// Resolve the seeds now; the answer goes to [`MeshCore::handle_seeds`].
+    /// Resolve the seeds now; the answer goes to [`Machine::handle_seeds`].
     ResolveSeeds,
     /// Something to count or log.
     Event(Event),
@@ -251,7 +251,7 @@ pub(crate) enum Event {
 }
 
 /// One mesh node's protocol state.
-pub(crate) struct MeshCore {
+pub(crate) struct Machine {
     foca: Foca<NodeIdentity, HearingCodec, StdRng, DigestHandler>,
     /// What foca's codec decoded from the last packet.
     heard: Heard,
@@ -305,7 +305,7 @@ pub(crate) struct MeshCore {
     /// Every seed has been greeted once.
     greeted_all: bool,
     /// Seeds greeted that have not answered yet, and the greetings left for
-    /// them (see [`MeshCore::hello_seeds`]); empty once all answered.
+    /// them (see [`Machine::hello_seeds`]); empty once all answered.
     unanswered: HashSet<SocketAddr>,
     hellos_left: u8,
     sized_for: usize,
@@ -333,7 +333,7 @@ pub(crate) struct MeshCore {
     out: VecDeque<Output>,
 }
 
-impl MeshCore {
+impl Machine {
     /// A node that has not contacted anyone yet; its first output asks for
     /// the seeds.
     pub(crate) fn new(
@@ -446,7 +446,7 @@ impl MeshCore {
         out
     }
 
-    /// When [`MeshCore::handle_timeout`] is next due.
+    /// When [`Machine::handle_timeout`] is next due.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let foca = self.timers.peek().map(|Reverse((at, _))| *at);
         [
@@ -596,7 +596,7 @@ impl MeshCore {
         self.resolve_seeds();
     }
 
-    /// Asks the shell for the seeds; [`MeshCore::handle_seeds`] greets
+    /// Asks the shell for the seeds; [`Machine::handle_seeds`] greets
     /// them and schedules the next resolve.
     fn resolve_seeds(&mut self) {
         self.next_resolve = None;
@@ -917,7 +917,7 @@ impl MeshCore {
     }
 
     /// How many peers this node sees in each state, by node id; cheaper
-    /// than [`MeshCore::status`] for the simulator's checks.
+    /// than [`Machine::status`] for the simulator's checks.
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn peer_state(&self, node_id: &str) -> Option<MemberState> {
         self.peers()
@@ -1071,7 +1071,7 @@ impl MeshCore {
     }
 
     /// A member asks us to probe `req.id` for it: a ring probe, whose
-    /// answer [`MeshCore::on_check_ack`] passes on.
+    /// answer [`Machine::on_check_ack`] passes on.
     fn on_ping_req(&mut self, req: wire::Check, from: SocketAddr, now: Instant) {
         if self.leaving {
             return;
