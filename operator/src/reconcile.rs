@@ -24,7 +24,7 @@
 //! | `monitoring.coreos.com` | `podmonitors` | get, create, patch, delete | apply with `spec.podMonitor`; GET + DELETE without. Never watched: prometheus-operator's CRD may be absent, and a watch of a kind not served fails forever |
 //! | core | `secrets` | get, create, patch | the cluster key: GET, then POST once; a merge PATCH of the operator's own Secret during a rotation ([`crate::rotation`]); never list, watch, update or delete, and never a `clusterSecretRef` Secret |
 //! | `events.k8s.io` | `events` | create, patch | Normal/Warning Events (a repeat is a patch of the series) |
-//! | core | `pods` | list, patch | the config nudge ([`nudge_pods`]): LIST the SBProxy's pods by label, merge PATCH the annotation `sbproxy.dev/config-hash` of those that lack the config's hash, and `sbproxy.dev/cluster-key-ids` after a write of the cluster-key Secret |
+//! | core | `pods` | list, patch | the config nudge (`nudge_pods`): LIST the SBProxy's pods by label, merge PATCH the annotation `sbproxy.dev/config-hash` of those that lack the config's hash, and `sbproxy.dev/cluster-key-ids` after a write of the cluster-key Secret |
 //!
 //! Calls made per reconcile, in order: GET the SBProxyConfig; GET the
 //! cluster-key Secret (only with clustering on and no `clusterSecretRef`);
