@@ -34,11 +34,6 @@ use crate::config::{
 
 /// The default `--config`: where sbproxy's image keeps `sb.yml`.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sbproxy/sb.yml";
-/// The config file to read: the one `--config` gave, else
-/// [`DEFAULT_CONFIG_PATH`] (the one place the default is applied).
-pub fn config_path(given: Option<&std::path::Path>) -> PathBuf {
-    given.map_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH), PathBuf::from)
-}
 /// The default `--namespace`.
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// The default `--cluster-domain`: Kubernetes' default DNS domain.

@@ -13,6 +13,12 @@ use std::path::PathBuf;
 use clap::{Arg, Args, Parser, Subcommand};
 use sbmesh::flags::{self, Flag, Kind};
 
+/// The config file to read: the one `--config` gave, else
+/// [`flags::DEFAULT_CONFIG_PATH`] (the one place the default is applied).
+pub fn config_path(given: Option<&std::path::Path>) -> PathBuf {
+    given.map_or_else(|| PathBuf::from(flags::DEFAULT_CONFIG_PATH), PathBuf::from)
+}
+
 /// The default `status --admin`: the default `--admin-listen` seen from
 /// the same host (a test keeps the two together).
 pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9091";

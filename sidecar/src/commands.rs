@@ -117,7 +117,7 @@ pub fn status_target(
     let written = match (&args.user, &args.password) {
         (Some(_), Some(_)) => None,
         _ => {
-            let path = flags::config_path(args.config.as_deref());
+            let path = crate::cli::config_path(args.config.as_deref());
             // The default path is skipped when absent; a path given is read.
             if args.config.is_none() && !path.exists() {
                 None

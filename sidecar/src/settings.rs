@@ -230,7 +230,8 @@ struct Pod {
 
 /// Reads the config file and names the node: its id and cluster id.
 fn resolve_identity(r: &mut Resolver<'_>, args: &RunArgs, hostname: &str) -> (NodeConfig, Pod) {
-    let config_path = flags::config_path(r.path(&flags::CONFIG, args.config.as_deref()).as_deref());
+    let config_path =
+        crate::cli::config_path(r.path(&flags::CONFIG, args.config.as_deref()).as_deref());
     let (config, config_sha256) = match config::load(&config_path, r.env) {
         Ok(loaded) => {
             r.problems.extend(loaded.config.warnings());

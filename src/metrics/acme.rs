@@ -38,7 +38,7 @@ pub struct AcmeMetrics {
     /// its challenge to be answered where the CA's request lands.
     pub orders_waiting: Gauge,
     /// `sbmesh_acme_orders_in_progress`: orders this node holds the lock
-    /// of, from taking it to its release ([`AcmeMetrics::order_in_progress`]).
+    /// of, from taking it to its release (`AcmeMetrics::order_in_progress`).
     pub orders_in_progress: Gauge,
     /// `acme_dns_updates_total{provider,op,result}`: TXT records written
     /// (`op="present"`) and removed (`op="cleanup"`) through the DNS-01

@@ -16,8 +16,8 @@
 //! The files stay the one source of truth, so what an embedding process
 //! serves is exactly what a proxy reading the files would.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -26,312 +26,42 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 use tracing::{info, warn};
 
-use crate::acme::certs::{key_matches, parse_chain};
 use crate::acme::challenge::{ChallengeBook, challenge_router};
-use crate::acme::deliver::read_pair;
 use crate::acme::manager::{
     AcmeInputs, AcmeLimits, AcmeManager, AcmeManagerConfig, CertificatesChanged,
 };
-use crate::acme::placeholder::is_placeholder;
-use crate::acme::unit::{AcmeStatus, wanted_units};
-use crate::config::DEFAULT_PROXY_ADMIN_PORT;
+use crate::acme::unit::AcmeStatus;
 use crate::config::{CertApply, SbConfig, StorageBackend};
-use crate::flags::{DEFAULT_CERT_DIR, DEFAULT_PROXY_PROCESS_NAME, DEFAULT_STATE_DIR};
 use crate::http::passthrough::{Passthrough, Upstream, with_passthrough};
 use crate::http::{AdminAuth, AdminState, ReadinessCheck, admin_router, mesh_running, mesh_stalls};
-use crate::mesh::{
-    AcmeInfo, ClusterStatus, Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning,
-};
+use crate::mesh::{AcmeInfo, ClusterStatus, Mesh, MeshConfig, MeshError, NodeMeta, SeedSource};
 use crate::metrics::Metrics;
 use crate::proxy::{
     ProxyStatus, RestartConfig, RestartCoordinator, TlsWatcher, WatchTlsConfig, restart_readiness,
     watch_tls_readiness,
 };
-use crate::reload::{
-    ReloadError, ReloadStatus, ReloadTiming, ReloadTrigger, Reloader, ReloaderConfig,
-    ReloaderHandle,
-};
+use crate::reload::{ReloadError, ReloadStatus, ReloadTrigger, ReloaderHandle};
 use crate::store::Store;
 use crate::store::open::{open_cluster_store, probe};
 use crate::store::sealed::AtRestRing;
 
+mod config;
+mod feed;
+mod follow;
+
+use feed::CertificateFeed;
+use follow::{FollowedConfig, follow_config};
+
+pub use config::{NodeConfig, ProxyReload, ProxyRestart, ProxySettings};
+
 /// Certificates listed in this node's mesh metadata at most (see
 /// `publish_meta`).
 const MAX_CERTS_IN_META: usize = 400;
-
-/// Where and how reloads are POSTed to a proxy in another process.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct ProxyReload {
-    /// `http://…/admin/reload` (`--proxy-reload-url`).
-    pub url: String,
-    /// The full `Authorization` header value (`--proxy-authorization`).
-    pub authorization: Option<String>,
-}
-
-impl ProxyReload {
-    /// POSTs to `url` (`http://…/admin/reload`), with this `Authorization`
-    /// header value when set.
-    pub fn new(url: impl Into<String>, authorization: Option<String>) -> Self {
-        Self {
-            url: url.into(),
-            authorization,
-        }
-    }
-}
-
-impl std::fmt::Debug for ProxyReload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyReload")
-            .field("url", &self.url)
-            .field(
-                "authorization",
-                &self.authorization.as_ref().map(|_| "<redacted>"),
-            )
-            .finish()
-    }
-}
-
-/// How a restarted proxy is found and awaited (`cert_apply: Restart`).
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ProxyRestart {
-    /// The proxy's `/proc/<pid>/comm` (`--proxy-process-name`).
-    pub process_name: String,
-    /// What must answer 200 before a restarted proxy counts as back.
-    pub health_url: String,
-    /// At most one restart per pod this often.
-    pub min_interval: Duration,
-}
-
-impl Default for ProxyRestart {
-    fn default() -> Self {
-        let health_url = format!("http://127.0.0.1:{DEFAULT_PROXY_ADMIN_PORT}/health");
-        let d = RestartConfig::new("", DEFAULT_PROXY_PROCESS_NAME, &health_url);
-        Self {
-            process_name: d.process_name,
-            health_url: d.health_url,
-            min_interval: d.min_interval,
-        }
-    }
-}
-
-/// Everything [`Node::start`] needs. [`NodeConfig::new`] (or
-/// [`NodeConfig::from_file`]) fills in the defaults of docs/reference.md#sidecar-flags; change the
-/// public fields after that.
-#[derive(Clone)]
-#[non_exhaustive]
-pub struct NodeConfig {
-    /// This member's name in the mesh.
-    pub node_id: String,
-    /// Packets from another cluster id are dropped.
-    pub cluster_id: String,
-    /// The version this node announces in its metadata (default: the
-    /// library's).
-    pub version: String,
-    /// The `sb.yml` to follow: origins added or removed there are ordered
-    /// or dropped without a restart. `None`: [`NodeConfig::config`] is
-    /// used as it is, for the node's whole life.
-    pub config_path: Option<PathBuf>,
-    /// The configuration as read at start-up (origins, `acme`, the store).
-    pub config: SbConfig,
-    /// Lowercase hex sha256 of the file [`NodeConfig::config`] was read
-    /// from: announced as this node's config hash, and not POSTed again.
-    pub config_sha256: Option<String>,
-    /// IP the gossip (UDP) and transport (TCP) sockets bind.
-    pub bind: IpAddr,
-    /// UDP port.
-    pub gossip_port: u16,
-    /// TCP port.
-    pub transport_port: u16,
-    /// The address peers reach this node at; `None` lets the mesh pick.
-    pub advertise: Option<SocketAddr>,
-    /// `host:port` seeds, re-resolved.
-    pub seeds: Vec<String>,
-    /// A headless Service name whose records are seeds.
-    pub mesh_service: Option<String>,
-    /// The cluster key ring, primary first. `None`: the node runs alone
-    /// with an ephemeral key (peers could not read it).
-    pub cluster_key: Option<Vec<[u8; 32]>>,
-    /// A key file re-read when it changes (rotation without restart).
-    pub cluster_key_file: Option<PathBuf>,
-    /// SWIM timing.
-    pub swim: SwimTuning,
-    /// Where the node serves [`Node::admin_router`] itself; `None`: it
-    /// does not (serve the router yourself, or not at all).
-    pub admin_listen: Option<SocketAddr>,
-    /// HTTP Basic user for `/admin/*`.
-    pub admin_user: Option<String>,
-    /// HTTP Basic password for `/admin/*`.
-    pub admin_password: Option<String>,
-    /// Where the node serves [`Node::challenge_router`] (HTTP-01) itself;
-    /// `None`: serve the router yourself on the port the CA reaches.
-    pub challenge_listen: Option<SocketAddr>,
-    /// The proxy's plain HTTP listener, where [`Node::challenge_router`]
-    /// passes every request outside `/.well-known/acme-challenge/`
-    /// ([`crate::http::passthrough`]); `None`: those get `404`.
-    pub challenge_passthrough: Option<Upstream>,
-    /// When the config file is read again.
-    pub reload: ReloadTiming,
-    /// Where certificate files are written (docs/reference.md#certificate-files).
-    pub cert_dir: PathBuf,
-    /// Local state (e.g. the redb store).
-    pub state_dir: PathBuf,
-    /// A proxy in another process: reload POSTs and certificate hand-off.
-    pub proxy: ProxySettings,
-    /// How much ordering the fleet may do.
-    pub acme: AcmeLimits,
-}
-
-/// The proxy beside the node, in another process: where its reloads are
-/// POSTed and how new certificates reach it (the `--proxy-*` and
-/// `--watch-tls` flags). The default is an embedding process's: no POST,
-/// [`CertApply::None`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ProxySettings {
-    /// The proxy to POST reloads to. `None` (an embedding process): the
-    /// config file is still followed ([`Node::config`]) but nobody is
-    /// POSTed.
-    pub reload: Option<ProxyReload>,
-    /// How a new certificate reaches the proxy (`--proxy-cert-apply`). An
-    /// embedding process serving [`Node::certificates`] wants
-    /// [`CertApply::None`].
-    pub cert_apply: CertApply,
-    /// Used when `cert_apply` is [`CertApply::Restart`].
-    pub restart: ProxyRestart,
-    /// Directories with a `tls.crt` / `tls.key` pair to hand to the proxy
-    /// when they change (`--watch-tls`).
-    pub watch_tls: Vec<PathBuf>,
-}
-
-impl Default for ProxySettings {
-    fn default() -> Self {
-        Self {
-            reload: None,
-            cert_apply: CertApply::None,
-            restart: ProxyRestart::default(),
-            watch_tls: Vec::new(),
-        }
-    }
-}
-
-impl std::fmt::Debug for NodeConfig {
-    /// Every field; the key ring, the admin password and the reload's
-    /// `Authorization` are redacted.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let redacted = |set: bool| if set { Some("<redacted>") } else { None };
-        f.debug_struct("NodeConfig")
-            .field("node_id", &self.node_id)
-            .field("cluster_id", &self.cluster_id)
-            .field("version", &self.version)
-            .field("config_path", &self.config_path)
-            .field("config", &self.config)
-            .field("config_sha256", &self.config_sha256)
-            .field("bind", &self.bind)
-            .field("gossip_port", &self.gossip_port)
-            .field("transport_port", &self.transport_port)
-            .field("advertise", &self.advertise)
-            .field("seeds", &self.seeds)
-            .field("mesh_service", &self.mesh_service)
-            .field(
-                "cluster_key",
-                &self
-                    .cluster_key
-                    .as_ref()
-                    .map(|ring| format!("<{} key(s) redacted>", ring.len())),
-            )
-            .field("cluster_key_file", &self.cluster_key_file)
-            .field("swim", &self.swim)
-            .field("admin_listen", &self.admin_listen)
-            .field("admin_user", &self.admin_user)
-            .field("admin_password", &redacted(self.admin_password.is_some()))
-            .field("challenge_listen", &self.challenge_listen)
-            .field("challenge_passthrough", &self.challenge_passthrough)
-            .field("reload", &self.reload)
-            .field("cert_dir", &self.cert_dir)
-            .field("state_dir", &self.state_dir)
-            .field("proxy", &self.proxy)
-            .field("acme", &self.acme)
-            .finish()
-    }
-}
-
-impl NodeConfig {
-    /// A node named `node_id` in `cluster_id` with the configuration
-    /// `config` (fixed: set [`NodeConfig::config_path`] to follow a file),
-    /// and the defaults of docs/reference.md#sidecar-flags: mesh on `0.0.0.0:7946` (UDP) and `:8946`
-    /// (TCP), no cluster key (alone), no listener of its own, no reload
-    /// POST, `cert_apply: none`, `/var/lib/sbproxy/{certs,sidecar}`.
-    pub fn new(
-        node_id: impl Into<String>,
-        cluster_id: impl Into<String>,
-        config: SbConfig,
-    ) -> Self {
-        Self {
-            node_id: node_id.into(),
-            cluster_id: cluster_id.into(),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            config_path: None,
-            config,
-            config_sha256: None,
-            bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            gossip_port: crate::config::DEFAULT_GOSSIP_PORT,
-            transport_port: crate::config::DEFAULT_TRANSPORT_PORT,
-            advertise: None,
-            seeds: Vec::new(),
-            mesh_service: None,
-            cluster_key: None,
-            cluster_key_file: None,
-            swim: SwimTuning::default(),
-            admin_listen: None,
-            admin_user: None,
-            admin_password: None,
-            challenge_listen: None,
-            challenge_passthrough: None,
-            reload: ReloadTiming::default(),
-            cert_dir: PathBuf::from(DEFAULT_CERT_DIR),
-            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            proxy: ProxySettings::default(),
-            acme: AcmeLimits::default(),
-        }
-    }
-
-    /// The config hash as announced and reported (`sha256:<hex>`).
-    fn config_hash(&self) -> Option<String> {
-        self.config_sha256.as_ref().map(|h| format!("sha256:{h}"))
-    }
-
-    /// [`NodeConfig::new`] with the configuration read from `path`
-    /// (`${VAR}` references resolved from the process environment), and
-    /// that file followed for changes.
-    pub fn from_file(
-        node_id: impl Into<String>,
-        cluster_id: impl Into<String>,
-        path: impl Into<PathBuf>,
-    ) -> Result<Self, NodeError> {
-        let path = path.into();
-        let env = |name: &str| std::env::var(name).ok();
-        let loaded = crate::config::load(&path, &env).map_err(|problems| NodeError::Config {
-            path: path.clone(),
-            problems: problems
-                .iter()
-                .filter(|p| p.is_error())
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-        })?;
-        let mut cfg = Self::new(node_id, cluster_id, loaded.config);
-        cfg.config_path = Some(path);
-        cfg.config_sha256 = Some(loaded.sha256_hex_of_raw_file);
-        Ok(cfg)
-    }
-}
 
 /// Why a node did not start.
 #[derive(Debug, thiserror::Error)]
@@ -689,116 +419,6 @@ impl Node {
     }
 }
 
-/// Without a proxy to POST to, the hash this node announces is that of
-/// the newest valid content of the file.
-async fn follow_hash(
-    mut content: mpsc::Receiver<crate::reload::machine::Input>,
-    status: watch::Sender<ReloadStatus>,
-) {
-    while let Some(input) = content.recv().await {
-        if let crate::reload::machine::Input::ContentSeen {
-            sha256,
-            valid: true,
-        } = input
-        {
-            let hash = format!("sha256:{sha256}");
-            status.send_if_modified(|s| {
-                let changed = s.delivered_hash.as_deref() != Some(hash.as_str());
-                s.delivered_hash = Some(hash);
-                changed
-            });
-        }
-    }
-}
-
-/// The node's certificates as read back from the files, a wake-up for
-/// the task that reads them, and what that task needs, kept until the
-/// first [`Node::certificates`] starts it.
-struct CertificateFeed {
-    tx: watch::Sender<NodeCertificates>,
-    wake: Notify,
-    reader: std::sync::Mutex<Option<FeedReader>>,
-}
-
-/// The inputs of [`keep_certificates_loaded`].
-struct FeedReader {
-    cert_dir: PathBuf,
-    config: watch::Receiver<Arc<SbConfig>>,
-    acme: watch::Receiver<AcmeStatus>,
-    stop: watch::Receiver<bool>,
-}
-
-impl CertificateFeed {
-    fn new(
-        cert_dir: PathBuf,
-        config: watch::Receiver<Arc<SbConfig>>,
-        acme: watch::Receiver<AcmeStatus>,
-        stop: watch::Receiver<bool>,
-    ) -> Self {
-        Self {
-            tx: watch::channel(Arc::default()).0,
-            wake: Notify::new(),
-            reader: std::sync::Mutex::new(Some(FeedReader {
-                cert_dir,
-                config,
-                acme,
-                stop,
-            })),
-        }
-    }
-
-    /// Starts the reading task, once; it ends when the node stops.
-    fn start(self: &Arc<Self>) {
-        let reader = self
-            .reader
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(reader) = reader {
-            tokio::spawn(keep_certificates_loaded(self.clone(), reader));
-        }
-    }
-}
-
-/// Reads the certificate files back after every change (a certificate
-/// written, a placeholder written, the origins changed), while anyone
-/// holds a receiver of [`Node::certificates`].
-async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader: FeedReader) {
-    let FeedReader {
-        cert_dir,
-        mut config,
-        mut acme,
-        mut stop,
-    } = reader;
-    let (mut config_open, mut acme_open) = (true, true);
-    loop {
-        tokio::select! {
-            () = feed.wake.notified() => {}
-            r = config.changed(), if config_open => config_open = r.is_ok(),
-            r = acme.changed(), if acme_open => acme_open = r.is_ok(),
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        if feed.tx.receiver_count() == 0 {
-            continue;
-        }
-        let current = config.borrow_and_update().clone();
-        acme.mark_unchanged();
-        let previous = feed.tx.borrow().clone();
-        let dir = cert_dir.clone();
-        let Ok(next) =
-            tokio::task::spawn_blocking(move || read_certificates(&current, &dir, &previous)).await
-        else {
-            return;
-        };
-        feed.tx.send_if_modified(|served| {
-            let changed = **served != next;
-            if changed {
-                *served = Arc::new(next);
-            }
-            changed
-        });
-    }
-}
 /// Placeholder certificates, so a proxy reading its files at start-up
 /// finds some; a failure is logged, never fatal.
 fn write_placeholders(cfg: &NodeConfig) {
@@ -840,90 +460,6 @@ async fn bind_listener(
             .map_err(|source| NodeError::Bind { what, addr, source }),
         None => Ok(None),
     }
-}
-
-/// How the node follows its configuration ([`follow_config`]).
-struct FollowedConfig {
-    config: watch::Receiver<Arc<SbConfig>>,
-    reload: watch::Receiver<ReloadStatus>,
-    /// Tells the reloader certificates changed (only when it POSTs).
-    trigger: Option<ReloadTrigger>,
-    reloader: Option<ReloaderHandle>,
-    /// Keeps a fixed configuration's channel open.
-    fixed: Option<watch::Sender<Arc<SbConfig>>>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-/// The config file: every distinct valid content is POSTed to the proxy
-/// once (the proxy read the file as it is now when it started), or only
-/// followed when there is no proxy to tell; without a file the
-/// configuration is fixed.
-fn follow_config(cfg: &NodeConfig, metrics: &Arc<Metrics>) -> Result<FollowedConfig, NodeError> {
-    let sidecar_ports = Some(crate::config::SidecarPorts {
-        gossip: cfg.gossip_port,
-        transport: cfg.transport_port,
-    });
-    let mut tasks = Vec::new();
-    let mut fixed = None;
-    let mut reloader = None;
-    let (config, reload, trigger) = match (&cfg.config_path, &cfg.proxy.reload) {
-        (Some(path), Some(proxy)) => {
-            let reload_cfg = ReloaderConfig {
-                authorization: proxy.authorization.clone(),
-                debounce: cfg.reload.debounce,
-                rescan: cfg.reload.rescan,
-                assume_delivered: cfg.config_sha256.clone(),
-                initial_config: Arc::new(cfg.config.clone()),
-                sidecar_ports,
-                ..ReloaderConfig::new(path.clone(), proxy.url.clone())
-            };
-            let handle = Reloader::spawn(reload_cfg, metrics.clone())?;
-            let out = (handle.config(), handle.status(), Some(handle.trigger()));
-            reloader = Some(handle);
-            out
-        }
-        (Some(path), None) => {
-            let (status_tx, status_rx) = watch::channel(ReloadStatus {
-                delivered_hash: cfg.config_hash(),
-                last_result: None,
-            });
-            let watching = crate::reload::watcher::spawn(
-                crate::reload::watcher::WatchSpec {
-                    path: path.clone(),
-                    debounce: cfg.reload.debounce,
-                    rescan: cfg.reload.rescan,
-                    events: true,
-                    ports: sidecar_ports,
-                },
-                Arc::new(cfg.config.clone()),
-            );
-            tasks.push(watching.task);
-            tasks.push(tokio::spawn(follow_hash(watching.contents, status_tx)));
-            (watching.config, status_rx, None)
-        }
-        (None, _) => {
-            let (config_tx, config_rx) = watch::channel(Arc::new(cfg.config.clone()));
-            fixed = Some(config_tx);
-            let status = ReloadStatus {
-                delivered_hash: cfg.config_hash(),
-                last_result: None,
-            };
-            // The sender lives as long as the receiver needs no change.
-            let (status_tx, status_rx) = watch::channel(status);
-            tasks.push(tokio::spawn(async move {
-                status_tx.closed().await;
-            }));
-            (config_rx, status_rx, None)
-        }
-    };
-    Ok(FollowedConfig {
-        config,
-        reload,
-        trigger,
-        reloader,
-        fixed,
-        tasks,
-    })
 }
 
 /// What the mesh member starts with.
@@ -1074,40 +610,6 @@ impl StoreHealth {
 struct StoreChecks {
     readiness: ReadinessCheck,
     degraded: ReadinessCheck,
-}
-
-/// The certificate files of every unit `config` asks for, as they are in
-/// `cert_dir`. A pair whose key does not match its chain (read between
-/// the key's rename and the chain's) keeps what `previous` had.
-fn read_certificates(
-    config: &SbConfig,
-    cert_dir: &Path,
-    previous: &[NodeCertificate],
-) -> Vec<NodeCertificate> {
-    wanted_units(config)
-        .0
-        .into_iter()
-        .filter_map(|unit| {
-            let (chain_pem, key_pem) = read_pair(&unit.dir(cert_dir).ok()?)?;
-            let facts = parse_chain(&chain_pem).ok()?;
-            if !matches!(key_matches(&chain_pem, &key_pem), Ok(true)) {
-                return previous.iter().find(|c| c.unit == unit.id).cloned();
-            }
-            Some(NodeCertificate {
-                names: if facts.dns_names.is_empty() {
-                    unit.names.clone()
-                } else {
-                    facts.dns_names
-                },
-                unit: unit.id,
-                placeholder: is_placeholder(&chain_pem),
-                chain_pem,
-                key_pem,
-                serial: facts.serial,
-                not_after_unix: facts.not_after_unix,
-            })
-        })
-        .collect()
 }
 
 /// A router that answers 404 until `slot` is filled, then delegates to it.
@@ -1549,15 +1051,10 @@ async fn keep_store_probed(
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
+    use super::feed::tests::config;
     use super::*;
-
-    const ORIGINS: &str = "proxy:\n  extensions:\n    sbmesh:\n      acme:\n        enabled: true\n        \
-        email: ops@example.com\n        directory_url: \"https://127.0.0.1:9/dir\"\n        \
-        storage_backend: memory\norigins:\n  \"a.test\": {}\n  \"b.test\": {}\n";
-
-    fn config() -> SbConfig {
-        crate::config::parse(ORIGINS).expect("a valid sb.yml")
-    }
 
     #[test]
     fn a_store_outage_after_its_first_answer_degrades_and_does_not_unready() {
@@ -1576,37 +1073,6 @@ mod tests {
         assert_eq!(health.not_ready(), None);
         let said = health.degraded().expect("a degradation");
         assert!(said.starts_with("store: timed out ("), "{said}");
-    }
-
-    #[test]
-    fn certificates_are_read_back_from_the_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let config = config();
-        assert_eq!(
-            crate::acme::unit_files::write_startup_placeholders(&config, dir.path()),
-            Ok(2)
-        );
-        let read = read_certificates(&config, dir.path(), &[]);
-        let names: Vec<_> = read
-            .iter()
-            .map(|c| (c.unit.as_str(), c.names.clone()))
-            .collect();
-        assert_eq!(
-            names,
-            [
-                ("a.test", vec!["a.test".to_owned()]),
-                ("b.test", vec!["b.test".to_owned()])
-            ]
-        );
-        assert!(read.iter().all(|c| c.placeholder));
-
-        // Between the key's rename and the chain's the pair does not
-        // match: what was served stays.
-        let (_, other_key) = crate::acme::placeholder::generate(&["x.test".into()], 0).unwrap();
-        std::fs::write(dir.path().join("a.test").join("tls.key"), other_key).unwrap();
-        let again = read_certificates(&config, dir.path(), &read);
-        assert_eq!(again, read);
-        assert_eq!(read_certificates(&config, dir.path(), &[]).len(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
