@@ -28,10 +28,6 @@ use crate::acme::account::{AccountSettings, load_or_create, one_line};
 use crate::acme::certs::{CertRecord, parse_chain};
 use crate::acme::challenge::ChallengeBook;
 use crate::acme::dns01::{Dns01, Dns01Order, DnsError};
-
-/// The DNS-01 provider last built, with the `dns01` block it was built for.
-pub(crate) type Dns01Slot =
-    Arc<std::sync::Mutex<Option<(crate::config::Dns01Section, Arc<Dns01>)>>>;
 use crate::acme::issuer::{Issued, Issuer, Proof, certificate_identifier};
 use crate::acme::layout;
 use crate::acme::machine::{Input, StoredCert, jitter};
@@ -49,6 +45,10 @@ use crate::metrics::Metrics;
 use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
 use crate::store::sealed::{AtRestRing, sealed_key_id};
 use crate::store::{Store, StoreError, now_unix_ms};
+
+/// The DNS-01 provider last built, with the `dns01` block it was built for.
+pub(crate) type Dns01Slot =
+    Arc<std::sync::Mutex<Option<(crate::config::Dns01Section, Arc<Dns01>)>>>;
 
 /// Whether the lease holder `holder` is a previous process of the node
 /// `node_id` (same node id, another boot id), as opposed to `me` itself

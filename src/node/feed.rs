@@ -24,7 +24,7 @@ pub(super) struct CertificateFeed {
 }
 
 /// The inputs of [`keep_certificates_loaded`].
-pub(super) struct FeedReader {
+struct FeedReader {
     cert_dir: PathBuf,
     config: watch::Receiver<Arc<SbConfig>>,
     acme: watch::Receiver<AcmeStatus>,
@@ -66,7 +66,7 @@ impl CertificateFeed {
 /// Reads the certificate files back after every change (a certificate
 /// written, a placeholder written, the origins changed), while anyone
 /// holds a receiver of [`Node::certificates`](super::Node::certificates).
-pub(super) async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader: FeedReader) {
+async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader: FeedReader) {
     let FeedReader {
         cert_dir,
         mut config,
@@ -106,7 +106,7 @@ pub(super) async fn keep_certificates_loaded(feed: Arc<CertificateFeed>, reader:
 /// The certificate files of every unit `config` asks for, as they are in
 /// `cert_dir`. A pair whose key does not match its chain (read between
 /// the key's rename and the chain's) keeps what `previous` had.
-pub(super) fn read_certificates(
+fn read_certificates(
     config: &SbConfig,
     cert_dir: &Path,
     previous: &[NodeCertificate],

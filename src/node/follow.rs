@@ -15,7 +15,7 @@ use super::config::NodeConfig;
 
 /// Without a proxy to POST to, the hash this node announces is that of
 /// the newest valid content of the file.
-pub(super) async fn follow_hash(
+async fn follow_hash(
     mut content: mpsc::Receiver<crate::reload::machine::Input>,
     status: watch::Sender<ReloadStatus>,
 ) {

@@ -23,7 +23,7 @@ use super::{
 /// other variable is unknown: unset in the sidecar unless the image sets it,
 /// or set from a Secret, so a value that depends on one is left for the
 /// sidecar to check.
-pub(super) fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
+fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
     let spec = &proxy.spec;
     let name = proxy.name_any();
     let mut env = BTreeMap::from([
@@ -156,7 +156,7 @@ pub(super) fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<Conf
 }
 
 /// A config text as the checks read it.
-pub(super) struct Reading<'p> {
+struct Reading<'p> {
     /// The sidecar's environment, as far as it is known ([`known_env`]).
     env: BTreeMap<&'p str, String>,
     /// The text as written, to tell which values depend on unknown
@@ -216,10 +216,7 @@ impl Reading<'_> {
 /// pod, with more than one replica, as (the block's path, the backend). A
 /// backend that depends on a variable the operator cannot know is left to
 /// the sidecar.
-pub(super) fn acme_store_not_shared(
-    proxy: &SBProxy,
-    reading: &Reading,
-) -> Option<(String, String)> {
+fn acme_store_not_shared(proxy: &SBProxy, reading: &Reading) -> Option<(String, String)> {
     ACME_BLOCKS.iter().find_map(|block| {
         let acme = reading.tree.as_ref().and_then(|t| yaml_at(t, block))?;
         let enabled = acme.get("enabled").and_then(Yaml::as_bool) == Some(true);
@@ -247,13 +244,13 @@ pub(super) fn acme_store_not_shared(
 /// is about the value at its path: a port left to its default clashes
 /// whatever else the block holds, so only that value can excuse it), and
 /// whether it restarts the proxy.
-pub(super) struct SidecarView {
+struct SidecarView {
     problems: Vec<Problem>,
     conflicts: Vec<Problem>,
     restarts_proxy: bool,
 }
 
-pub(super) fn sidecar_view(reading: &Reading, interpolated: &Interpolated) -> SidecarView {
+fn sidecar_view(reading: &Reading, interpolated: &Interpolated) -> SidecarView {
     let config = match sbmesh::config::parse_interpolated(interpolated) {
         Ok(config) => config,
         Err(problems) => {
@@ -293,7 +290,7 @@ pub(super) fn sidecar_view(reading: &Reading, interpolated: &Interpolated) -> Si
 /// The errors that refuse the config (ConfigInvalid), one line each: the
 /// sidecar's and [`admin_port_problem`], but for the one at `skip` and those
 /// about a value the operator cannot know (left to the sidecar).
-pub(super) fn blocking_problems(
+fn blocking_problems(
     proxy: &SBProxy,
     reading: &Reading,
     view: SidecarView,
@@ -321,7 +318,7 @@ pub(super) fn blocking_problems(
 
 /// The sidecar POSTs reloads to `spec.adminPort`: a config whose
 /// `proxy.admin.port` says otherwise would never be reloaded.
-pub(super) fn admin_port_problem(proxy: &SBProxy, tree: Option<&Yaml>) -> Option<Problem> {
+fn admin_port_problem(proxy: &SBProxy, tree: Option<&Yaml>) -> Option<Problem> {
     let port = tree.and_then(|t| yaml_at(t, &["proxy", "admin", "port"]))?;
     let port = scalar_text(port)?;
     let port: i64 = port.trim().parse().ok()?;
@@ -337,11 +334,11 @@ pub(super) fn admin_port_problem(proxy: &SBProxy, tree: Option<&Yaml>) -> Option
     })
 }
 
-pub(super) fn yaml_at<'a>(value: &'a Yaml, keys: &[&str]) -> Option<&'a Yaml> {
+fn yaml_at<'a>(value: &'a Yaml, keys: &[&str]) -> Option<&'a Yaml> {
     keys.iter().try_fold(value, |v, key| v.get(*key))
 }
 
-pub(super) fn scalar_text(value: &Yaml) -> Option<String> {
+fn scalar_text(value: &Yaml) -> Option<String> {
     match value {
         Yaml::String(s) => Some(s.clone()),
         Yaml::Number(n) => Some(n.to_string()),
@@ -355,17 +352,13 @@ pub(super) fn scalar_text(value: &Yaml) -> Option<String> {
 /// a value written with a `${VAR}` the operator cannot know. When the path
 /// does not exist as written, its nearest existing ancestor is looked at
 /// (conflicts use [`value_depends_on_unknown`] instead).
-pub(super) fn depends_on_unknown(
-    raw: Option<&Yaml>,
-    path: &str,
-    is_known: &dyn Fn(&str) -> bool,
-) -> bool {
+fn depends_on_unknown(raw: Option<&Yaml>, path: &str, is_known: &dyn Fn(&str) -> bool) -> bool {
     walk(raw, path).is_some_and(|(node, _)| mentions_unknown(node, is_known))
 }
 
 /// Whether the value at exactly `path` exists as written and references a
 /// variable the operator cannot know (no ancestor is looked at).
-pub(super) fn value_depends_on_unknown(
+fn value_depends_on_unknown(
     raw: Option<&Yaml>,
     path: &str,
     is_known: &dyn Fn(&str) -> bool,
@@ -376,7 +369,7 @@ pub(super) fn value_depends_on_unknown(
 /// The node at `path` in `raw`, or its nearest existing ancestor, and
 /// whether it is the node itself. `None` for locations that are not YAML
 /// paths.
-pub(super) fn walk<'y>(raw: Option<&'y Yaml>, path: &str) -> Option<(&'y Yaml, bool)> {
+fn walk<'y>(raw: Option<&'y Yaml>, path: &str) -> Option<(&'y Yaml, bool)> {
     let (mut node, segments) = (raw?, path_segments(path)?);
     for segment in &segments {
         let next = match segment {
@@ -391,14 +384,14 @@ pub(super) fn walk<'y>(raw: Option<&'y Yaml>, path: &str) -> Option<(&'y Yaml, b
     Some((node, true))
 }
 
-pub(super) enum Segment {
+enum Segment {
     Key(String),
     Index(usize),
 }
 
 /// Splits a problem path into keys and indexes; `None` for the locations
 /// that are not YAML paths (`line 2, column 5`, `(yaml)`, `(root)`).
-pub(super) fn path_segments(path: &str) -> Option<Vec<Segment>> {
+fn path_segments(path: &str) -> Option<Vec<Segment>> {
     if path.starts_with('(') || path.starts_with("line ") {
         return None;
     }
@@ -443,7 +436,7 @@ pub(super) fn path_segments(path: &str) -> Option<Vec<Segment>> {
 }
 
 /// Whether any key or scalar under `value` references an unknown variable.
-pub(super) fn mentions_unknown(value: &Yaml, is_known: &dyn Fn(&str) -> bool) -> bool {
+fn mentions_unknown(value: &Yaml, is_known: &dyn Fn(&str) -> bool) -> bool {
     match value {
         Yaml::String(s) => references(s).any(|var| !is_known(var)),
         Yaml::Sequence(items) => items.iter().any(|v| mentions_unknown(v, is_known)),

@@ -144,7 +144,7 @@ pub(super) fn pod_template(
 /// The pod's security context: both containers as the sidecar's
 /// non-root user, the runtime's seccomp profile, and the lowest port a
 /// process may bind without privilege when a port below 1024 needs it.
-pub(super) fn pod_security_context(unprivileged_port_start: Option<i32>) -> PodSecurityContext {
+fn pod_security_context(unprivileged_port_start: Option<i32>) -> PodSecurityContext {
     PodSecurityContext {
         run_as_non_root: Some(true),
         run_as_user: Some(NONROOT_UID),
@@ -168,11 +168,7 @@ pub(super) fn pod_security_context(unprivileged_port_start: Option<i32>) -> PodS
 /// config sets `proxy.https_bind_port`, `https`) ports, the two mounts it
 /// shares with the sidecar, and `capability` (when a port of the proxy is
 /// below 1024: [`low_port_privileges`]) as the only one it keeps.
-pub(super) fn proxy_container(
-    proxy: &SBProxy,
-    facts: &ConfigFacts,
-    capability: Option<&str>,
-) -> Container {
+fn proxy_container(proxy: &SBProxy, facts: &ConfigFacts, capability: Option<&str>) -> Container {
     let spec = &proxy.spec;
     Container {
         name: PROXY_CONTAINER.to_string(),
@@ -214,7 +210,7 @@ pub(super) fn proxy_container(
 
 /// The proxy container's shutdown grace in restart mode
 /// ([`RESTART_PROXY_GRACE_MS`]), unless `podTemplate.proxyEnv` set it.
-pub(super) fn set_restart_grace(template: &mut PodTemplateSpec) {
+fn set_restart_grace(template: &mut PodTemplateSpec) {
     let name = flags::SHUTDOWN_GRACE_MS.env;
     let proxy = template
         .spec
@@ -272,10 +268,7 @@ pub(super) fn low_port_privileges(
 /// (`PodTemplateInvalid`, every problem on its own line) where it would
 /// undo what the operator set: "the operator's own" is what `template`
 /// holds before, so these checks follow whatever the pod gets.
-pub(super) fn add_pod_knobs(
-    template: &mut PodTemplateSpec,
-    knobs: &PodTemplate,
-) -> Result<(), Refusal> {
+fn add_pod_knobs(template: &mut PodTemplateSpec, knobs: &PodTemplate) -> Result<(), Refusal> {
     let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
     let Some(pod) = template.spec.as_mut() else {
         return Ok(());
@@ -345,7 +338,7 @@ pub(super) fn add_pod_knobs(
 }
 
 /// Labels of `spec.podTemplate` that would change one the operator sets.
-pub(super) fn label_problems(own: &BTreeMap<String, String>, knobs: &PodTemplate) -> Vec<String> {
+fn label_problems(own: &BTreeMap<String, String>, knobs: &PodTemplate) -> Vec<String> {
     let mut problems = Vec::new();
     for (key, value) in &knobs.labels {
         if let Some(own) = own.get(key).filter(|own| *own != value) {
@@ -363,7 +356,7 @@ pub(super) fn label_problems(own: &BTreeMap<String, String>, knobs: &PodTemplate
 
 /// Volumes of `spec.podTemplate` named as one of the operator's
 /// (`own_volumes`) or as an earlier one of their own.
-pub(super) fn volume_problems(own_volumes: &[&str], knobs: &PodTemplate) -> Vec<String> {
+fn volume_problems(own_volumes: &[&str], knobs: &PodTemplate) -> Vec<String> {
     let mut problems = Vec::new();
     for (i, volume) in knobs.volumes.iter().enumerate() {
         if own_volumes.contains(&volume.name.as_str()) {
@@ -390,7 +383,7 @@ pub(super) fn volume_problems(own_volumes: &[&str], knobs: &PodTemplate) -> Vec<
 }
 
 /// The pod-wide knobs of `spec.podTemplate`, once they were found sound.
-pub(super) fn copy_pod_knobs(meta: &mut ObjectMeta, pod: &mut PodSpec, knobs: &PodTemplate) {
+fn copy_pod_knobs(meta: &mut ObjectMeta, pod: &mut PodSpec, knobs: &PodTemplate) {
     if !knobs.labels.is_empty() {
         meta.labels
             .get_or_insert_with(BTreeMap::new)
@@ -419,14 +412,14 @@ pub(super) fn copy_pod_knobs(meta: &mut ObjectMeta, pod: &mut PodSpec, knobs: &P
     }
 }
 
-pub(super) fn non_empty<T: Clone>(list: &[T]) -> Option<Vec<T>> {
+fn non_empty<T: Clone>(list: &[T]) -> Option<Vec<T>> {
     (!list.is_empty()).then(|| list.to_vec())
 }
 
 /// The problems of the user's `mounts` (`spec.podTemplate.<field>`) for
 /// `container`, as the operator made it: each must name a volume of
 /// `volume_names`, and stay out of the operator's mount paths there.
-pub(super) fn mount_problems(
+fn mount_problems(
     container: &Container,
     field: &str,
     mounts: &[VolumeMount],
@@ -467,7 +460,7 @@ pub(super) fn mount_problems(
 /// The problems of the user's `env` (`spec.podTemplate.<field>`) for
 /// `container`, as the operator made it: none may set a variable the
 /// operator sets there (its value comes from another spec field).
-pub(super) fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<String> {
+fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<String> {
     let own: Vec<&str> = container
         .env
         .iter()
@@ -505,7 +498,7 @@ pub(super) fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -
 
 /// Where the value of a variable the operator sets comes from, for the
 /// message refusing the same variable in `proxyEnv` or `sidecarEnv`.
-pub(super) fn set_from(var: &str) -> &'static str {
+fn set_from(var: &str) -> &'static str {
     let from = [
         (
             &flags::POD_NAME,
@@ -590,12 +583,12 @@ pub(super) fn set_from(var: &str) -> &'static str {
 
 /// Whether `path` is `dir` or lies under it, by path components
 /// (`/etc/sbproxy2` is not under `/etc/sbproxy`; `/etc//sbproxy/` is it).
-pub(super) fn at_or_under(path: &str, dir: &str) -> bool {
+fn at_or_under(path: &str, dir: &str) -> bool {
     let (path, dir) = (path_components(path), path_components(dir));
     path.len() >= dir.len() && path[..dir.len()] == dir[..]
 }
 
-pub(super) fn path_components(path: &str) -> Vec<&str> {
+fn path_components(path: &str) -> Vec<&str> {
     let mut out = Vec::new();
     for part in path.split('/') {
         match part {
@@ -612,7 +605,7 @@ pub(super) fn path_components(path: &str) -> Vec<&str> {
 /// `theirs` over `own`, field by field: each field `theirs` sets wins
 /// whole (a `seccompProfile` of theirs replaces the operator's), the
 /// operator's other fields stay.
-pub(super) fn merged_security_context(
+fn merged_security_context(
     own: PodSecurityContext,
     theirs: &PodSecurityContext,
 ) -> PodSecurityContext {

@@ -239,7 +239,7 @@ pub fn restricted_security_context() -> SecurityContext {
 
 /// Requests that let the scheduler count the sidecar; no limits, so a
 /// burst of ACME work is never throttled or killed.
-pub(super) fn default_sidecar_resources() -> ResourceRequirements {
+fn default_sidecar_resources() -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(BTreeMap::from([
             ("cpu".to_string(), Quantity("50m".to_string())),
@@ -275,7 +275,7 @@ pub(super) fn readiness_probe(path: &str, port: &str) -> Probe {
     }
 }
 
-pub(super) fn http_probe(path: &str, port: &str) -> Probe {
+fn http_probe(path: &str, port: &str) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),
@@ -319,7 +319,7 @@ pub(crate) fn field_env(name: &str, field: &str) -> EnvVar {
     }
 }
 
-pub(super) fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
+fn secret_env(name: &str, secret: &str, key: &str) -> EnvVar {
     EnvVar {
         name: name.to_string(),
         value_from: Some(EnvVarSource {
