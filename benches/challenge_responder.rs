@@ -23,9 +23,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use sbmesh::acme::challenge::{ChallengeBook, challenge_router};
-use sbmesh::metrics::Metrics;
-use sbmesh::store::memory::MemoryStore;
+use sbmesh::internal::challenge::{ChallengeBook, challenge_router};
+use sbmesh::{MemoryStore, Metrics};
 
 const HOST: &str = "api.example.com";
 const TOKEN: &str = "evaGxfADs6pSRb2LAv9IZf17Dt3juxGJ-PCt92wr-oA";

@@ -21,9 +21,9 @@
 
 use std::time::Duration;
 
-use sbmesh::mesh::SwimTuning;
-use sbmesh::mesh::sim::{Sim, SimConfig};
-use sbmesh::mesh::view::MemberState;
+use sbmesh::MemberState;
+use sbmesh::SwimTuning;
+use sbmesh::internal::sim::{Sim, SimConfig};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -161,7 +161,7 @@ fn main() {
                     .count() as u64;
             }
         }
-        let renewals = (generation(&sim) - g0) / sbmesh::mesh::member::RENEW_STEP;
+        let renewals = (generation(&sim) - g0) / sbmesh::internal::member::RENEW_STEP;
         println!(
             "starved member (1.5 s of every 10 s, {stops} stops, N = 32): downs {} (its own included); renewals of its identity {renewals}; suspect observations (every 100 ms) {suspect_obs}",
             sim.downs() - downs

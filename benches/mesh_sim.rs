@@ -1,5 +1,5 @@
 //! The mesh at scale in one process: N shipping mesh cores on the
-//! simulator's virtual clock (`sbmesh::mesh::sim`), no sockets.
+//! simulator's virtual clock (`sbmesh::internal::sim`), no sockets.
 //!
 //! ```text
 //! cargo bench -p sbmesh --bench mesh_sim
@@ -24,7 +24,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use sbmesh::mesh::sim::{Seeds, Sim, SimConfig, Start};
+use sbmesh::internal::sim::{Seeds, Sim, SimConfig, Start};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)

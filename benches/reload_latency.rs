@@ -21,8 +21,7 @@ use std::time::{Duration, Instant};
 mod kubelet;
 
 use kubelet::Kubelet;
-use sbmesh::metrics::Metrics;
-use sbmesh::reload::{Reloader, ReloaderConfig};
+use sbmesh::{Metrics, Reloader, ReloaderConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -35,7 +34,7 @@ struct Seen {
 }
 
 fn sha(bytes: &[u8]) -> String {
-    sbmesh::config::sha256_hex(bytes)
+    sbmesh::sha256_hex(bytes)
 }
 
 fn content(i: usize) -> String {

@@ -24,11 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use sbmesh::store::Store;
-use sbmesh::store::file::FileStore;
-use sbmesh::store::lock::{LeaseLock, put_fenced};
-use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::redb::RedbStore;
+use sbmesh::{FileStore, LeaseLock, MemoryStore, RedbStore, Store, put_fenced};
 
 /// Budget of one throughput measurement.
 const THROUGHPUT_BUDGET: Duration = Duration::from_millis(800);
@@ -95,7 +91,7 @@ fn main() {
         if want("redis") {
             if let Some(url) = env("SBMESH_TEST_REDIS_URL") {
                 let namespace = format!("bench-{:016x}", rand::random::<u64>());
-                let store = sbmesh::store::redis::RedisStore::connect(&url, Duration::from_secs(5))
+                let store = sbmesh::RedisStore::connect(&url, Duration::from_secs(5))
                     .await
                     .expect("redis")
                     .with_namespace(&namespace)

@@ -6,8 +6,7 @@
 //!  EMBED_CHALLENGE_PORT=80 EMBED_HTTPS_PORT=8443 cargo run --example embed`
 use std::{env, net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use sbmesh::node::{Node, NodeConfig};
-use sbmesh::tls::{CertResolver, DefaultCertificate, server_config};
+use sbmesh::{CertResolver, DefaultCertificate, Node, NodeConfig, server_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main]

@@ -107,8 +107,7 @@ impl KeyRing {
     /// [`KeyRingError::DuplicateKey`] when two keys share an id (the same key
     /// listed twice, or a 2⁻³² id collision between different keys);
     /// [`KeyRingError::Crypto`] if the key derivation primitive fails.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(keys: Vec<[u8; 32]>) -> Result<Self, KeyRingError> {
+    pub fn new(keys: Vec<[u8; 32]>) -> Result<Self, KeyRingError> {
         let mut built: Vec<RingKey> = Vec::with_capacity(keys.len());
         for (index, raw) in keys.into_iter().enumerate() {
             let id = key_id(&raw);
@@ -136,8 +135,7 @@ impl KeyRing {
     }
 
     /// Id of the primary key, the one that seals.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn primary_id(&self) -> u32 {
+    pub fn primary_id(&self) -> u32 {
         self.primary().id
     }
 

@@ -6,18 +6,17 @@
 //!
 //! # Embedding a node
 //!
-//! [`node::Node::start`] starts everything the sidecar runs (the mesh,
+//! [`Node::start`] starts everything the sidecar runs (the mesh,
 //! the certificate store, the ACME manager and its challenge responder,
 //! the config watcher, the node metadata and readiness) from one
-//! [`node::NodeConfig`]. [`tls::CertResolver`] serves the node's
+//! [`NodeConfig`]. [`CertResolver`] serves the node's
 //! certificates from a rustls server: self-signed placeholders at first,
 //! then the CA's, each new one from the next handshake on.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use sbmesh::node::{Node, NodeConfig};
-//! use sbmesh::tls::{CertResolver, DefaultCertificate};
+//! use sbmesh::{CertResolver, DefaultCertificate, Node, NodeConfig};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! // Origins and `proxy.extensions.sbmesh.acme` come from sb.yml, which is
@@ -30,7 +29,7 @@
 //! let node = Node::start(cfg).await?;
 //!
 //! let resolver = CertResolver::following(node.certificates(), DefaultCertificate::First);
-//! let tls_config: Arc<rustls::ServerConfig> = Arc::new(sbmesh::tls::server_config(resolver)?);
+//! let tls_config: Arc<rustls::ServerConfig> = Arc::new(sbmesh::server_config(resolver)?);
 //! // ... accept connections with `tls_config` (e.g. tokio-rustls) ...
 //! # let _ = tls_config;
 //!
@@ -71,38 +70,160 @@
 // every function of it, so test builds need not.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
-/// Declares internal modules: crate-private, and public only with the
-/// `testing` feature, through which this workspace's integration tests and
-/// benches reach them. Not part of the API.
-macro_rules! internal_mod {
-    ($($(#[$attr:meta])* $name:ident;)*) => {
-        $(
-            $(#[$attr])*
-            #[cfg(feature = "testing")]
-            pub mod $name;
-            $(#[$attr])*
-            #[cfg(not(feature = "testing"))]
-            pub(crate) mod $name;
-        )*
-    };
+mod acme;
+mod config;
+mod flags;
+mod http;
+mod identity;
+mod keyring;
+mod mesh;
+mod metrics;
+mod node;
+mod proxy;
+mod reload;
+mod store;
+mod tls;
+
+// The API: every public item of the crate is re-exported here, and only
+// here. The modules are private; what they declare `pub` and is not named
+// below is for the crate itself (or for `internal`, further down).
+
+// Embedding a node, serving its certificates.
+pub use node::{
+    Drain, Node, NodeCertificate, NodeConfig, NodeError, ProxyReload, ProxyRestart, ProxySettings,
+};
+pub use tls::{CertResolver, DefaultCertificate, TlsError, server_config};
+
+// The mesh alone, and what a node tells the others.
+pub use identity::{
+    AddrError, IdError, default_cluster_id, default_node_id, mesh_service_fqdn, normalize_seed,
+    parse_advertise, validate_cluster_id, validate_node_id,
+};
+pub use keyring::{KeyRing, KeyRingError, display_key_id};
+pub use mesh::{
+    AcmeInfo, CertificateInfo, ClusterStatus, LastReload, MAX_FAILING_ERROR, MAX_FAILING_IN_META,
+    MemberInfo, MemberState, Mesh, MeshConfig, MeshError, NodeIdentity, NodeMeta, NodeStatus,
+    OrderFailing, OrderWaiting, ProxyInfo, SeedSource, Summary, SwimTuning,
+};
+
+// sb.yml: its model, reading it, and its defaults.
+pub use config::sbproxy::{UnknownKey, unknown_keys};
+pub use config::{
+    AcmeSection, AdminSection, CertApply, CertificateMode, Challenge,
+    DEFAULT_DNS_PROPAGATION_TIMEOUT, DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_BIND,
+    DEFAULT_PROXY_ADMIN_PASSWORD, DEFAULT_PROXY_ADMIN_PORT, DEFAULT_PROXY_ADMIN_USER,
+    DEFAULT_TRANSPORT_PORT, DNS_PORT, Dns01Section, DnsProvider, Eab, EnvLookup, Interpolated,
+    KeyGenError, KeySource, Loaded, Problem, ProxyAcme, ProxyCluster, ProxySection, SbConfig,
+    SbmeshSection, Severity, SidecarPorts, StorageBackend, TsigAlgorithm, Unresolved, child_path,
+    config_conflicts, generate_key, interpolate, interpolate_report, key_to_hex, load_config,
+    local_url, parse_config, parse_interpolated_config, parse_key_ring, resolve_field,
+    resolve_key_source, sha256_hex, unresolved_in, unresolved_message,
+};
+
+// The sidecar's flags, each written once.
+pub use flags::{
+    DEFAULT_ADMIN_LISTEN, DEFAULT_CHALLENGE_LISTEN, DEFAULT_CLUSTER_DOMAIN, DEFAULT_CONFIG_PATH,
+    DEFAULT_NAMESPACE, DEFAULT_SHUTDOWN_GRACE, Flag, FlagDefault, FlagKind, FlagValue,
+};
+
+// Certificate stores and their lease locks.
+pub use store::file::FileStore;
+pub use store::lock::{
+    Clock, FencedEntry, KeeperTiming, Lease, LeaseKeeper, LeaseLock, LockError, LockRecord,
+    LostReason, get_fenced, put_fenced, put_fenced_by_claims,
+};
+pub use store::memory::MemoryStore;
+pub use store::object::{ObjectBackend, ObjectLocation};
+pub use store::redb::RedbStore;
+pub use store::redis::RedisStore;
+pub use store::{
+    Entry, MAX_KEY_LEN, MAX_VALUE_BYTES, Store, StoreError, Version, now_unix_ms, validate_key,
+    validate_prefix, validate_value,
+};
+
+// ACME: where certificates are written, how fast orders may go.
+pub use acme::{AcmeLimits, CHAIN_FILE, KEY_FILE};
+
+// Following the proxy's config and reloading it.
+pub use reload::{
+    ReloadError, ReloadStatus, ReloadTiming, Reloader, ReloaderConfig, ReloaderHandle,
+};
+
+// The HTTP listeners' parts an embedder mounts.
+pub use http::AdminAuth;
+pub use http::passthrough::{InvalidUpstream, Passthrough, Upstream, with_passthrough};
+
+// Metrics: one registry, and the label sets of its families.
+pub use metrics::{
+    AcmeMetrics, BackendLabels, BackendOpLabels, CertExpiry, HostLabels, HttpMetrics,
+    ListenerLabels, MeshMetrics, Metrics, PASSTHROUGH_RESULTS, PeerState, ProxyMetrics,
+    ReasonLabels, ReloaderMetrics, ResultLabels, STORE_SECONDS_BUCKETS, StateLabels, StoreMetrics,
+    StoreOpLabels, TRANSPORT_REFUSED_REASONS, Transport, TransportLabels,
+};
+
+/// The crate's internals that this workspace's own tests, benches and
+/// stand-ins reach: the simulator, the protocol cores' parts, the ACME and
+/// store helpers the test servers drive. **Not part of the API**: hidden
+/// from the docs and free to change in any release; an embedder uses the
+/// items above. Each module here is named after the one it opens.
+#[doc(hidden)]
+pub mod internal {
+    pub mod account {
+        pub use crate::acme::account::{AccountSettings, AcmeError, load_or_create};
+    }
+    pub mod certs {
+        pub use crate::acme::certs::{CertRecord, parse_chain};
+    }
+    pub mod challenge {
+        pub use crate::acme::challenge::{ChallengeBook, Lookup, challenge_router};
+    }
+    pub mod http_client {
+        pub use crate::acme::http_client::AcmeHttpClient;
+    }
+    pub mod issuer {
+        pub use crate::acme::issuer::{Issuer, certificate_identifier};
+    }
+    pub mod layout {
+        pub use crate::acme::layout::{
+            SAN_PREFIX, account, certificate, directory_id, hostname_set_id, issued, order_budget,
+            order_state,
+        };
+    }
+    pub mod manager {
+        pub use crate::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
+    }
+    pub mod ownership {
+        pub use crate::acme::ownership::owner;
+    }
+    pub mod placeholder {
+        pub use crate::acme::placeholder::{generate, is_placeholder};
+    }
+    pub mod schedule {
+        pub use crate::acme::schedule::{IssuanceHistory, OrderBudget, UnitOrderState};
+    }
+    pub mod unit {
+        pub use crate::acme::unit::CertUnit;
+    }
+    pub mod listener {
+        pub use crate::http::listener::{HEADER_READ_TIMEOUT, Listener, serve};
+    }
+    pub mod member {
+        pub use crate::mesh::member::RENEW_STEP;
+    }
+    pub mod sim {
+        pub use crate::mesh::sim::{Seeds, Sim, SimConfig, Start};
+    }
+    pub mod proxy {
+        pub use crate::proxy::procs::terminate;
+        pub use crate::proxy::{
+            ProxyStatus, RESTART_LEASE, RestartConfig, RestartCoordinator, TlsWatcher,
+            WatchTlsConfig, restart_lease, restart_readiness, watch_tls_readiness,
+        };
+    }
+    pub mod instrumented {
+        pub use crate::store::instrumented::Instrumented;
+    }
+    pub mod sealed {
+        pub use crate::store::sealed::{open_record, seal_record};
+    }
 }
-
-pub use mesh::{Mesh, MeshConfig, MeshError, NodeMeta, SeedSource, SwimTuning};
-pub use metrics::Metrics;
-pub use node::{Node, NodeConfig, NodeError};
-pub use store::{Store, StoreError};
-pub use tls::{CertResolver, DefaultCertificate, TlsError};
-
-pub mod acme;
-pub mod config;
-pub mod flags;
-pub mod http;
-pub mod identity;
-pub mod keyring;
-pub mod mesh;
-pub mod metrics;
-pub mod node;
-internal_mod! { proxy; }
-pub mod reload;
-pub mod store;
-pub mod tls;

@@ -1,4 +1,4 @@
-//! The ACME issuer ([`sbmesh::acme::issuer`], [`sbmesh::acme::account`])
+//! The ACME issuer ([`sbmesh::internal::issuer`], [`sbmesh::internal::account`])
 //! against a real Pebble (`scripts/test` starts it; without its variables
 //! each Pebble test prints SKIP, or fails when SBMESH_TEST_REQUIRE_SERVERS=1):
 //!
@@ -41,14 +41,11 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use base64::Engine;
 use base64::prelude::BASE64_URL_SAFE_NO_PAD;
-use sbmesh::acme::account::{AccountSettings, AcmeError, load_or_create};
-use sbmesh::acme::challenge::ChallengeBook;
-use sbmesh::acme::issuer::{Issuer, certificate_identifier};
-use sbmesh::acme::layout;
-use sbmesh::keyring::KeyRing;
-use sbmesh::metrics::Metrics;
-use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::{Store, StoreError};
+use sbmesh::internal::account::{AccountSettings, AcmeError, load_or_create};
+use sbmesh::internal::challenge::ChallengeBook;
+use sbmesh::internal::issuer::{Issuer, certificate_identifier};
+use sbmesh::internal::layout;
+use sbmesh::{KeyRing, MemoryStore, Metrics, Store, StoreError};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -162,7 +159,7 @@ async fn shared_store() -> Arc<dyn Store> {
     match server_env("SBMESH_TEST_REDIS_URL") {
         Some(url) => {
             let namespace = format!("issuer-{:016x}", rand::random::<u64>());
-            let store = sbmesh::store::redis::RedisStore::connect(&url, Duration::from_secs(5))
+            let store = sbmesh::RedisStore::connect(&url, Duration::from_secs(5))
                 .await
                 .expect("redis store")
                 .with_namespace(&namespace)

@@ -30,20 +30,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sbmesh::acme::certs::parse_chain;
-use sbmesh::acme::challenge::ChallengeBook;
-use sbmesh::acme::layout;
-use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
-use sbmesh::acme::placeholder::is_placeholder;
-use sbmesh::acme::schedule::{OrderBudget, UnitOrderState};
-use sbmesh::acme::unit::CertUnit;
-use sbmesh::config::SbConfig;
-use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta};
-use sbmesh::metrics::Metrics;
-use sbmesh::store::instrumented::Instrumented;
-use sbmesh::store::lock::LeaseLock;
-use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::{Store, StoreError};
+use sbmesh::internal::certs::parse_chain;
+use sbmesh::internal::challenge::ChallengeBook;
+use sbmesh::internal::instrumented::Instrumented;
+use sbmesh::internal::layout;
+use sbmesh::internal::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
+use sbmesh::internal::placeholder::is_placeholder;
+use sbmesh::internal::schedule::{OrderBudget, UnitOrderState};
+use sbmesh::internal::unit::CertUnit;
+use sbmesh::{
+    LeaseLock, MemoryStore, Mesh, MeshConfig, Metrics, NodeMeta, SbConfig, Store, StoreError,
+    put_fenced,
+};
 use tokio::sync::watch;
 
 use acme_ca::{Pebble, eventually, serve_responder, unique_host};
@@ -61,7 +59,7 @@ fn config(directory: &str, ca_root: &Path, origins: &[String]) -> Arc<SbConfig> 
     for origin in origins {
         text.push_str(&format!("  \"{origin}\": {{}}\n"));
     }
-    Arc::new(sbmesh::config::parse(&text).expect("a valid config"))
+    Arc::new(sbmesh::parse_config(&text).expect("a valid config"))
 }
 
 async fn alone(node: &str, ip: Ipv4Addr, metrics: &Arc<Metrics>) -> Mesh {
@@ -434,8 +432,9 @@ async fn attempts_that_never_reach_the_ca_spend_no_budget() {
     let directory = format!("https://127.0.43.6:{port}/dir");
     let ca_root = tempfile::NamedTempFile::new().unwrap();
     // Any PEM certificate will do as the (never used) trust anchor.
-    let (chain, _) = sbmesh::acme::placeholder::generate(&["ca.test".to_owned()], 1_800_000_000)
-        .expect("a certificate");
+    let (chain, _) =
+        sbmesh::internal::placeholder::generate(&["ca.test".to_owned()], 1_800_000_000)
+            .expect("a certificate");
     std::fs::write(ca_root.path(), chain).unwrap();
     let hosts: Vec<String> = (0..40).map(|i| format!("h{i}.budget.test")).collect();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -546,7 +545,7 @@ async fn a_new_order_that_never_reached_the_ca_gives_its_budget_back() {
         "faults-neworder",
         Ipv4Addr::new(127, 0, 43, 8),
         &store,
-        Arc::new(sbmesh::config::parse(&text).expect("a valid config")),
+        Arc::new(sbmesh::parse_config(&text).expect("a valid config")),
     )
     .await;
     eventually(
@@ -711,9 +710,8 @@ fn ari_certificate(host: &str) -> (String, String) {
 
 #[tokio::test]
 async fn a_renewal_asked_for_by_ari_names_the_certificate_it_replaces() {
-    use sbmesh::acme::certs::CertRecord;
-    use sbmesh::acme::issuer::certificate_identifier;
-    use sbmesh::store::lock::put_fenced;
+    use sbmesh::internal::certs::CertRecord;
+    use sbmesh::internal::issuer::certificate_identifier;
     let (directory, ca, _task) = ca_with_ari(Ipv4Addr::new(127, 0, 43, 9)).await;
     let renewed = "renew.ari.test".to_owned();
     // A second origin without a certificate: its order builds the issuer.
@@ -756,7 +754,7 @@ async fn a_renewal_asked_for_by_ari_names_the_certificate_it_replaces() {
         "faults-ari",
         Ipv4Addr::new(127, 0, 43, 10),
         &store,
-        Arc::new(sbmesh::config::parse(&text).expect("a valid config")),
+        Arc::new(sbmesh::parse_config(&text).expect("a valid config")),
     )
     .await;
     eventually(
@@ -799,7 +797,7 @@ async fn a_renewal_asked_for_by_ari_names_the_certificate_it_replaces() {
         .expect("the shared state of the renewed certificate");
     let ari = state.ari.expect("the CA's answer is shared");
     assert_eq!(ari.serial, facts.serial);
-    let now = sbmesh::store::now_unix_ms() / 1000;
+    let now = sbmesh::now_unix_ms() / 1000;
     assert!(
         ari.next_check_unix > now + 3500 && ari.next_check_unix <= now + 3600,
         "not asked again before the CA's Retry-After of an hour: {ari:?}"

@@ -30,17 +30,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sbmesh::acme::certs::parse_chain;
-use sbmesh::acme::challenge::ChallengeBook;
-use sbmesh::acme::layout;
-use sbmesh::acme::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
-use sbmesh::acme::placeholder::is_placeholder;
-use sbmesh::acme::schedule::IssuanceHistory;
-use sbmesh::config::SbConfig;
-use sbmesh::mesh::{Mesh, MeshConfig, NodeMeta};
-use sbmesh::metrics::Metrics;
-use sbmesh::store::Store;
-use sbmesh::store::memory::MemoryStore;
+use sbmesh::internal::certs::parse_chain;
+use sbmesh::internal::challenge::ChallengeBook;
+use sbmesh::internal::layout;
+use sbmesh::internal::manager::{AcmeInputs, AcmeManager, AcmeManagerConfig};
+use sbmesh::internal::placeholder::is_placeholder;
+use sbmesh::internal::schedule::IssuanceHistory;
+use sbmesh::{MemoryStore, Mesh, MeshConfig, Metrics, NodeMeta, SbConfig, Store};
 use tokio::sync::watch;
 
 use acme_ca::{Pebble, eventually, serve_responder, unique_host, verify_issued};
@@ -65,7 +61,7 @@ fn config_in(pebble: &Pebble, origins: &[String], mode: &str) -> Arc<SbConfig> {
     for origin in origins {
         text.push_str(&format!("  \"{origin}\": {{}}\n"));
     }
-    Arc::new(sbmesh::config::parse(&text).expect("a valid config"))
+    Arc::new(sbmesh::parse_config(&text).expect("a valid config"))
 }
 
 async fn alone(node: &str, ip: Ipv4Addr, metrics: &Arc<Metrics>) -> Mesh {

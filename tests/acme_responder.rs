@@ -18,10 +18,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
-use sbmesh::acme::challenge::{ChallengeBook, Lookup, challenge_router};
-use sbmesh::metrics::{Metrics, ResultLabels};
-use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::{Store, StoreError};
+use sbmesh::internal::challenge::{ChallengeBook, Lookup, challenge_router};
+use sbmesh::{MemoryStore, Metrics, ResultLabels, Store, StoreError};
 use store_hook::{Hook, Hooked, Op};
 use tokio::net::TcpStream;
 
@@ -379,7 +377,7 @@ async fn another_replicas_token_redis() {
         return;
     };
     let ns = format!("responder-{:016x}", rand::random::<u64>());
-    let store = sbmesh::store::redis::RedisStore::connect(&url, Duration::from_secs(2))
+    let store = sbmesh::RedisStore::connect(&url, Duration::from_secs(2))
         .await
         .expect("connect to SBMESH_TEST_REDIS_URL")
         .with_namespace(&ns)

@@ -5,8 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sbmesh::mesh::{ClusterStatus, MemberState, Mesh, MeshConfig, NodeMeta};
-use sbmesh::metrics::Metrics;
+use sbmesh::{ClusterStatus, MemberState, Mesh, MeshConfig, Metrics, NodeMeta};
 
 const KEY: [u8; 32] = [0x42; 32];
 
@@ -71,7 +70,7 @@ async fn three_nodes_join_share_metadata_and_leave() {
         version: "test".into(),
         ready: true,
         config_hash: Some("sha256:abc".into()),
-        proxy: Some(sbmesh::mesh::ProxyInfo {
+        proxy: Some(sbmesh::ProxyInfo {
             restarts: 2,
             last_restart_unix_ms: Some(1_795_960_276_000),
         }),

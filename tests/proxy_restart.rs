@@ -11,13 +11,11 @@ use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use sbmesh::metrics::Metrics;
-use sbmesh::proxy::{
+use sbmesh::internal::proxy::{
     ProxyStatus, RESTART_LEASE, RestartConfig, RestartCoordinator, TlsWatcher, WatchTlsConfig,
     restart_lease,
 };
-use sbmesh::store::Store;
-use sbmesh::store::memory::MemoryStore;
+use sbmesh::{MemoryStore, Metrics, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -79,7 +77,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if !self.is_finished() {
-            let _ = sbmesh::proxy::procs::terminate(self.pid);
+            let _ = sbmesh::internal::proxy::terminate(self.pid);
         }
     }
 }
@@ -203,7 +201,7 @@ async fn restart_terminates_the_proxy_waits_for_health_and_releases_the_lease() 
     let mut status = coordinator.status();
     assert_eq!(*status.borrow(), ProxyStatus::default());
 
-    let before = sbmesh::store::now_unix_ms();
+    let before = sbmesh::now_unix_ms();
     (coordinator.requester())();
     let (exit, _) = exit.exited().await;
     assert_eq!(exit.signal(), Some(15), "the proxy got SIGTERM: {exit:?}");
@@ -266,7 +264,7 @@ async fn a_missing_proxy_is_reported_and_the_lease_released() {
             .contains("sbmesh_proxy_restarts_total{reason=\"certificate\"} 0")
     );
     // The readiness check carries the problem.
-    let check = sbmesh::proxy::restart_readiness(coordinator.status());
+    let check = sbmesh::internal::proxy::restart_readiness(coordinator.status());
     assert!(check().unwrap().contains("not found"));
 }
 
@@ -576,7 +574,7 @@ async fn watch_tls_applies_valid_renewals_only() {
             .contains("sbmesh_watch_tls_rejected_total{reason=\"mismatch\"} 1")
     );
     assert_eq!(applied.load(Ordering::SeqCst), 1);
-    let check = sbmesh::proxy::watch_tls_readiness(vec![watcher.problem()]);
+    let check = sbmesh::internal::proxy::watch_tls_readiness(vec![watcher.problem()]);
     assert!(check().unwrap().contains("mismatch"));
 
     // A valid pair clears the problem and is applied.

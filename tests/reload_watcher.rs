@@ -16,9 +16,11 @@ use std::time::{Duration, Instant};
 mod kubelet;
 
 use kubelet::Kubelet;
-use sbmesh::config;
-use sbmesh::metrics::Metrics;
-use sbmesh::reload::{ReloadStatus, Reloader, ReloaderConfig, ReloaderHandle};
+
+use sbmesh::{
+    Metrics, ReloadStatus, ReloadTiming, Reloader, ReloaderConfig, ReloaderHandle, parse_config,
+    sha256_hex,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -109,7 +111,7 @@ async fn answer(mut stream: TcpStream, state: Arc<ProxyState>) {
     let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
     state.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let file_sha = std::fs::read(&state.config)
-        .map(|raw| config::sha256_hex(&raw))
+        .map(|raw| sha256_hex(&raw))
         .unwrap_or_else(|e| format!("unreadable: {e}"));
     tokio::time::sleep(state.delay).await;
     let status = state.script.lock().unwrap().pop_front().unwrap_or(200);
@@ -131,12 +133,12 @@ fn valid(version: usize) -> String {
     let text = format!(
         "proxy:\n  admin: {{ port: 9090 }}\norigins:\n  \"v{version}.example.com\": {{}}\n"
     );
-    assert!(config::parse(&text).is_ok(), "test config must be valid");
+    assert!(parse_config(&text).is_ok(), "test config must be valid");
     text
 }
 
 fn sha(text: &str) -> String {
-    config::sha256_hex(text.as_bytes())
+    sha256_hex(text.as_bytes())
 }
 
 /// Editor-style write: a temporary file renamed over the original.
@@ -331,7 +333,8 @@ async fn changes_during_a_slow_post_collapse_into_one_post_of_the_newest() {
 /// the debounce has passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
-    assert_eq!(sbmesh::flags::DEFAULT_DEBOUNCE, Duration::from_millis(200));
+    let debounce = ReloadTiming::default().debounce;
+    assert_eq!(debounce, Duration::from_millis(200));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sb.yml");
     std::fs::write(&path, valid(0)).unwrap();
@@ -340,7 +343,7 @@ async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
     let mut config = ReloaderConfig::new(&path, proxy.url());
     config.authorization = Some(AUTH.into());
     config.rescan = Duration::from_secs(3600);
-    assert_eq!(config.debounce, sbmesh::flags::DEFAULT_DEBOUNCE);
+    assert_eq!(config.debounce, debounce);
     let handle = spawn(config, &metrics);
     wait_delivered(&proxy, &handle, &valid(0)).await;
 
@@ -359,10 +362,7 @@ async fn the_200_ms_debounce_collapses_a_burst_and_delays_a_single_change() {
     let posts = proxy.posts();
     assert_eq!(posts.len(), 3);
     let after = posts[2].at.duration_since(written);
-    assert!(
-        after >= sbmesh::flags::DEFAULT_DEBOUNCE,
-        "POSTed {after:?} after the write"
-    );
+    assert!(after >= debounce, "POSTed {after:?} after the write");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

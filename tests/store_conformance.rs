@@ -16,10 +16,10 @@ mod object_servers;
 
 use object_servers::{require_servers, server_env};
 
-use sbmesh::store::file::FileStore;
-use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::redb::RedbStore;
-use sbmesh::store::{MAX_KEY_LEN, MAX_VALUE_BYTES, Store};
+use sbmesh::{
+    FileStore, Lease, LeaseLock, MAX_KEY_LEN, MAX_VALUE_BYTES, MemoryStore, RedbStore, Store,
+    StoreError, Version, get_fenced, now_unix_ms, put_fenced,
+};
 
 /// A store under test and whatever must outlive it (a temp directory).
 struct Fixture {
@@ -66,7 +66,7 @@ async fn file_store() -> Option<Fixture> {
 async fn redis_store() -> Option<Arc<dyn Store>> {
     let url = server_env("SBMESH_TEST_REDIS_URL")?;
     let namespace = format!("conformance-{:016x}", rand::random::<u64>());
-    let store = sbmesh::store::redis::RedisStore::connect(&url, Duration::from_secs(5))
+    let store = sbmesh::RedisStore::connect(&url, Duration::from_secs(5))
         .await
         .expect("redis store")
         .with_namespace(&namespace)
@@ -149,8 +149,6 @@ backend_suite!(azure, azure_store);
 mod checks {
     use std::collections::HashSet;
     use std::time::Instant;
-
-    use sbmesh::store::{StoreError, Version, now_unix_ms};
 
     use super::*;
 
@@ -721,7 +719,6 @@ mod checks {
     /// under an older value's fence; a lock record that is not one is a
     /// `Corrupt` error naming it.
     pub async fn fenced_write_checks_both_fences(store: Arc<dyn Store>) {
-        use sbmesh::store::lock::{Lease, LeaseLock, get_fenced, put_fenced};
         let ns = ns();
         let key = format!("{ns}/value");
         let lock = LeaseLock::new(Arc::clone(&store), &format!("{ns}/lock"));
@@ -774,7 +771,6 @@ mod checks {
     /// 8 writers with fences 1..=8 write one key at once: the value ends
     /// under fence 8, and every refusal names a newer fence.
     pub async fn fenced_writers_race_to_the_highest_fence(store: Arc<dyn Store>) {
-        use sbmesh::store::lock::{Lease, get_fenced, put_fenced};
         let ns = ns();
         let key = format!("{ns}/value");
         let barrier = Arc::new(tokio::sync::Barrier::new(8));

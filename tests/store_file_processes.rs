@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sbmesh::store::Store;
-use sbmesh::store::file::FileStore;
+use sbmesh::{FileStore, Store};
 
 /// What a child process does: `cas` or `create`.
 const ROLE_ENV: &str = "SBMESH_FILE_STORE_CHILD_ROLE";

@@ -19,8 +19,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sbmesh::store::object::{ObjectBackend, ObjectLocation};
-use sbmesh::store::{Store, StoreError};
+use sbmesh::{ObjectBackend, ObjectLocation, Store, StoreError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn config_error(path: &str, options: &[(&str, &str)]) -> String {
@@ -376,10 +375,7 @@ async fn gcs_conditional_writes_on_the_wire() {
         assert_eq!(&body[20..], value, "request {i}");
     }
     let expiry = u64::from_be_bytes(seen[2].body[4..12].try_into().unwrap());
-    assert!(
-        expiry > sbmesh::store::now_unix_ms(),
-        "the TTL is in the record"
-    );
+    assert!(expiry > sbmesh::now_unix_ms(), "the TTL is in the record");
 }
 
 /// A missing bucket is an error, not an empty store (GCS answers

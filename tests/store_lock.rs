@@ -1,4 +1,4 @@
-//! The lease lock ([`sbmesh::store::lock`]) on every backend: the same
+//! The lease lock ([`sbmesh::LeaseLock`]) on every backend: the same
 //! checks (in [`checks`]) run on memory, redb and file always, and on Redis,
 //! S3 and Azure when `scripts/test` started them (their environment
 //! variables set). Without a server's variable a check prints `SKIP` and
@@ -34,18 +34,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sbmesh::keyring::KeyRing;
-use sbmesh::metrics::Metrics;
-use sbmesh::store::file::FileStore;
-use sbmesh::store::instrumented::Instrumented;
-use sbmesh::store::lock::{
-    Clock, KeeperTiming, Lease, LeaseKeeper, LeaseLock, LockError, LostReason, get_fenced,
-    put_fenced,
+use sbmesh::internal::instrumented::Instrumented;
+use sbmesh::internal::sealed::{open_record, seal_record};
+use sbmesh::{
+    Clock, Entry, FileStore, KeeperTiming, KeyRing, Lease, LeaseKeeper, LeaseLock, LockError,
+    LostReason, MemoryStore, Metrics, RedbStore, Store, StoreError, Version, get_fenced,
+    now_unix_ms, put_fenced,
 };
-use sbmesh::store::memory::MemoryStore;
-use sbmesh::store::redb::RedbStore;
-use sbmesh::store::sealed::{open_record, seal_record};
-use sbmesh::store::{Entry, Store, StoreError, Version, now_unix_ms};
 
 /// A store under test and whatever must outlive it (a temp directory).
 struct Fixture {
@@ -99,7 +94,7 @@ async fn file_store() -> Option<Fixture> {
 async fn redis_store() -> Option<Fixture> {
     let url = server_env("SBMESH_TEST_REDIS_URL")?;
     let namespace = format!("lock-{:016x}", rand::random::<u64>());
-    let store = sbmesh::store::redis::RedisStore::connect(&url, Duration::from_secs(5))
+    let store = sbmesh::RedisStore::connect(&url, Duration::from_secs(5))
         .await
         .expect("redis store")
         .with_namespace(&namespace)
@@ -333,8 +328,7 @@ impl Store for Pausing {
         fence: u64,
     ) -> Result<Version, StoreError> {
         if !self.atomic {
-            return sbmesh::store::lock::put_fenced_by_claims(self, key, value, lock_key, fence)
-                .await;
+            return sbmesh::put_fenced_by_claims(self, key, value, lock_key, fence).await;
         }
         // The check a two-step write would make, then the stall.
         let _ = self.get(lock_key).await?;

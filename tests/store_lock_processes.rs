@@ -24,10 +24,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sbmesh::store::file::FileStore;
-use sbmesh::store::lock::{LeaseKeeper, LeaseLock, get_fenced, put_fenced};
-use sbmesh::store::object::ObjectBackend;
-use sbmesh::store::{Store, now_unix_ms};
+use sbmesh::{
+    FileStore, LeaseKeeper, LeaseLock, ObjectBackend, Store, get_fenced, now_unix_ms, put_fenced,
+};
 
 /// What a child does: `sections`, `hold` or `take`.
 const ROLE_ENV: &str = "SBMESH_LOCK_CHILD_ROLE";
@@ -171,7 +170,7 @@ async fn open(backend: &str, target: &str, namespace: &str) -> Arc<dyn Store> {
     match backend {
         "file" => Arc::new(FileStore::open(target).await.expect("open file store")),
         "redis" => Arc::new(
-            sbmesh::store::redis::RedisStore::connect(target, Duration::from_secs(5))
+            sbmesh::RedisStore::connect(target, Duration::from_secs(5))
                 .await
                 .expect("redis store")
                 .with_namespace(namespace)

@@ -20,8 +20,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sbmesh::store::object::ObjectBackend;
-use sbmesh::store::{Store, StoreError};
+use sbmesh::{ObjectBackend, Store, StoreError};
 
 /// One object store server with a fresh bucket: our store on `prefix`, and
 /// a raw `object_store` client on the same bucket to look underneath.

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use sbmesh::store::redis::RedisStore;
-use sbmesh::store::{Store, StoreError};
+use sbmesh::{RedisStore, Store, StoreError};
 
 const OP_TIMEOUT: Duration = Duration::from_secs(1);
 /// What the brief allows on top of the operation timeout.
@@ -46,7 +45,7 @@ async fn every_op(store: &RedisStore) -> Vec<(&'static str, Result<(), StoreErro
             out.push(($name, r));
         }};
     }
-    let v = sbmesh::store::Version("0".repeat(32));
+    let v = sbmesh::Version("0".repeat(32));
     op!("get", store.get("certs/a/chain"));
     op!("put", store.put("certs/a/chain", b"chain", None));
     op!(

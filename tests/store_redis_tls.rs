@@ -11,8 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use sbmesh::store::Store;
-use sbmesh::store::redis::RedisStore;
+use sbmesh::{RedisStore, Store};
 
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
 const CHILD_URL_VAR: &str = "SBMESH_TEST_REDISS_URL";

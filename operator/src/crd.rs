@@ -444,22 +444,22 @@ fn default_port() -> i32 {
 // defines them (its flag table and config), so a pod the operator renders
 // and a sidecar started by hand agree.
 fn default_admin_port() -> i32 {
-    i32::from(sbmesh::config::DEFAULT_PROXY_ADMIN_PORT)
+    i32::from(sbmesh::DEFAULT_PROXY_ADMIN_PORT)
 }
 pub(crate) fn default_gossip_port() -> i32 {
-    i32::from(sbmesh::config::DEFAULT_GOSSIP_PORT)
+    i32::from(sbmesh::DEFAULT_GOSSIP_PORT)
 }
 pub(crate) fn default_transport_port() -> i32 {
-    i32::from(sbmesh::config::DEFAULT_TRANSPORT_PORT)
+    i32::from(sbmesh::DEFAULT_TRANSPORT_PORT)
 }
 pub(crate) fn default_cluster_domain() -> String {
-    sbmesh::flags::DEFAULT_CLUSTER_DOMAIN.to_string()
+    sbmesh::DEFAULT_CLUSTER_DOMAIN.to_string()
 }
 pub(crate) fn default_sidecar_admin_port() -> i32 {
-    i32::from(sbmesh::flags::DEFAULT_ADMIN_LISTEN.port())
+    i32::from(sbmesh::DEFAULT_ADMIN_LISTEN.port())
 }
 pub(crate) fn default_challenge_port() -> i32 {
-    i32::from(sbmesh::flags::DEFAULT_CHALLENGE_LISTEN.port())
+    i32::from(sbmesh::DEFAULT_CHALLENGE_LISTEN.port())
 }
 fn default_key_rotation_grace_seconds() -> i64 {
     300

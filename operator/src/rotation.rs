@@ -72,7 +72,7 @@ pub fn plan(
         .and_then(|d| d.get(CLUSTER_KEY_KEY))
         .map(|v| String::from_utf8_lossy(&v.0).into_owned())
         .ok_or_else(|| format!("Secret {name} has no {CLUSTER_KEY_KEY:?} key"))?;
-    let ring = sbmesh::config::parse_key_ring(&text)
+    let ring = sbmesh::parse_key_ring(&text)
         .map_err(|e| format!("Secret {name}, key {CLUSTER_KEY_KEY:?}: {e}"))?;
     let annotation = |key: &str| {
         secret
@@ -84,8 +84,8 @@ pub fn plan(
     };
     let rotated_for = annotation(ROTATED_FOR_ANNOTATION);
     let rotated_at = annotation(ROTATED_AT_ANNOTATION).and_then(|t| t.parse::<Timestamp>().ok());
-    let primary = sbmesh::config::key_to_hex(&ring[0]);
-    let primary_id = sbmesh::keyring::display_key_id(&ring[0]);
+    let primary = sbmesh::key_to_hex(&ring[0]);
+    let primary_id = sbmesh::display_key_id(&ring[0]);
     let status = |key_id: String, phase: &str, at: Option<Timestamp>| ClusterKeyStatus {
         key_id,
         phase: phase.to_string(),
@@ -161,10 +161,10 @@ pub fn key_id(key_hex: &str) -> String {
 /// The key ids of a ring written as hex lines, primary first, joined by
 /// `,`: what the pods are told of a written ring.
 pub fn ring_ids(ring: &str) -> String {
-    match sbmesh::config::parse_key_ring(ring) {
+    match sbmesh::parse_key_ring(ring) {
         Ok(keys) => keys
             .iter()
-            .map(sbmesh::keyring::display_key_id)
+            .map(sbmesh::display_key_id)
             .collect::<Vec<_>>()
             .join(","),
         Err(_) => String::new(),

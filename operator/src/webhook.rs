@@ -105,7 +105,7 @@ pub fn service_names(namespace: &str) -> Vec<String> {
         format!("{SERVICE}.{namespace}.svc"),
         format!(
             "{SERVICE}.{namespace}.svc.{}",
-            sbmesh::flags::DEFAULT_CLUSTER_DOMAIN
+            sbmesh::DEFAULT_CLUSTER_DOMAIN
         ),
     ]
 }

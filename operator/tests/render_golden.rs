@@ -582,7 +582,7 @@ fn a_config_edit_changes_only_the_configmap_and_the_hash() {
         after.config_hash,
         format!(
             "sha256:{}",
-            sbmesh::config::sha256_hex(config.spec.config.as_bytes())
+            sbmesh::sha256_hex(config.spec.config.as_bytes())
         )
     );
     assert_eq!(before.stateful_set, after.stateful_set);
@@ -951,7 +951,7 @@ fn port_80_passes_ordinary_requests_to_the_proxys_http_port() {
     );
     // The value the sidecar is given is one it accepts.
     let url = env_value(&sidecar(&r), "SBMESH_CHALLENGE_PASSTHROUGH").unwrap();
-    assert!(sbmesh::http::passthrough::Upstream::parse(&url).is_ok());
+    assert!(sbmesh::Upstream::parse(&url).is_ok());
 }
 
 #[test]

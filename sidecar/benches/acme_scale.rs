@@ -132,7 +132,7 @@ fn run_fleet(setup: &Setup, config: &str, watched: &[String]) -> (f64, Cluster) 
     if setup.bind.is_none() {
         // HTTP-01: each validation lands on a replica that did not order.
         for h in watched {
-            let owner = sbmesh::acme::ownership::owner(h, &NODES).expect("members");
+            let owner = sbmesh::internal::ownership::owner(h, &NODES).expect("members");
             let i = NODES.iter().position(|x| *x == owner).expect("member");
             setup.pebble.route(h, ips[(i + 1) % 3]);
         }

@@ -105,7 +105,7 @@ fn proxy_start_and_exit(sbproxy: &std::path::Path, base: &std::path::Path) -> (D
     let dir = base.join("solo");
     std::fs::create_dir_all(&dir).expect("dir");
     let (crt, key) =
-        sbmesh::acme::placeholder::generate(&["solo.example.com".to_owned()], 1_790_000_000)
+        sbmesh::internal::placeholder::generate(&["solo.example.com".to_owned()], 1_790_000_000)
             .expect("pair");
     std::fs::write(dir.join("tls.crt"), crt).expect("crt");
     std::fs::write(dir.join("tls.key"), key).expect("key");

@@ -6,17 +6,17 @@
 //! `validate`; defaults are applied there too, because several of them come
 //! from `sb.yml` (flag > environment > `sb.yml` > default). Each flag's
 //! name, variable, value name and help come from its entry in
-//! [`sbmesh::flags`], the one place a flag is defined.
+//! [`sbmesh::Flag`], the one place a flag is defined.
 
 use std::path::PathBuf;
 
 use clap::{Arg, Args, Parser, Subcommand};
-use sbmesh::flags::{self, Flag, Kind};
+use sbmesh::{DEFAULT_CONFIG_PATH, Flag, FlagKind};
 
 /// The config file to read: the one `--config` gave, else
-/// [`flags::DEFAULT_CONFIG_PATH`] (the one place the default is applied).
+/// [`DEFAULT_CONFIG_PATH`] (the one place the default is applied).
 pub fn config_path(given: Option<&std::path::Path>) -> PathBuf {
-    given.map_or_else(|| PathBuf::from(flags::DEFAULT_CONFIG_PATH), PathBuf::from)
+    given.map_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH), PathBuf::from)
 }
 
 /// The default `status --admin`: the default `--admin-listen` seen from
@@ -53,92 +53,92 @@ pub enum Command {
 }
 
 /// Flags of `run`. Each field is the flag of the same name in
-/// [`flags::RUN`], which gives its long name, environment variable, value
+/// [`Flag::RUN`], which gives its long name, environment variable, value
 /// name and help. Each is optional here: absence lets the next source in
 /// the precedence (environment, then `sb.yml`, then the default) decide.
 #[derive(Debug, Clone, Default, Args)]
 pub struct RunArgs {
-    #[arg(described_by = &flags::CONFIG)]
+    #[arg(described_by = &Flag::CONFIG)]
     pub config: Option<PathBuf>,
-    #[arg(described_by = &flags::POD_NAME)]
+    #[arg(described_by = &Flag::POD_NAME)]
     pub pod_name: Option<String>,
-    #[arg(described_by = &flags::POD_IP)]
+    #[arg(described_by = &Flag::POD_IP)]
     pub pod_ip: Option<String>,
-    #[arg(described_by = &flags::NAMESPACE)]
+    #[arg(described_by = &Flag::NAMESPACE)]
     pub namespace: Option<String>,
-    #[arg(described_by = &flags::NODE_ID)]
+    #[arg(described_by = &Flag::NODE_ID)]
     pub node_id: Option<String>,
-    #[arg(described_by = &flags::CLUSTER_ID)]
+    #[arg(described_by = &Flag::CLUSTER_ID)]
     pub cluster_id: Option<String>,
-    #[arg(described_by = &flags::MESH_SERVICE)]
+    #[arg(described_by = &Flag::MESH_SERVICE)]
     pub mesh_service: Option<String>,
-    #[arg(described_by = &flags::CLUSTER_DOMAIN)]
+    #[arg(described_by = &Flag::CLUSTER_DOMAIN)]
     pub cluster_domain: Option<String>,
-    #[arg(described_by = &flags::SEEDS)]
+    #[arg(described_by = &Flag::SEEDS)]
     pub seeds: Option<String>,
-    #[arg(described_by = &flags::BIND)]
+    #[arg(described_by = &Flag::BIND)]
     pub bind: Option<String>,
-    #[arg(described_by = &flags::ADVERTISE)]
+    #[arg(described_by = &Flag::ADVERTISE)]
     pub advertise: Option<String>,
-    #[arg(described_by = &flags::GOSSIP_PORT)]
+    #[arg(described_by = &Flag::GOSSIP_PORT)]
     pub gossip_port: Option<String>,
-    #[arg(described_by = &flags::TRANSPORT_PORT)]
+    #[arg(described_by = &Flag::TRANSPORT_PORT)]
     pub transport_port: Option<String>,
-    #[arg(described_by = &flags::CLUSTER_KEY)]
+    #[arg(described_by = &Flag::CLUSTER_KEY)]
     pub cluster_key: Option<String>,
-    #[arg(described_by = &flags::CLUSTER_KEY_FILE)]
+    #[arg(described_by = &Flag::CLUSTER_KEY_FILE)]
     pub cluster_key_file: Option<PathBuf>,
-    #[arg(described_by = &flags::ADMIN_LISTEN)]
+    #[arg(described_by = &Flag::ADMIN_LISTEN)]
     pub admin_listen: Option<String>,
-    #[arg(described_by = &flags::ADMIN_USER)]
+    #[arg(described_by = &Flag::ADMIN_USER)]
     pub admin_user: Option<String>,
-    #[arg(described_by = &flags::ADMIN_PASSWORD)]
+    #[arg(described_by = &Flag::ADMIN_PASSWORD)]
     pub admin_password: Option<String>,
-    #[arg(described_by = &flags::CHALLENGE_LISTEN)]
+    #[arg(described_by = &Flag::CHALLENGE_LISTEN)]
     pub challenge_listen: Option<String>,
-    #[arg(described_by = &flags::CHALLENGE_PASSTHROUGH)]
+    #[arg(described_by = &Flag::CHALLENGE_PASSTHROUGH)]
     pub challenge_passthrough: Option<String>,
-    #[arg(described_by = &flags::ACME_CHECK_URL)]
+    #[arg(described_by = &Flag::ACME_CHECK_URL)]
     pub acme_check_url: Option<String>,
-    #[arg(described_by = &flags::ACME_DNS_RESOLVERS)]
+    #[arg(described_by = &Flag::ACME_DNS_RESOLVERS)]
     pub acme_dns_resolvers: Option<String>,
-    #[arg(described_by = &flags::PROXY_RELOAD_URL)]
+    #[arg(described_by = &Flag::PROXY_RELOAD_URL)]
     pub proxy_reload_url: Option<String>,
-    #[arg(described_by = &flags::PROXY_AUTHORIZATION)]
+    #[arg(described_by = &Flag::PROXY_AUTHORIZATION)]
     pub proxy_authorization: Option<String>,
-    #[arg(described_by = &flags::CERT_DIR)]
+    #[arg(described_by = &Flag::CERT_DIR)]
     pub cert_dir: Option<PathBuf>,
-    #[arg(described_by = &flags::STATE_DIR)]
+    #[arg(described_by = &Flag::STATE_DIR)]
     pub state_dir: Option<PathBuf>,
-    #[arg(described_by = &flags::LOG_FORMAT)]
+    #[arg(described_by = &Flag::LOG_FORMAT)]
     pub log_format: Option<String>,
-    #[arg(described_by = &flags::SHUTDOWN_GRACE_MS)]
+    #[arg(described_by = &Flag::SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: Option<String>,
-    #[arg(described_by = &flags::RELOAD_DEBOUNCE_MS)]
+    #[arg(described_by = &Flag::RELOAD_DEBOUNCE_MS)]
     pub reload_debounce_ms: Option<String>,
-    #[arg(described_by = &flags::RELOAD_RESCAN_SECS)]
+    #[arg(described_by = &Flag::RELOAD_RESCAN_SECS)]
     pub reload_rescan_secs: Option<String>,
-    #[arg(described_by = &flags::ACME_ORDER_LOCK_TTL_SECS)]
+    #[arg(described_by = &Flag::ACME_ORDER_LOCK_TTL_SECS)]
     pub acme_order_lock_ttl_secs: Option<String>,
-    #[arg(described_by = &flags::ACME_MAX_ORDERS)]
+    #[arg(described_by = &Flag::ACME_MAX_ORDERS)]
     pub acme_max_orders: Option<String>,
-    #[arg(described_by = &flags::ACME_ORDERS_INTERVAL_SECS)]
+    #[arg(described_by = &Flag::ACME_ORDERS_INTERVAL_SECS)]
     pub acme_orders_interval_secs: Option<String>,
-    #[arg(described_by = &flags::ACME_CONCURRENT_ORDERS)]
+    #[arg(described_by = &Flag::ACME_CONCURRENT_ORDERS)]
     pub acme_concurrent_orders: Option<String>,
-    #[arg(described_by = &flags::PROXY_CERT_APPLY)]
+    #[arg(described_by = &Flag::PROXY_CERT_APPLY)]
     pub proxy_cert_apply: Option<String>,
-    #[arg(described_by = &flags::PROXY_PROCESS_NAME)]
+    #[arg(described_by = &Flag::PROXY_PROCESS_NAME)]
     pub proxy_process_name: Option<String>,
-    #[arg(described_by = &flags::PROXY_HEALTH_URL)]
+    #[arg(described_by = &Flag::PROXY_HEALTH_URL)]
     pub proxy_health_url: Option<String>,
-    #[arg(described_by = &flags::PROXY_RESTART_INTERVAL_SECS)]
+    #[arg(described_by = &Flag::PROXY_RESTART_INTERVAL_SECS)]
     pub proxy_restart_interval_secs: Option<String>,
-    #[arg(described_by = &flags::WATCH_TLS)]
+    #[arg(described_by = &Flag::WATCH_TLS)]
     pub watch_tls: Vec<PathBuf>,
 }
 
-/// Builds a clap argument from its entry in [`flags::RUN`], so that the
+/// Builds a clap argument from its entry in [`Flag::RUN`], so that the
 /// derive above names each flag and nothing else.
 trait DescribedBy {
     fn described_by(self, flag: &Flag) -> Self;
@@ -156,7 +156,7 @@ impl DescribedBy for Arg {
             // Repeatable, one value each time (the derive, seeing no
             // `long` of its own, would take this for a positional and
             // accept several); the environment holds a comma-separated list.
-            Kind::Paths => arg.num_args(1).value_delimiter(','),
+            FlagKind::Paths => arg.num_args(1).value_delimiter(','),
             _ => arg,
         }
     }
@@ -168,9 +168,9 @@ pub struct ValidateArgs {
     /// The file to check
     #[arg(
         long,
-        env = flags::CONFIG.env,
-        value_name = flags::CONFIG.value_name,
-        default_value = flags::DEFAULT_CONFIG_PATH
+        env = Flag::CONFIG.env,
+        value_name = Flag::CONFIG.value_name,
+        default_value = DEFAULT_CONFIG_PATH
     )]
     pub config: PathBuf,
 }
@@ -186,18 +186,18 @@ pub struct StatusArgs {
     /// The proxy's config, for the credentials when --user and --password
     /// are not given: proxy.admin.username / password, as `run` reads them
     /// [default: /etc/sbproxy/sb.yml, skipped when absent]
-    #[arg(long, env = flags::CONFIG.env, value_name = flags::CONFIG.value_name)]
+    #[arg(long, env = Flag::CONFIG.env, value_name = Flag::CONFIG.value_name)]
     pub config: Option<PathBuf>,
 
     /// HTTP Basic user (the sidecar's --admin-user)
-    #[arg(long, env = flags::ADMIN_USER.env, value_name = flags::ADMIN_USER.value_name)]
+    #[arg(long, env = Flag::ADMIN_USER.env, value_name = Flag::ADMIN_USER.value_name)]
     pub user: Option<String>,
 
     /// HTTP Basic password (the sidecar's --admin-password)
     #[arg(
         long,
-        env = flags::ADMIN_PASSWORD.env,
-        value_name = flags::ADMIN_PASSWORD.value_name,
+        env = Flag::ADMIN_PASSWORD.env,
+        value_name = Flag::ADMIN_PASSWORD.value_name,
         hide_env_values = true
     )]
     pub password: Option<String>,
@@ -253,7 +253,7 @@ mod tests {
     fn run_has_exactly_the_flags_of_the_table() {
         let command = Cli::command();
         let run = command.find_subcommand("run").unwrap();
-        for flag in flags::RUN {
+        for flag in Flag::RUN {
             let arg = run
                 .get_arguments()
                 .find(|a| a.get_long() == Some(flag.long))
@@ -286,14 +286,14 @@ mod tests {
             .get_arguments()
             .filter(|a| a.get_long().is_some())
             .count();
-        assert_eq!(longs, flags::RUN.len(), "run has flags the table lacks");
+        assert_eq!(longs, Flag::RUN.len(), "run has flags the table lacks");
     }
 
     #[test]
     fn status_defaults_to_runs_admin_listener() {
         assert_eq!(
             DEFAULT_ADMIN_URL,
-            format!("http://127.0.0.1:{}", flags::DEFAULT_ADMIN_LISTEN.port())
+            format!("http://127.0.0.1:{}", sbmesh::DEFAULT_ADMIN_LISTEN.port())
         );
     }
 

@@ -10,8 +10,11 @@ use hyper::body::Bytes;
 use hyper::{Request, StatusCode, header};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use sbmesh::config::{self, EnvLookup, Problem};
-use sbmesh::flags;
+use sbmesh::{
+    DEFAULT_ADMIN_LISTEN, EnvLookup, Flag, Problem, generate_key, key_to_hex, load_config,
+    local_url,
+};
+
 use serde_json::Value;
 
 use crate::cli::{DEFAULT_ADMIN_URL, RunArgs, StatusArgs, ValidateArgs};
@@ -80,8 +83,8 @@ pub fn render_problems(problems: &[Problem]) -> String {
 /// `sbmesh-sidecar keygen`: a fresh random 32-byte key as 64 lowercase hex
 /// characters (no newline).
 pub fn keygen() -> anyhow::Result<String> {
-    let key = config::generate_key()?;
-    Ok(config::key_to_hex(&key))
+    let key = generate_key()?;
+    Ok(key_to_hex(&key))
 }
 
 /// Where `status` asks, and with which HTTP Basic credentials, when the
@@ -99,7 +102,7 @@ pub fn status_target(
     args: &StatusArgs,
     env: &EnvLookup<'_>,
 ) -> anyhow::Result<(String, Option<(String, String)>)> {
-    let listen_env = flags::ADMIN_LISTEN.env;
+    let listen_env = Flag::ADMIN_LISTEN.env;
     let url = match (&args.admin, env(listen_env)) {
         (Some(url), _) => url.clone(),
         (None, Some(listen)) => {
@@ -107,10 +110,10 @@ pub fn status_target(
                 anyhow!(
                     "{listen_env} is {listen:?}, not an ip:port such as {}; \
                      fix it, or give --admin http://HOST:PORT",
-                    flags::DEFAULT_ADMIN_LISTEN
+                    DEFAULT_ADMIN_LISTEN
                 )
             })?;
-            config::local_url(addr)
+            local_url(addr)
         }
         (None, None) => DEFAULT_ADMIN_URL.to_owned(),
     };
@@ -122,7 +125,7 @@ pub fn status_target(
             if args.config.is_none() && !path.exists() {
                 None
             } else {
-                config::load(&path, env)
+                load_config(&path, env)
                     .and_then(|loaded| settings::proxy_admin_credentials(&loaded.config, env))
                     .map_err(|problems| {
                         anyhow!(
@@ -586,7 +589,7 @@ demo-proxy-2          10.0.0.7:7946  down     unhealthy  1            1h02m ago 
                 .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
         );
         assert_ne!(a, b);
-        assert_eq!(config::parse_key_ring(&a).unwrap().len(), 1);
+        assert_eq!(sbmesh::parse_key_ring(&a).unwrap().len(), 1);
     }
 
     /// A file in its own temporary directory, removed on drop.

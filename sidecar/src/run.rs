@@ -4,7 +4,7 @@
 //! drains.
 
 use anyhow::anyhow;
-use sbmesh::node::{Drain, Node, NodeError};
+use sbmesh::{Drain, Node, NodeError};
 use tracing::{info, warn};
 
 use crate::settings::Settings;

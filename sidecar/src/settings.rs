@@ -13,14 +13,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
-use sbmesh::acme::{CHAIN_FILE, KEY_FILE};
-use sbmesh::config::{self, CertApply, EnvLookup, Problem, SbConfig, SidecarPorts};
-use sbmesh::flags::{
-    self, DEFAULT_ADMIN_LISTEN, DEFAULT_CHALLENGE_LISTEN, DEFAULT_CLUSTER_DOMAIN,
-    DEFAULT_NAMESPACE, DEFAULT_SHUTDOWN_GRACE, Flag, FlagValue,
+use sbmesh::{
+    CHAIN_FILE, CertApply, CertificateMode, DEFAULT_ADMIN_LISTEN, DEFAULT_CHALLENGE_LISTEN,
+    DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, DEFAULT_SHUTDOWN_GRACE, EnvLookup, Flag, FlagKind,
+    FlagValue, KEY_FILE, NodeConfig, Problem, ProxyReload, SbConfig, SbmeshSection, SidecarPorts,
+    config_conflicts, default_cluster_id, default_node_id, load_config, mesh_service_fqdn,
+    normalize_seed, parse_advertise, parse_key_ring, resolve_field, resolve_key_source,
+    unresolved_in, unresolved_message, validate_cluster_id, validate_node_id,
 };
-use sbmesh::identity;
-use sbmesh::node::{NodeConfig, ProxyReload};
 
 use crate::cli::RunArgs;
 
@@ -32,7 +32,7 @@ pub const DEFAULT_CLUSTER_ID: &str = "sbmesh";
 /// only the process around it needs.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// What [`sbmesh::node::Node::start`] runs with. The sidecar always
+    /// What [`sbmesh::Node::start`] runs with. The sidecar always
     /// serves its own admin and challenge listeners and POSTs reloads, so
     /// `admin_listen`, `challenge_listen` and `proxy_reload` are set, as
     /// are `config_path` and `config_sha256`.
@@ -128,7 +128,7 @@ impl Resolver<'_> {
 /// values are named by their flag (`--gossip-port: ...`), file values by
 /// their YAML path. Files read: the config file and, when set,
 /// `--cluster-key-file` (or a `file:` key source). Each default is the
-/// flag table's ([`sbmesh::flags`]), through [`NodeConfig::new`], unless
+/// flag table's ([`sbmesh::Flag`]), through [`NodeConfig::new`], unless
 /// `sb.yml` gives one; `r.set` overrides it with the flag's value.
 pub fn resolve(
     args: &RunArgs,
@@ -148,43 +148,43 @@ pub fn resolve(
     resolve_listeners(&mut r, args, credentials.as_ref(), &mut node);
     resolve_proxy(&mut r, args, credentials.as_ref(), &mut node);
 
-    let cert_dir = r.path(&flags::CERT_DIR, args.cert_dir.as_deref());
+    let cert_dir = r.path(&Flag::CERT_DIR, args.cert_dir.as_deref());
     node.cert_dir = cert_dir.unwrap_or(node.cert_dir);
-    let state_dir = r.path(&flags::STATE_DIR, args.state_dir.as_deref());
+    let state_dir = r.path(&Flag::STATE_DIR, args.state_dir.as_deref());
     node.state_dir = state_dir.unwrap_or(node.state_dir);
     let reload_debounce = args.reload_debounce_ms.as_deref();
     r.set(
-        &flags::RELOAD_DEBOUNCE_MS,
+        &Flag::RELOAD_DEBOUNCE_MS,
         reload_debounce,
         &mut node.reload.debounce,
     );
     let reload_rescan = args.reload_rescan_secs.as_deref();
     r.set(
-        &flags::RELOAD_RESCAN_SECS,
+        &Flag::RELOAD_RESCAN_SECS,
         reload_rescan,
         &mut node.reload.rescan,
     );
     let lock_ttl = args.acme_order_lock_ttl_secs.as_deref();
     r.set(
-        &flags::ACME_ORDER_LOCK_TTL_SECS,
+        &Flag::ACME_ORDER_LOCK_TTL_SECS,
         lock_ttl,
         &mut node.acme.order_lock_ttl,
     );
     let max_orders = args.acme_max_orders.as_deref();
     r.set(
-        &flags::ACME_MAX_ORDERS,
+        &Flag::ACME_MAX_ORDERS,
         max_orders,
         &mut node.acme.max_orders,
     );
     let interval = args.acme_orders_interval_secs.as_deref();
     r.set(
-        &flags::ACME_ORDERS_INTERVAL_SECS,
+        &Flag::ACME_ORDERS_INTERVAL_SECS,
         interval,
         &mut node.acme.orders_interval,
     );
     let concurrent = args.acme_concurrent_orders.as_deref();
     r.set(
-        &flags::ACME_CONCURRENT_ORDERS,
+        &Flag::ACME_CONCURRENT_ORDERS,
         concurrent,
         &mut node.acme.concurrent_orders,
     );
@@ -195,16 +195,16 @@ pub fn resolve(
         LogFormat::Json
     };
     r.set(
-        &flags::LOG_FORMAT,
+        &Flag::LOG_FORMAT,
         args.log_format.as_deref(),
         &mut log_format,
     );
     let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
     let grace = args.shutdown_grace_ms.as_deref();
-    r.set(&flags::SHUTDOWN_GRACE_MS, grace, &mut shutdown_grace);
+    r.set(&Flag::SHUTDOWN_GRACE_MS, grace, &mut shutdown_grace);
 
     check_san_files(&mut r, &node);
-    r.problems.extend(config::conflicts(
+    r.problems.extend(config_conflicts(
         &node.config,
         SidecarPorts {
             gossip: node.gossip_port,
@@ -231,8 +231,8 @@ struct Pod {
 /// Reads the config file and names the node: its id and cluster id.
 fn resolve_identity(r: &mut Resolver<'_>, args: &RunArgs, hostname: &str) -> (NodeConfig, Pod) {
     let config_path =
-        crate::cli::config_path(r.path(&flags::CONFIG, args.config.as_deref()).as_deref());
-    let (config, config_sha256) = match config::load(&config_path, r.env) {
+        crate::cli::config_path(r.path(&Flag::CONFIG, args.config.as_deref()).as_deref());
+    let (config, config_sha256) = match load_config(&config_path, r.env) {
         Ok(loaded) => {
             r.problems.extend(loaded.config.warnings());
             (loaded.config, loaded.sha256_hex_of_raw_file)
@@ -244,17 +244,13 @@ fn resolve_identity(r: &mut Resolver<'_>, args: &RunArgs, hostname: &str) -> (No
     };
     let cluster = config.sbmesh();
     let pod_name = r
-        .text(&flags::POD_NAME, args.pod_name.as_deref())
+        .text(&Flag::POD_NAME, args.pod_name.as_deref())
         .map(|v| v.trim().to_string());
     let mut pod = Pod {
-        ip: r.get(&flags::POD_IP, args.pod_ip.as_deref()),
+        ip: r.get(&Flag::POD_IP, args.pod_ip.as_deref()),
         namespace: DEFAULT_NAMESPACE.to_string(),
     };
-    if let Some(ns) = r.parsed(
-        &flags::NAMESPACE,
-        args.namespace.as_deref(),
-        parse_namespace,
-    ) {
+    if let Some(ns) = r.parsed(&Flag::NAMESPACE, args.namespace.as_deref(), parse_namespace) {
         pod.namespace = ns;
     }
     let node_id = resolve_node_id(r, args, cluster, pod_name.as_deref(), hostname);
@@ -271,50 +267,50 @@ fn resolve_mesh(r: &mut Resolver<'_>, args: &RunArgs, pod: &Pod, node: &mut Node
     let cluster = node.config.sbmesh();
     let mut cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
     let domain = args.cluster_domain.as_deref();
-    r.set(&flags::CLUSTER_DOMAIN, domain, &mut cluster_domain);
+    r.set(&Flag::CLUSTER_DOMAIN, domain, &mut cluster_domain);
 
     node.gossip_port = cluster.gossip_port.unwrap_or(node.gossip_port);
     r.set(
-        &flags::GOSSIP_PORT,
+        &Flag::GOSSIP_PORT,
         args.gossip_port.as_deref(),
         &mut node.gossip_port,
     );
     node.transport_port = cluster.transport_port.unwrap_or(node.transport_port);
     let transport = args.transport_port.as_deref();
-    r.set(&flags::TRANSPORT_PORT, transport, &mut node.transport_port);
+    r.set(&Flag::TRANSPORT_PORT, transport, &mut node.transport_port);
     let gossip_port = node.gossip_port;
 
     node.mesh_service = r
-        .text(&flags::MESH_SERVICE, args.mesh_service.as_deref())
-        .map(|svc| identity::mesh_service_fqdn(&svc, &pod.namespace, &cluster_domain));
+        .text(&Flag::MESH_SERVICE, args.mesh_service.as_deref())
+        .map(|svc| mesh_service_fqdn(&svc, &pod.namespace, &cluster_domain));
     if let Some(name) = node.mesh_service.as_deref()
-        && identity::normalize_seed(name, gossip_port).is_err()
+        && normalize_seed(name, gossip_port).is_err()
     {
         r.bad(
-            &flags::MESH_SERVICE,
+            &Flag::MESH_SERVICE,
             format!("{name:?} is not a DNS name; expected a Service name such as demo-mesh"),
         );
     }
     node.seeds = resolve_seeds(r, args, cluster, gossip_port);
-    r.set(&flags::BIND, args.bind.as_deref(), &mut node.bind);
+    r.set(&Flag::BIND, args.bind.as_deref(), &mut node.bind);
     node.advertise = resolve_advertise(r, args, cluster, pod.ip, node.bind, gossip_port);
 
-    node.cluster_key_file = r.path(&flags::CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
+    node.cluster_key_file = r.path(&Flag::CLUSTER_KEY_FILE, args.cluster_key_file.as_deref());
     let problems_before_key = r.problems.len();
     node.cluster_key = resolve_cluster_key(r, args, cluster, node.cluster_key_file.as_deref());
     let key_was_refused = r.problems.len() > problems_before_key;
     let has_peers = !node.seeds.is_empty() || node.mesh_service.is_some();
     if node.cluster_key.is_none() && !key_was_refused && has_peers {
         r.problems.push(Problem::error(
-            flags::CLUSTER_KEY.flag(),
+            Flag::CLUSTER_KEY.flag(),
             format!(
                 "the mesh has peers to contact ({}, proxy.extensions.sbmesh.seeds or {}) but no \
                  cluster key to seal its traffic; set {}, {} or {SHARED_KEY_PATH} to a key \
                  generated with `sbmesh-sidecar keygen`",
-                flags::SEEDS.names(),
-                flags::MESH_SERVICE.names(),
-                flags::CLUSTER_KEY.names(),
-                flags::CLUSTER_KEY_FILE.names(),
+                Flag::SEEDS.names(),
+                Flag::MESH_SERVICE.names(),
+                Flag::CLUSTER_KEY.names(),
+                Flag::CLUSTER_KEY_FILE.names(),
             ),
         ));
     }
@@ -329,61 +325,61 @@ fn resolve_listeners(
 ) {
     node.admin_listen = Some(DEFAULT_ADMIN_LISTEN);
     r.set(
-        &flags::ADMIN_LISTEN,
+        &Flag::ADMIN_LISTEN,
         args.admin_listen.as_deref(),
         &mut node.admin_listen,
     );
     node.challenge_listen = Some(DEFAULT_CHALLENGE_LISTEN);
     let challenge = args.challenge_listen.as_deref();
     r.set(
-        &flags::CHALLENGE_LISTEN,
+        &Flag::CHALLENGE_LISTEN,
         challenge,
         &mut node.challenge_listen,
     );
     // Empty is off, as unset.
     let passthrough = args.challenge_passthrough.as_deref();
     r.set(
-        &flags::CHALLENGE_PASSTHROUGH,
+        &Flag::CHALLENGE_PASSTHROUGH,
         passthrough,
         &mut node.challenge_passthrough,
     );
     // Empty is the default, as unset.
     let check = args.acme_check_url.as_deref();
-    r.set(&flags::ACME_CHECK_URL, check, &mut node.acme.check_url);
+    r.set(&Flag::ACME_CHECK_URL, check, &mut node.acme.check_url);
     let resolvers = args.acme_dns_resolvers.as_deref();
     r.set(
-        &flags::ACME_DNS_RESOLVERS,
+        &Flag::ACME_DNS_RESOLVERS,
         resolvers,
         &mut node.acme.dns_resolvers,
     );
 
     node.admin_user = r
-        .text(&flags::ADMIN_USER, args.admin_user.as_deref())
+        .text(&Flag::ADMIN_USER, args.admin_user.as_deref())
         .or_else(|| proxy_credentials.map(|(u, _)| u.clone()));
     node.admin_password = r
-        .text(&flags::ADMIN_PASSWORD, args.admin_password.as_deref())
+        .text(&Flag::ADMIN_PASSWORD, args.admin_password.as_deref())
         .or_else(|| proxy_credentials.map(|(_, p)| p.clone()));
     match (&node.admin_user, &node.admin_password) {
         (Some(_), None) => r.problems.push(Problem::error(
-            flags::ADMIN_PASSWORD.flag(),
+            Flag::ADMIN_PASSWORD.flag(),
             format!(
                 "an admin user is set ({} or proxy.admin.username) but no password; HTTP Basic \
                  needs both: set {} or proxy.admin.password",
-                flags::ADMIN_USER.names(),
-                flags::ADMIN_PASSWORD.names(),
+                Flag::ADMIN_USER.names(),
+                Flag::ADMIN_PASSWORD.names(),
             ),
         )),
         (None, Some(_)) => r.problems.push(Problem::error(
-            flags::ADMIN_USER.flag(),
+            Flag::ADMIN_USER.flag(),
             format!(
                 "an admin password is set ({} or proxy.admin.password) but no user; HTTP Basic \
                  needs both: set {} or proxy.admin.username",
-                flags::ADMIN_PASSWORD.names(),
-                flags::ADMIN_USER.names(),
+                Flag::ADMIN_PASSWORD.names(),
+                Flag::ADMIN_USER.names(),
             ),
         )),
         (Some(user), Some(_)) if user.contains(':') => r.bad(
-            &flags::ADMIN_USER,
+            &Flag::ADMIN_USER,
             "the user must not contain ':' (HTTP Basic separates the user from the password with it)",
         ),
         _ => {}
@@ -401,13 +397,13 @@ fn resolve_proxy(
     let admin_url = node.config.proxy.admin.base_url();
     let mut url = format!("{admin_url}/admin/reload");
     r.set(
-        &flags::PROXY_RELOAD_URL,
+        &Flag::PROXY_RELOAD_URL,
         args.proxy_reload_url.as_deref(),
         &mut url,
     );
     let authorization = r
         .parsed(
-            &flags::PROXY_AUTHORIZATION,
+            &Flag::PROXY_AUTHORIZATION,
             args.proxy_authorization.as_deref(),
             parse_header_value,
         )
@@ -419,10 +415,10 @@ fn resolve_proxy(
 
     node.proxy.cert_apply = node.config.acme().and_then(|a| a.apply).unwrap_or_default();
     let apply = args.proxy_cert_apply.as_deref();
-    r.set(&flags::PROXY_CERT_APPLY, apply, &mut node.proxy.cert_apply);
+    r.set(&Flag::PROXY_CERT_APPLY, apply, &mut node.proxy.cert_apply);
     let restart = &mut node.proxy.restart;
     if let Some(name) = r.parsed(
-        &flags::PROXY_PROCESS_NAME,
+        &Flag::PROXY_PROCESS_NAME,
         args.proxy_process_name.as_deref(),
         parse_process_name,
     ) {
@@ -430,16 +426,16 @@ fn resolve_proxy(
     }
     restart.health_url = format!("{admin_url}/health");
     let health = args.proxy_health_url.as_deref();
-    r.set(&flags::PROXY_HEALTH_URL, health, &mut restart.health_url);
+    r.set(&Flag::PROXY_HEALTH_URL, health, &mut restart.health_url);
     let interval = args.proxy_restart_interval_secs.as_deref();
     r.set(
-        &flags::PROXY_RESTART_INTERVAL_SECS,
+        &Flag::PROXY_RESTART_INTERVAL_SECS,
         interval,
         &mut restart.min_interval,
     );
     node.proxy.watch_tls = if args.watch_tls.is_empty() {
         // The environment holds a comma-separated list.
-        r.text(&flags::WATCH_TLS, None)
+        r.text(&Flag::WATCH_TLS, None)
             .map(|list| {
                 list.split(',')
                     .map(str::trim)
@@ -456,29 +452,29 @@ fn resolve_proxy(
         && node.config.proxy.tls_cert_file.is_some()
     {
         r.problems.push(Problem::warning(
-            flags::PROXY_CERT_APPLY.flag(),
+            Flag::PROXY_CERT_APPLY.flag(),
             format!(
                 "new certificates are applied by the reload POST, and sbproxy 1.13 reads \
                  proxy.tls_cert_file only at start-up: a renewed certificate would be served only \
                  after the proxy's next restart, the old one until it expires; set \
                  proxy.extensions.sbmesh.acme.apply: restart (or {} restart)",
-                flags::PROXY_CERT_APPLY.flag(),
+                Flag::PROXY_CERT_APPLY.flag(),
             ),
         ));
     }
     if node.proxy.cert_apply == CertApply::Restart
         && args.proxy_health_url.is_none()
-        && (r.env)(flags::PROXY_HEALTH_URL.env).is_none()
+        && (r.env)(Flag::PROXY_HEALTH_URL.env).is_none()
         && !node.config.proxy.admin.enabled
     {
         r.problems.push(Problem::warning(
-            flags::PROXY_HEALTH_URL.flag(),
+            Flag::PROXY_HEALTH_URL.flag(),
             format!(
                 "certificates are applied by restarting the proxy, and a restarted proxy counts \
                  as back once its health check answers 200; proxy.admin is not enabled, so the \
                  default (the admin port's /health) will never answer: enable proxy.admin or set \
                  {} (e.g. the data port's /health)",
-                flags::PROXY_HEALTH_URL.names(),
+                Flag::PROXY_HEALTH_URL.names(),
             ),
         ));
     }
@@ -487,7 +483,7 @@ fn resolve_proxy(
 /// With `certificates: san` the proxy serves the pair it names and the
 /// sidecar writes its own: a warning when they are not the same files.
 fn check_san_files(r: &mut Resolver<'_>, node: &NodeConfig) {
-    if node.config.certificate_mode() != config::CertificateMode::San {
+    if node.config.certificate_mode() != CertificateMode::San {
         return;
     }
     let proxy = &node.config.proxy;
@@ -505,8 +501,8 @@ fn check_san_files(r: &mut Resolver<'_>, node: &NodeConfig) {
                      tls_key_file into the sidecar's {}, or set {})",
                     file.display(),
                     ours.display(),
-                    flags::CERT_DIR.flag(),
-                    flags::CERT_DIR.names(),
+                    Flag::CERT_DIR.flag(),
+                    Flag::CERT_DIR.names(),
                 ),
             ));
         }
@@ -516,7 +512,7 @@ fn check_san_files(r: &mut Resolver<'_>, node: &NodeConfig) {
 fn resolve_node_id(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::SbmeshSection,
+    cluster: &SbmeshSection,
     pod_name: Option<&str>,
     hostname: &str,
 ) -> String {
@@ -528,31 +524,28 @@ fn resolve_node_id(
         HostName,
     }
     const FILE_KEY: &str = "proxy.extensions.sbmesh.node_id";
-    let (node_id, source) = if let Some(id) = r.text(&flags::NODE_ID, args.node_id.as_deref()) {
+    let (node_id, source) = if let Some(id) = r.text(&Flag::NODE_ID, args.node_id.as_deref()) {
         (id.trim().to_string(), Source::Flag)
     } else if let Some(id) = cluster.node_id.as_deref() {
         (id.trim().to_string(), Source::File)
     } else if pod_name.is_some() {
-        (
-            identity::default_node_id(pod_name, hostname),
-            Source::PodName,
-        )
+        (default_node_id(pod_name, hostname), Source::PodName)
     } else {
-        (identity::default_node_id(None, hostname), Source::HostName)
+        (default_node_id(None, hostname), Source::HostName)
     };
-    if let Err(e) = identity::validate_node_id(&node_id) {
+    if let Err(e) = validate_node_id(&node_id) {
         match source {
             Source::File => r.problems.push(Problem::error(FILE_KEY, e.to_string())),
             Source::HostName => r.problems.push(Problem::error(
-                flags::NODE_ID.flag(),
+                Flag::NODE_ID.flag(),
                 format!(
                     "no node id is set and the host name cannot be one: {e}; set {} or {}",
-                    flags::NODE_ID.names(),
-                    flags::POD_NAME.names(),
+                    Flag::NODE_ID.names(),
+                    Flag::POD_NAME.names(),
                 ),
             )),
-            Source::PodName => r.bad(&flags::POD_NAME, format!("used as the node id: {e}")),
-            Source::Flag => r.bad(&flags::NODE_ID, e),
+            Source::PodName => r.bad(&Flag::POD_NAME, format!("used as the node id: {e}")),
+            Source::Flag => r.bad(&Flag::NODE_ID, e),
         }
     }
     node_id
@@ -561,17 +554,17 @@ fn resolve_node_id(
 fn resolve_cluster_id(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::SbmeshSection,
+    cluster: &SbmeshSection,
     pod_name: Option<&str>,
 ) -> String {
-    let explicit = r.text(&flags::CLUSTER_ID, args.cluster_id.as_deref());
+    let explicit = r.text(&Flag::CLUSTER_ID, args.cluster_id.as_deref());
     let from_yml = cluster.cluster_id.as_deref();
-    let Some(id) = identity::default_cluster_id(explicit.as_deref(), from_yml, pod_name) else {
+    let Some(id) = default_cluster_id(explicit.as_deref(), from_yml, pod_name) else {
         return DEFAULT_CLUSTER_ID.to_string();
     };
-    if let Err(e) = identity::validate_cluster_id(&id) {
+    if let Err(e) = validate_cluster_id(&id) {
         if explicit.is_some() {
-            r.bad(&flags::CLUSTER_ID, e);
+            r.bad(&Flag::CLUSTER_ID, e);
         } else if from_yml.is_some() {
             r.problems.push(Problem::error(
                 "proxy.extensions.sbmesh.cluster_id",
@@ -579,7 +572,7 @@ fn resolve_cluster_id(
             ));
         } else {
             r.bad(
-                &flags::POD_NAME,
+                &Flag::POD_NAME,
                 format!("its StatefulSet part, used as the cluster id: {e}"),
             );
         }
@@ -590,20 +583,20 @@ fn resolve_cluster_id(
 fn resolve_seeds(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::SbmeshSection,
+    cluster: &SbmeshSection,
     gossip_port: u16,
 ) -> Vec<String> {
     let mut seeds = Vec::new();
-    if let Some(list) = r.text(&flags::SEEDS, args.seeds.as_deref()) {
+    if let Some(list) = r.text(&Flag::SEEDS, args.seeds.as_deref()) {
         for entry in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            match identity::normalize_seed(entry, gossip_port) {
+            match normalize_seed(entry, gossip_port) {
                 Ok(seed) => seeds.push(seed),
-                Err(e) => r.bad(&flags::SEEDS, e),
+                Err(e) => r.bad(&Flag::SEEDS, e),
             }
         }
     } else {
         for entry in &cluster.seeds {
-            match identity::normalize_seed(entry, gossip_port) {
+            match normalize_seed(entry, gossip_port) {
                 Ok(seed) => seeds.push(seed),
                 Err(e) => r.problems.push(Problem::error(
                     "proxy.extensions.sbmesh.seeds",
@@ -620,20 +613,20 @@ fn resolve_seeds(
 fn resolve_advertise(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::SbmeshSection,
+    cluster: &SbmeshSection,
     pod_ip: Option<IpAddr>,
     bind: IpAddr,
     gossip_port: u16,
 ) -> Option<SocketAddr> {
-    if r.text(&flags::ADVERTISE, args.advertise.as_deref())
+    if r.text(&Flag::ADVERTISE, args.advertise.as_deref())
         .is_some()
     {
-        return r.parsed(&flags::ADVERTISE, args.advertise.as_deref(), |text| {
-            identity::parse_advertise(text, gossip_port).map_err(|e| e.to_string())
+        return r.parsed(&Flag::ADVERTISE, args.advertise.as_deref(), |text| {
+            parse_advertise(text, gossip_port).map_err(|e| e.to_string())
         });
     }
     if let Some(text) = cluster.advertise_addr.as_deref() {
-        return match identity::parse_advertise(text, gossip_port) {
+        return match parse_advertise(text, gossip_port) {
             Ok(addr) => Some(addr),
             Err(e) => {
                 r.problems.push(Problem::error(
@@ -653,20 +646,20 @@ fn resolve_advertise(
 fn resolve_cluster_key(
     r: &mut Resolver<'_>,
     args: &RunArgs,
-    cluster: &config::SbmeshSection,
+    cluster: &SbmeshSection,
     key_file: Option<&Path>,
 ) -> Option<Vec<[u8; 32]>> {
     let read = |path: &Path| std::fs::read_to_string(path);
-    let key_flag = r.text(&flags::CLUSTER_KEY, args.cluster_key.as_deref());
+    let key_flag = r.text(&Flag::CLUSTER_KEY, args.cluster_key.as_deref());
     match (key_flag, key_file) {
         (Some(_), Some(_)) => {
             r.problems.push(Problem::error(
-                flags::CLUSTER_KEY.flag(),
+                Flag::CLUSTER_KEY.flag(),
                 format!(
                     "both {} and {} are set; keep one (the file allows key rotation without a \
                      restart)",
-                    flags::CLUSTER_KEY.names(),
-                    flags::CLUSTER_KEY_FILE.names(),
+                    Flag::CLUSTER_KEY.names(),
+                    Flag::CLUSTER_KEY_FILE.names(),
                 ),
             ));
             None
@@ -676,17 +669,17 @@ fn resolve_cluster_key(
                 Ok(text) => text,
                 Err(e) => {
                     r.bad(
-                        &flags::CLUSTER_KEY_FILE,
+                        &Flag::CLUSTER_KEY_FILE,
                         format!("cannot read {}: {e}", file.display()),
                     );
                     return None;
                 }
             };
-            match config::parse_key_ring(&text) {
+            match parse_key_ring(&text) {
                 Ok(ring) => Some(ring),
                 Err(message) => {
                     r.bad(
-                        &flags::CLUSTER_KEY_FILE,
+                        &Flag::CLUSTER_KEY_FILE,
                         format!("{}: {message}", file.display()),
                     );
                     None
@@ -694,14 +687,14 @@ fn resolve_cluster_key(
             }
         }
         (Some(source), None) => {
-            match key_ring_from(&flags::CLUSTER_KEY.flag(), &source, r.env, &read) {
+            match key_ring_from(&Flag::CLUSTER_KEY.flag(), &source, r.env, &read) {
                 Ok(ring) => Some(ring),
                 Err(mut problem) => {
                     // Name the environment variable too, as for other flags.
                     problem.message.push_str(&format!(
                         " (from {} or {})",
-                        flags::CLUSTER_KEY.flag(),
-                        flags::CLUSTER_KEY.env
+                        Flag::CLUSTER_KEY.flag(),
+                        Flag::CLUSTER_KEY.env
                     ));
                     r.problems.push(problem);
                     None
@@ -712,11 +705,9 @@ fn resolve_cluster_key(
             let source = cluster.shared_key.as_deref()?;
             // Used now, so an unresolved variable in it is an error (it is
             // only a warning while a flag overrides it).
-            if let Some(name) = config::unresolved_in(source) {
-                r.problems.push(Problem::error(
-                    SHARED_KEY_PATH,
-                    config::unresolved_message(name),
-                ));
+            if let Some(name) = unresolved_in(source) {
+                r.problems
+                    .push(Problem::error(SHARED_KEY_PATH, unresolved_message(name)));
                 return None;
             }
             match key_ring_from(SHARED_KEY_PATH, source, r.env, &read) {
@@ -737,8 +728,8 @@ fn key_ring_from(
     env: &EnvLookup<'_>,
     read: &dyn Fn(&Path) -> std::io::Result<String>,
 ) -> Result<Vec<[u8; 32]>, Problem> {
-    let text = config::resolve_key_source(path, source, env, read)?;
-    config::parse_key_ring(&text).map_err(|message| Problem::error(path, message))
+    let text = resolve_key_source(path, source, env, read)?;
+    parse_key_ring(&text).map_err(|message| Problem::error(path, message))
 }
 
 /// `Basic base64(user:password)`, the `Authorization` header value for HTTP Basic.
@@ -777,8 +768,8 @@ pub fn proxy_admin_credentials(
         return Ok(None);
     };
     let read = |path: &Path| std::fs::read_to_string(path);
-    let user = config::resolve_field("proxy.admin.username", &user, env, &read);
-    let password = config::resolve_field("proxy.admin.password", &password, env, &read);
+    let user = resolve_field("proxy.admin.username", &user, env, &read);
+    let password = resolve_field("proxy.admin.password", &password, env, &read);
     match (user, password) {
         (Ok(user), Ok(password)) => Ok(Some((user, password))),
         (user, password) => Err(user.err().into_iter().chain(password.err()).collect()),
@@ -825,7 +816,7 @@ fn parse_process_name(text: &str) -> Result<String, String> {
 }
 
 impl FlagValue for LogFormat {
-    fn parse_flag(_: flags::Kind, text: &str) -> Result<Self, String> {
+    fn parse_flag(_: FlagKind, text: &str) -> Result<Self, String> {
         match text.to_ascii_lowercase().as_str() {
             "json" => Ok(LogFormat::Json),
             "text" => Ok(LogFormat::Text),
@@ -1081,7 +1072,7 @@ origins: { api.example.com: {} }
         assert_eq!(s.node.config, SbConfig::default());
         assert_eq!(
             s.node.config_sha256,
-            Some(config::sha256_hex(b"origins: {}\n"))
+            Some(sbmesh::sha256_hex(b"origins: {}\n"))
         );
         assert_eq!(s.node.node_id, "host-a");
         assert_eq!(s.node.cluster_id, "sbmesh");
@@ -1140,8 +1131,8 @@ origins: { api.example.com: {} }
         let case = case.args(|a| a.config = None);
         let env = |_: &str| None;
         let problems = resolve(&case.args, &env, "h").unwrap_err();
-        if !Path::new(flags::DEFAULT_CONFIG_PATH).exists() {
-            assert_eq!(problems[0].path, flags::DEFAULT_CONFIG_PATH);
+        if !Path::new(sbmesh::DEFAULT_CONFIG_PATH).exists() {
+            assert_eq!(problems[0].path, sbmesh::DEFAULT_CONFIG_PATH);
         }
     }
 
@@ -1322,7 +1313,7 @@ origins: { api.example.com: {} }
         );
         assert_eq!(
             s.node.cluster_key,
-            Some(vec![config::parse_key_ring(K1).unwrap()[0]])
+            Some(vec![parse_key_ring(K1).unwrap()[0]])
         );
 
         // --seeds replaces sbmesh.seeds, it does not add to them
@@ -1495,7 +1486,7 @@ origins: { api.example.com: {} }
     #[test]
     fn every_flag_is_parsed_as_its_kind() {
         use clap::Parser as _;
-        let checked: Vec<&Flag> = flags::RUN
+        let checked: Vec<&Flag> = Flag::RUN
             .iter()
             .filter(|f| f.kind.invalid_example().is_some())
             .collect();

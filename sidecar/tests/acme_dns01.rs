@@ -127,7 +127,7 @@ fn check_issued_once(cluster: &Cluster, pebble: &Pebble, bind: SocketAddr, apex:
                 panic!("{} {sni}: {e}", node.id());
             }
         }
-        let facts = sbmesh::acme::certs::parse_chain(
+        let facts = sbmesh::internal::certs::parse_chain(
             &std::fs::read_to_string(dir.join("tls.crt")).expect("tls.crt"),
         )
         .expect("a certificate");

@@ -31,17 +31,17 @@ use common::*;
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
 
 fn owner_of(host: &str) -> usize {
-    let owner = sbmesh::acme::ownership::owner(host, &NODES).expect("three members");
+    let owner = sbmesh::internal::ownership::owner(host, &NODES).expect("three members");
     NODES.iter().position(|n| *n == owner).expect("a member")
 }
 
 fn key_bytes(hex: &str) -> [u8; 32] {
-    sbmesh::config::parse_key_ring(hex).expect("a test key")[0]
+    sbmesh::parse_key_ring(hex).expect("a test key")[0]
 }
 
 /// The id a ring key is known by in logs and sealed records.
 fn key_id(hex: &str) -> String {
-    let ring = sbmesh::keyring::KeyRing::new(vec![key_bytes(hex)]).expect("a ring");
+    let ring = sbmesh::KeyRing::new(vec![key_bytes(hex)]).expect("a ring");
     format!("{:08x}", ring.primary_id())
 }
 
@@ -117,7 +117,7 @@ fn wait_installed(
                     }
                     let on_disk = std::fs::read_to_string(dir.join(h).join("tls.crt"))
                         .ok()
-                        .and_then(|pem| sbmesh::acme::certs::parse_chain(&pem).ok())
+                        .and_then(|pem| sbmesh::internal::certs::parse_chain(&pem).ok())
                         .map(|f| f.serial);
                     if on_disk.as_ref() != Some(serial) {
                         return false;
@@ -424,8 +424,8 @@ fn a_rotation_rolled_out_pod_by_pod_drops_no_packet_and_keeps_the_certificates()
     let all = cluster.all();
     cluster.wait_converged(&all);
     let before = wait_installed(&cluster, &pebble, &all, &hosts);
-    let old_id = sbmesh::keyring::display_key_id(&key_bytes(KEY_OLD));
-    let new_id = sbmesh::keyring::display_key_id(&key_bytes(KEY_NEW));
+    let old_id = sbmesh::display_key_id(&key_bytes(KEY_OLD));
+    let new_id = sbmesh::display_key_id(&key_bytes(KEY_NEW));
     cluster.wait_until("every view shows the old key everywhere", || {
         every_view_shows_key(&cluster, &old_id)
     });

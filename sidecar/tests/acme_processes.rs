@@ -30,7 +30,7 @@ const NODES: [&str; 3] = TRIO;
 
 /// Which node orders `host`: its rendezvous owner among all three.
 fn owner_of(host: &str) -> usize {
-    let owner = sbmesh::acme::ownership::owner(host, &NODES).expect("three members");
+    let owner = sbmesh::internal::ownership::owner(host, &NODES).expect("three members");
     NODES.iter().position(|n| *n == owner).expect("a member")
 }
 
@@ -147,7 +147,7 @@ fn check_fleet(cluster: &Cluster, pebble: &Pebble, hosts: &[String], expect_owne
                 .permissions()
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{} {h}/tls.key mode", node.id());
-            let facts = sbmesh::acme::certs::parse_chain(
+            let facts = sbmesh::internal::certs::parse_chain(
                 &std::fs::read_to_string(dir.join(h).join("tls.crt")).expect("tls.crt"),
             )
             .expect("a certificate");

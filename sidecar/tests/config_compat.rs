@@ -507,7 +507,8 @@ fn tls_without_a_tls_port_passes_the_proxys_validate_but_not_its_start_and_the_s
     let crt = dir.path().join("tls.crt");
     let key = dir.path().join("tls.key");
     let (pem, key_pem) =
-        sbmesh::acme::placeholder::generate(&["a.example.com".to_owned()], 1_790_000_000).unwrap();
+        sbmesh::internal::placeholder::generate(&["a.example.com".to_owned()], 1_790_000_000)
+            .unwrap();
     std::fs::write(&crt, pem).unwrap();
     std::fs::write(&key, key_pem).unwrap();
     let listen = "  bind_address: 127.0.23.1\n  http_bind_port: 8080\n";

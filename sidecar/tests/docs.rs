@@ -399,15 +399,15 @@ fn documented_flag_rows(reference: &str) -> BTreeMap<String, (String, String)> {
 }
 
 /// The flag table of `docs/reference.md` is checked against the one
-/// definition of the flags (`sbmesh::flags::RUN`, which also drives
+/// definition of the flags (`sbmesh::Flag::RUN`, which also drives
 /// clap, the settings and the operator): the same flags, each with its
 /// variable, and each fixed default written as the library's constant.
 #[test]
 fn the_reference_flag_table_is_the_library_table() {
-    use sbmesh::flags::{FlagDefault, RUN};
+    use sbmesh::{Flag, FlagDefault};
     let rows = documented_flag_rows(&reference());
     let mut problems = Vec::new();
-    for flag in RUN {
+    for flag in Flag::RUN {
         let Some((env, default_cell)) = rows.get(flag.long) else {
             problems.push(format!("no row for {}", flag.flag()));
             continue;
@@ -430,13 +430,13 @@ fn the_reference_flag_table_is_the_library_table() {
         }
     }
     for long in rows.keys() {
-        if !RUN.iter().any(|flag| flag.long == long) {
+        if !Flag::RUN.iter().any(|flag| flag.long == long) {
             problems.push(format!("--{long} is documented but is no flag of run"));
         }
     }
     assert!(
         problems.is_empty(),
-        "docs/reference.md#sidecar-flags against sbmesh::flags::RUN:\n  {}",
+        "docs/reference.md#sidecar-flags against sbmesh::Flag::RUN:\n  {}",
         problems.join("\n  ")
     );
 }

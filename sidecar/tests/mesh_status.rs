@@ -718,9 +718,7 @@ fn key_rotation_through_the_key_file_without_restart() {
     c.wait_converged(&members);
     let pids: Vec<Option<u32>> = c.nodes.iter().map(Node::pid).collect();
     // Each node's entry shows the key it seals with, in every node's view.
-    let key_id = |hex: &str| {
-        sbmesh::keyring::display_key_id(&sbmesh::config::parse_key_ring(hex).unwrap()[0])
-    };
+    let key_id = |hex: &str| sbmesh::display_key_id(&sbmesh::parse_key_ring(hex).unwrap()[0]);
     let every_view_shows = |c: &Cluster, viewers: &[usize], shown: &[usize], id: &str| {
         viewers.iter().all(|&i| {
             c.nodes[i].status().is_some_and(|v| {

@@ -172,8 +172,8 @@ fn a_cert_manager_secret_swap_reaches_the_proxy_and_a_mismatched_pair_never_does
     let secret = base.path().join("secret");
     std::fs::create_dir_all(&secret).unwrap();
     let names = vec!["a.example.com".to_owned()];
-    let pair = |at: u64| sbmesh::acme::placeholder::generate(&names, at).unwrap();
-    let serial = |chain: &str| sbmesh::acme::certs::parse_chain(chain).unwrap().serial;
+    let pair = |at: u64| sbmesh::internal::placeholder::generate(&names, at).unwrap();
+    let serial = |chain: &str| sbmesh::internal::certs::parse_chain(chain).unwrap().serial;
     let (crt_a, key_a) = pair(1_790_000_000);
     let (crt_b, key_b) = pair(1_790_000_100);
     let (crt_c, _) = pair(1_790_000_200);

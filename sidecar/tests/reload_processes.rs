@@ -95,7 +95,7 @@ fn a_config_change_reaches_every_proxy_and_every_status() {
         "every proxy answering \"before\" for {HOST}:\n{}",
         logs()
     );
-    let hash = |text: &str| format!("sha256:{}", sbmesh::config::sha256_hex(text.as_bytes()));
+    let hash = |text: &str| format!("sha256:{}", sbmesh::sha256_hex(text.as_bytes()));
     assert!(
         poll_until(deadline(), || every_status_shows(
             &pods,

@@ -50,7 +50,6 @@ const MAX_ROUNDS: usize = 4;
 
 /// The ACME problem types after which retrying the same request cannot
 /// succeed until someone changes the configuration or the hostname.
-#[cfg(any(test, feature = "testing"))]
 const PERMANENT_PROBLEMS: &[&str] = &[
     "malformed",
     "rejectedIdentifier",
@@ -288,9 +287,7 @@ impl AcmeError {
 
     /// Whether retrying later (with backoff) can succeed without a change
     /// of configuration.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn is_retryable(&self) -> bool {
+    pub fn is_retryable(&self) -> bool {
         match self {
             AcmeError::Config(_) => false,
             AcmeError::Refused { problem_type, .. } => {
@@ -301,16 +298,13 @@ impl AcmeError {
     }
 
     /// Whether the CA said this account or hostname hit a rate limit.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn is_rate_limited(&self) -> bool {
+    pub fn is_rate_limited(&self) -> bool {
         matches!(self, AcmeError::Refused { problem_type, status, .. }
             if problem_type == "rateLimited" || *status == Some(429))
     }
 
     /// How long the CA asked to wait before the next attempt, if it did.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn retry_after(&self) -> Option<Duration> {
+    pub fn retry_after(&self) -> Option<Duration> {
         match self {
             AcmeError::Unreachable { retry_after, .. }
             | AcmeError::Refused { retry_after, .. }
@@ -320,8 +314,7 @@ impl AcmeError {
     }
 
     /// The ACME problem type (without its URN prefix), when the CA sent one.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn problem_type(&self) -> Option<&str> {
+    pub fn problem_type(&self) -> Option<&str> {
         match self {
             AcmeError::Refused { problem_type, .. }
             | AcmeError::Validation { problem_type, .. }
@@ -336,9 +329,8 @@ impl AcmeError {
 }
 
 /// What [`load_or_create`] needs to know about the CA and the account.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct AccountSettings {
+pub struct AccountSettings {
     /// The ACME directory URL.
     pub directory_url: String,
     /// A PEM file whose certificates are the only trust anchors for the
@@ -373,8 +365,7 @@ impl AccountSettings {
     }
 
     /// [`layout::directory_id`] of the directory URL.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn directory_id(&self) -> String {
+    pub fn directory_id(&self) -> String {
         layout::directory_id(&self.directory_url)
     }
 }
@@ -434,8 +425,7 @@ impl AcmeAccount {
     }
 
     /// The account URL at the CA.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn id(&self) -> &str {
+    pub fn id(&self) -> &str {
         self.account.id()
     }
 
@@ -470,8 +460,7 @@ struct AccountRecord {
 /// [`AcmeError::Config`] for an unreadable `ca_root`, a bad EAB key, a CA
 /// that requires EAB when none is set, or stored credentials that cannot be
 /// opened with the ring; the CA's and the store's errors otherwise.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn load_or_create(
+pub async fn load_or_create(
     store: &Arc<dyn Store>,
     ring: Option<&KeyRing>,
     settings: &AccountSettings,

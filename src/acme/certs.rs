@@ -8,9 +8,8 @@ use crate::store::StoreError;
 use crate::store::sealed::{open_record, seal_record};
 
 /// The record at [`crate::acme::layout::certificate`]`(host)`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct CertRecord {
+pub struct CertRecord {
     /// The hostname this record is filed under (lowercase).
     pub host: String,
     /// Every identifier of the certificate, `host` included.
@@ -49,8 +48,7 @@ impl std::fmt::Debug for CertRecord {
 impl CertRecord {
     /// The bytes to store at `store_key`: JSON sealed under the ring's
     /// primary key (plain when there is no cluster key).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn encode(&self, ring: Option<&KeyRing>, store_key: &str) -> Result<Vec<u8>, StoreError> {
+    pub fn encode(&self, ring: Option<&KeyRing>, store_key: &str) -> Result<Vec<u8>, StoreError> {
         let json = serde_json::to_vec(self).map_err(|e| StoreError::Corrupt {
             key: store_key.to_owned(),
             message: format!("cannot encode certificate record: {e}"),
@@ -76,9 +74,8 @@ impl CertRecord {
 pub(crate) const MAX_PEM_BYTES: usize = 1 << 20;
 
 /// What is wrong with a certificate chain or a private key.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum CertError {
+pub enum CertError {
     /// Nothing that looks like a PEM certificate.
     #[error(
         "no certificate found: expected PEM, leaf first, starting with '-----BEGIN CERTIFICATE-----'"
@@ -166,9 +163,8 @@ pub(crate) fn pem_blocks(text: &str) -> Result<Vec<PemBlock>, CertError> {
 
 /// What the scheduler and the status need to know of a certificate (its
 /// leaf).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct CertFacts {
+pub struct CertFacts {
     /// notBefore, unix seconds (0 if before 1970).
     pub not_before_unix: u64,
     /// notAfter, unix seconds (0 if before 1970).
@@ -226,8 +222,7 @@ fn parse_der(
 
 /// Reads the facts of the leaf (the first PEM block) of `chain_pem`. Every
 /// block must be a certificate that parses.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn parse_chain(chain_pem: &str) -> Result<CertFacts, CertError> {
+pub fn parse_chain(chain_pem: &str) -> Result<CertFacts, CertError> {
     let ders = chain_ders(chain_pem)?;
     for (i, der) in ders.iter().enumerate().skip(1) {
         parse_der(i + 1, der)?;

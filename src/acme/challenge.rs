@@ -126,10 +126,8 @@ pub(crate) fn valid_token(token: &str) -> bool {
 }
 
 /// The outcome of [`ChallengeBook::lookup`].
-#[cfg(any(test, feature = "testing"))]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Lookup {
+pub enum Lookup {
     /// Known token for this Host: the key authorization to answer.
     Hit(String),
     /// Unknown token (or the store could not be read).
@@ -156,8 +154,7 @@ struct Published {
 
 /// Key authorizations this replica can answer: its own, and those other
 /// replicas published to the shared store.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct ChallengeBook {
+pub struct ChallengeBook {
     store: Arc<dyn Store>,
     entries: RwLock<HashMap<String, Published>>,
     misses: Mutex<HashMap<String, Instant>>,
@@ -249,8 +246,7 @@ fn key_authorization_fits(token: &str, key_authorization: &str) -> bool {
 impl ChallengeBook {
     /// A book answering from memory and from `store` (the store shared by
     /// the replicas), counting into `acme_challenge_requests_total`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Arc<Self> {
         let counter = |result| {
             metrics
                 .acme
@@ -271,14 +267,13 @@ impl ChallengeBook {
     }
 
     /// Publishes the key authorization of `token`, issued for `host`: to the
-    /// store FIRST (key [`layout::challenge`]`(token)`, expiring after `ttl`),
+    /// store FIRST (key `layout::challenge``(token)`, expiring after `ttl`),
     /// then to memory. On an error nothing is published and the caller must
     /// not tell the CA the challenge is ready.
     ///
     /// A malformed token, or a key authorization that is not
     /// `<token>.<thumbprint>`, is refused before anything is written.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn publish(
+    pub async fn publish(
         &self,
         token: &str,
         host: &str,
@@ -326,8 +321,7 @@ impl ChallengeBook {
 
     /// Forgets `token`: from memory, and (best effort) from the store. Call
     /// once the order no longer needs it (valid or failed).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn withdraw(&self, token: &str) {
+    pub async fn withdraw(&self, token: &str) {
         write(&self.entries).remove(token);
         if !valid_token(token) {
             return;
@@ -340,9 +334,7 @@ impl ChallengeBook {
 
     /// The key authorization to answer for `token` requested under
     /// `host_header`, counted in `acme_challenge_requests_total`.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn lookup(&self, token: &str, host_header: Option<&str>) -> Lookup {
+    pub async fn lookup(&self, token: &str, host_header: Option<&str>) -> Lookup {
         match self.find(token, host_header).await {
             Found::Hit(body) => match std::str::from_utf8(&body) {
                 Ok(s) => Lookup::Hit(s.to_owned()),
@@ -506,8 +498,7 @@ impl ChallengeBook {
 /// `200 text/plain` with the key authorization, or `404`; any other path or
 /// method is `404`. Serve it on `--challenge-listen` (port 80 behind the
 /// proxy), e.g. `axum::serve(listener, challenge_router(book))`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn challenge_router(book: Arc<ChallengeBook>) -> Router {
+pub fn challenge_router(book: Arc<ChallengeBook>) -> Router {
     Router::new().fallback(respond).with_state(book)
 }
 

@@ -296,7 +296,12 @@ mod tests {
     fn a_wildcards_files_go_to_its_spelt_out_folder() {
         let dir = tempfile::tempdir().unwrap();
         assert!(write_cert_files(dir.path(), "*.example.com", CHAIN, KEY).unwrap());
-        assert!(dir.path().join("wildcard_.example.com").join(CHAIN_FILE).exists());
+        assert!(
+            dir.path()
+                .join("wildcard_.example.com")
+                .join(CHAIN_FILE)
+                .exists()
+        );
         assert!(read_cert_files(dir.path(), "*.example.com").is_some());
     }
 

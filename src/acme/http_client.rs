@@ -171,9 +171,8 @@ pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
 }
 
 /// Why the client could not be built.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ClientBuildError {
+pub enum ClientBuildError {
     /// `ca_root` cannot be read or holds no usable certificate.
     #[error("proxy.extensions.sbmesh.acme.ca_root {path}: {message}")]
     CaRoot {
@@ -190,9 +189,8 @@ pub(crate) enum ClientBuildError {
 /// An [`instant_acme::HttpClient`] over hyper + rustls (aws-lc-rs) with
 /// the trust, timeout and `Retry-After` capture of the module docs. Cheap
 /// to clone (connections are pooled and shared).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone)]
-pub(crate) struct AcmeHttpClient {
+pub struct AcmeHttpClient {
     client: Client<HttpsConnector<HttpConnector>, BodyWrapper<Bytes>>,
     timeout: Duration,
 }
@@ -209,8 +207,7 @@ impl AcmeHttpClient {
     /// A client trusting only the certificates in `ca_root` when given,
     /// else the platform's trust store. `http://` URLs are accepted too
     /// (a local test CA); a production directory is `https://`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(ca_root: Option<&Path>) -> Result<Self, ClientBuildError> {
+    pub fn new(ca_root: Option<&Path>) -> Result<Self, ClientBuildError> {
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let builder = hyper_rustls::HttpsConnectorBuilder::new();
         let builder = match ca_root {
@@ -240,9 +237,8 @@ impl AcmeHttpClient {
 
     /// Sends `req` and returns the whole response body (bounded, within
     /// the timeout), recording `Retry-After` into the current
-    /// [`RetryAfterCapture`] scope.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn send(
+    /// `RetryAfterCapture` scope.
+    pub async fn send(
         &self,
         req: Request<BodyWrapper<Bytes>>,
     ) -> Result<(hyper::http::response::Parts, Bytes), instant_acme::Error> {

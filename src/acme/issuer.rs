@@ -57,9 +57,8 @@ pub(crate) enum Proof<'a> {
 }
 
 /// A certificate just issued.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct Issued {
+pub struct Issued {
     /// The identifiers ordered (lowercase, deduplicated, in order).
     pub hosts: Vec<String>,
     /// Leaf first, then the intermediates, PEM.
@@ -81,9 +80,8 @@ impl fmt::Debug for Issued {
 }
 
 /// The CA's suggested renewal window for a certificate (ARI, RFC 9773).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct RenewalWindow {
+pub struct RenewalWindow {
     /// Start of the window, unix seconds.
     pub start_unix: u64,
     /// End of the window, unix seconds.
@@ -97,8 +95,7 @@ pub(crate) struct RenewalWindow {
 /// Orders certificates through the cluster's account, publishing HTTP-01
 /// challenges to a [`ChallengeBook`] that every replica answers from.
 /// Orders may run concurrently.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Issuer {
+pub struct Issuer {
     account: AcmeAccount,
     book: Arc<ChallengeBook>,
     node_id: String,
@@ -118,8 +115,7 @@ impl fmt::Debug for Issuer {
 impl Issuer {
     /// An issuer ordering through `account` and publishing challenges to
     /// `book`; `node_id` names this replica in logs.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(account: AcmeAccount, book: Arc<ChallengeBook>, node_id: impl Into<String>) -> Self {
+    pub fn new(account: AcmeAccount, book: Arc<ChallengeBook>, node_id: impl Into<String>) -> Self {
         Self {
             account,
             book,
@@ -131,8 +127,7 @@ impl Issuer {
 
     /// Whether the CA offers ACME Renewal Information (its directory has
     /// `renewalInfo`).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn offers_ari(&self) -> bool {
+    pub fn offers_ari(&self) -> bool {
         self.account.offers_ari()
     }
 
@@ -143,9 +138,7 @@ impl Issuer {
     /// (e.g. [`crate::store::lock::LeaseKeeper::held`]); when it turns
     /// `false`, or its sender is dropped, the order is abandoned with
     /// [`AcmeError::LeaseLost`].
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn order(
+    pub async fn order(
         &self,
         hosts: &[String],
         lease_held: Option<watch::Receiver<bool>>,
@@ -294,10 +287,12 @@ impl Issuer {
         match order.poll_ready(&self.poll).await {
             Ok(OrderStatus::Ready) => {}
             Ok(status) => {
-                return Err(explain(&mut order, proof).await.unwrap_or(AcmeError::Protocol {
-                    op: "wait for validation",
-                    message: format!("the order became {status:?} without a reason"),
-                }));
+                return Err(explain(&mut order, proof)
+                    .await
+                    .unwrap_or(AcmeError::Protocol {
+                        op: "wait for validation",
+                        message: format!("the order became {status:?} without a reason"),
+                    }));
             }
             Err(e) => {
                 let mapped = failed("wait for validation")(e);
@@ -343,9 +338,7 @@ impl Issuer {
     /// The CA's suggested renewal window for the leaf of `chain_pem`, as
     /// unix seconds; `None` when the CA offers no ARI, or the question
     /// failed (logged; the caller then uses its own schedule).
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn renewal_window(&self, chain_pem: &str) -> Option<(u64, u64)> {
+    pub async fn renewal_window(&self, chain_pem: &str) -> Option<(u64, u64)> {
         match self.renewal_info(chain_pem).await {
             Ok(window) => window.map(|w| (w.start_unix, w.end_unix)),
             Err(e) => {
@@ -357,8 +350,7 @@ impl Issuer {
 
     /// Asks the CA for the renewal window of the leaf of `chain_pem` (ARI);
     /// `Ok(None)` when the CA does not offer ARI.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn renewal_info(&self, chain_pem: &str) -> Result<Option<RenewalWindow>, AcmeError> {
+    pub async fn renewal_info(&self, chain_pem: &str) -> Result<Option<RenewalWindow>, AcmeError> {
         if !self.offers_ari() {
             return Ok(None);
         }
@@ -499,7 +491,9 @@ fn normalize_hosts(hosts: &[String], wildcards: bool) -> Result<Vec<String>, Acm
                 "an empty hostname cannot be ordered".to_owned(),
             ));
         }
-        if host.contains('*') && !(wildcards && crate::config::hostname::normalize_wildcard(&host).is_ok()) {
+        if host.contains('*')
+            && !(wildcards && crate::config::hostname::normalize_wildcard(&host).is_ok())
+        {
             return Err(AcmeError::Config(format!(
                 "{host} is a wildcard: HTTP-01 cannot prove it, so it is never ordered"
             )));
@@ -517,8 +511,7 @@ fn normalize_hosts(hosts: &[String], wildcards: bool) -> Result<Vec<String>, Acm
 }
 
 /// The ARI identifier (authority key id + serial) of the leaf of `chain_pem`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn certificate_identifier(
+pub fn certificate_identifier(
     chain_pem: &str,
 ) -> Result<CertificateIdentifier<'static>, AcmeError> {
     let bad = |message: String| AcmeError::Protocol {

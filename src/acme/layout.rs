@@ -23,14 +23,12 @@
 use crate::config::sha256_hex;
 
 /// Short, stable id of an ACME directory URL (16 hex chars of its sha256).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn directory_id(directory_url: &str) -> String {
+pub fn directory_id(directory_url: &str) -> String {
     sha256_hex(directory_url.trim().as_bytes())[..16].to_owned()
 }
 
 /// Account credentials of the cluster at one directory.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn account(dir_id: &str) -> String {
+pub fn account(dir_id: &str) -> String {
     format!("acme/{dir_id}/account")
 }
 
@@ -40,22 +38,19 @@ pub(crate) fn account_lock(dir_id: &str) -> String {
 }
 
 /// Issuance history of one hostname set (see [`hostname_set_id`]).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn issued(dir_id: &str, set_id: &str) -> String {
+pub fn issued(dir_id: &str, set_id: &str) -> String {
     format!("acme/{dir_id}/issued/{set_id}")
 }
 
 /// The new-order budget of the account.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn order_budget(dir_id: &str) -> String {
+pub fn order_budget(dir_id: &str) -> String {
     format!("acme/{dir_id}/budget")
 }
 
 /// What the replicas share about ordering the certificate of one hostname
 /// set (see [`hostname_set_id`]; a per-host unit is the set of its host):
 /// failures and the CA's renewal information.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn order_state(dir_id: &str, set_id: &str) -> String {
+pub fn order_state(dir_id: &str, set_id: &str) -> String {
     format!("acme/{dir_id}/state/{set_id}")
 }
 
@@ -83,8 +78,7 @@ pub(crate) fn challenge(token: &str) -> String {
 pub(crate) const CERTS_PREFIX: &str = "acme/certs/";
 
 /// Certificate record of `host` (lowercase).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn certificate(host: &str) -> String {
+pub fn certificate(host: &str) -> String {
     format!("{CERTS_PREFIX}{}", host_segment(host))
 }
 
@@ -94,8 +88,7 @@ pub(crate) fn order_lock(host: &str) -> String {
 }
 
 /// Prefix of the SAN certificate records (for listing).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const SAN_PREFIX: &str = "acme/san/";
+pub const SAN_PREFIX: &str = "acme/san/";
 
 /// Certificate record of the SAN certificate for the hostname set `set_id`
 /// ([`hostname_set_id`]).
@@ -116,8 +109,7 @@ pub(crate) fn san_unit_id(set_id: &str) -> String {
 }
 
 /// Id of a set of hostnames: order-independent, case-insensitive.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn hostname_set_id(hosts: &[String]) -> String {
+pub fn hostname_set_id(hosts: &[String]) -> String {
     let mut sorted: Vec<String> = hosts.iter().map(|h| h.to_ascii_lowercase()).collect();
     sorted.sort();
     sorted.dedup();

@@ -840,7 +840,8 @@ impl Machine {
         let now = now.unix();
         if let OrderOutcome::Unanswered(unanswered) = &outcome {
             let since = state.waiting.as_ref().map_or(now, |(since, _)| *since);
-            state.view.lock_busy_until = now.saturating_add(unanswered_wait(now.saturating_sub(since)));
+            state.view.lock_busy_until =
+                now.saturating_add(unanswered_wait(now.saturating_sub(since)));
             let reason = unanswered.to_string();
             if state.waiting.as_ref().map(|(_, r)| r) != Some(&reason) {
                 out.push(Action::Report(Report::Waiting {
@@ -1352,7 +1353,9 @@ mod tests {
         let said = waiting_reports(&actions);
         assert_eq!(said.len(), 1, "{actions:?}");
         assert!(
-            said[0].as_deref().is_some_and(|r| r.contains("not answered at http://demo-svc:80")),
+            said[0]
+                .as_deref()
+                .is_some_and(|r| r.contains("not answered at http://demo-svc:80")),
             "{said:?}"
         );
         let status = rig.machine.status();
@@ -1362,7 +1365,11 @@ mod tests {
         // Not a failure: no backoff, tried again after a second.
         assert_eq!(rig.machine.units[host].view.failures.count, 0);
         let again = rig.run_for(Duration::from_millis(1500), &["a"], false);
-        assert_eq!(again, vec![host.to_owned()], "checked again within a second");
+        assert_eq!(
+            again,
+            vec![host.to_owned()],
+            "checked again within a second"
+        );
         // The same reason again is not said again, and keeps its start.
         let actions = rig.finish(host, unanswered());
         assert!(waiting_reports(&actions).is_empty(), "{actions:?}");
@@ -1393,7 +1400,9 @@ mod tests {
             result: Ok(Some(record(id, serial, now, now + 90 * DAY))),
         });
         assert!(
-            install.iter().any(|a| matches!(a, Action::InstallRecord { .. })),
+            install
+                .iter()
+                .any(|a| matches!(a, Action::InstallRecord { .. })),
             "{install:?}"
         );
         rig.step(Input::Installed {
@@ -1444,10 +1453,16 @@ mod tests {
             result: Ok(Some(record("b.example.com", "0b", now, now + 90 * DAY))),
         });
         assert!(
-            install.iter().any(|a| matches!(a, Action::InstallRecord { .. })),
+            install
+                .iter()
+                .any(|a| matches!(a, Action::InstallRecord { .. })),
             "{install:?}"
         );
-        assert_eq!(published(&rig.step(Input::Tick)), Some(false), "b is being written");
+        assert_eq!(
+            published(&rig.step(Input::Tick)),
+            Some(false),
+            "b is being written"
+        );
         let written = Local {
             names: vec!["b.example.com".into()],
             serial: "0b".into(),
@@ -1582,7 +1597,11 @@ mod tests {
         };
         assert_eq!(failing.host, host);
         assert_eq!(failing.since_unix, first);
-        assert!(failing.error.contains("not served by every authoritative server"));
+        assert!(
+            failing
+                .error
+                .contains("not served by every authoritative server")
+        );
         assert_eq!(
             failing.retry_at_unix,
             rig.machine.failures(host).unwrap().next_attempt_unix()

@@ -54,9 +54,9 @@ use crate::acme::certs::CertRecord;
 use crate::acme::challenge::ChallengeBook;
 use crate::acme::issuer::Issuer;
 use crate::acme::layout;
+use crate::acme::machine::{Action, Input, Machine, Now, Ordering, Report, Settings, StoredCert};
 use crate::acme::order::{AriTask, Dns01Slot, OrderJob, Reseal, read_record_sealed};
 use crate::acme::outcome::{OrderError, OrderOutcome};
-use crate::acme::machine::{Action, Input, Machine, Now, Ordering, Report, Settings, StoredCert};
 use crate::acme::reach::ReachCheck;
 use crate::acme::schedule::Failures;
 use crate::acme::unit::{AcmeStatus, CertUnit, UnitFiles, wanted_units};
@@ -72,7 +72,7 @@ use crate::store::{Store, now_unix_ms};
 
 /// How much ordering a fleet may do, and where its challenges are checked
 /// first: the `--acme-*` settings of the sidecar, whose defaults are the
-/// flag table's ([`crate::flags`]).
+/// flag table's ([`Flag`](crate::Flag)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AcmeLimits {
@@ -113,20 +113,19 @@ impl Default for AcmeLimits {
 }
 
 /// How the manager behaves; the defaults suit production.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub(crate) struct AcmeManagerConfig {
+pub struct AcmeManagerConfig {
     /// This replica's node id (the mesh's).
     pub node_id: String,
     /// Random per process start: with the node id it makes this process's
-    /// lock holder id ([`AcmeManagerConfig::holder_id`]), so a restarted
+    /// lock holder id (`AcmeManagerConfig::holder_id`), so a restarted
     /// pod tells its own previous leases from those of live replicas.
     pub boot_id: String,
     /// Where certificates are written for the proxy.
     pub cert_dir: PathBuf,
     /// The cluster key ring: certificate records and account credentials
     /// are sealed with a key derived from it. It follows the mesh's ring
-    /// (the key file) when built with [`AtRestRing::following`].
+    /// (the key file) when built with `AtRestRing::following`.
     pub key_ring: AtRestRing,
     /// How much ordering the fleet may do.
     pub limits: AcmeLimits,
@@ -143,8 +142,7 @@ pub(crate) struct AcmeManagerConfig {
 
 impl AcmeManagerConfig {
     /// Production defaults for `node_id` writing into `cert_dir`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(node_id: impl Into<String>, cert_dir: impl Into<PathBuf>) -> Self {
+    pub fn new(node_id: impl Into<String>, cert_dir: impl Into<PathBuf>) -> Self {
         Self {
             node_id: node_id.into(),
             boot_id: format!("{:016x}", rand::random::<u64>()),
@@ -167,8 +165,7 @@ impl AcmeManagerConfig {
 pub(crate) type CertificatesChanged = Arc<dyn Fn() + Send + Sync>;
 
 /// The manager's inputs.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct AcmeInputs {
+pub struct AcmeInputs {
     /// The shared certificate store.
     pub store: Arc<dyn Store>,
     /// The mesh: alive members decide ownership, peers' metadata announce
@@ -188,10 +185,8 @@ pub(crate) struct AcmeInputs {
 
 /// A running manager. Dropping it stops the loop (orders in flight are
 /// abandoned; their leases expire).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct AcmeManager {
+pub struct AcmeManager {
     /// For tests; the node reads the channel it made itself.
-    #[cfg(any(test, feature = "testing"))]
     status: watch::Receiver<AcmeStatus>,
     task: JoinHandle<()>,
 }
@@ -204,9 +199,7 @@ impl Drop for AcmeManager {
 
 impl AcmeManager {
     /// Starts the loop.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn spawn(cfg: AcmeManagerConfig, inputs: AcmeInputs) -> Self {
+    pub fn spawn(cfg: AcmeManagerConfig, inputs: AcmeInputs) -> Self {
         Self::spawn_into(cfg, inputs, watch::channel(AcmeStatus::default()).0)
     }
 
@@ -219,16 +212,13 @@ impl AcmeManager {
         status: watch::Sender<AcmeStatus>,
     ) -> Self {
         Self {
-            #[cfg(any(test, feature = "testing"))]
             status: status.subscribe(),
             task: tokio::spawn(Runner::new(cfg, inputs, status).run()),
         }
     }
 
     /// This node's certificates and ACME state, updated as they change.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn status(&self) -> watch::Receiver<AcmeStatus> {
+    pub fn status(&self) -> watch::Receiver<AcmeStatus> {
         self.status.clone()
     }
 }
@@ -714,7 +704,9 @@ impl Runner {
             }
             Report::Waiting { id, reason } => match reason {
                 Some(reason) => warn!(unit = %id, "order waits: {reason}"),
-                None => info!(unit = %id, "order no longer waits: its challenge was answered where the CA's request lands"),
+                None => {
+                    info!(unit = %id, "order no longer waits: its challenge was answered where the CA's request lands")
+                }
             },
             Report::OrderFailed {
                 id,

@@ -9,24 +9,22 @@
 //! Every record lives under the keys built by `layout`, so one store can be
 //! shared by the replicas of a cluster without any other coordination.
 
-internal_mod! {
-    layout;
-    account;
-    certs;
-    challenge;
-    deliver;
-    dns01;
-    http_client;
-    issuer;
-    machine;
-    manager;
-    outcome;
-    ownership;
-    placeholder;
-    reach;
-    schedule;
-    unit;
-}
+pub(crate) mod account;
+pub(crate) mod certs;
+pub(crate) mod challenge;
+pub(crate) mod deliver;
+pub(crate) mod dns01;
+pub(crate) mod http_client;
+pub(crate) mod issuer;
+pub(crate) mod layout;
+pub(crate) mod machine;
+pub(crate) mod manager;
+pub(crate) mod outcome;
+pub(crate) mod ownership;
+pub(crate) mod placeholder;
+pub(crate) mod reach;
+pub(crate) mod schedule;
+pub(crate) mod unit;
 pub use deliver::{CHAIN_FILE, KEY_FILE};
 pub use manager::AcmeLimits;
 pub(crate) mod order;

@@ -28,8 +28,7 @@ fn weight(member: &str, host_lower: &str) -> u64 {
 /// The member that orders `host` (case-insensitive), or `None` when there
 /// are no members. The order of `members` does not matter; duplicates are
 /// harmless.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn owner<'a>(host: &str, members: &[&'a str]) -> Option<&'a str> {
+pub fn owner<'a>(host: &str, members: &[&'a str]) -> Option<&'a str> {
     let host = host.to_ascii_lowercase();
     members
         .iter()

@@ -23,10 +23,9 @@ pub(crate) const PLACEHOLDER_VALIDITY_SECS: u64 = 7 * 24 * 3600;
 pub(crate) const PLACEHOLDER_REFRESH_SECS: u64 = 24 * 3600;
 
 /// A placeholder for `names` valid from an hour before `now_unix` for
-/// [`PLACEHOLDER_VALIDITY_SECS`]: `(chain_pem, key_pem)`, the key PKCS#8
+/// `PLACEHOLDER_VALIDITY_SECS`: `(chain_pem, key_pem)`, the key PKCS#8
 /// PEM as the CA's certificates are written.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn generate(names: &[String], now_unix: u64) -> Result<(String, String), CertError> {
+pub fn generate(names: &[String], now_unix: u64) -> Result<(String, String), CertError> {
     use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, PKCS_ECDSA_P256_SHA256};
     let fail = |e: rcgen::Error| CertError::Key(format!("cannot make a placeholder: {e}"));
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(fail)?;
@@ -51,8 +50,7 @@ pub(crate) fn generate(names: &[String], now_unix: u64) -> Result<(String, Strin
 /// Whether the leaf of `chain_pem` is a placeholder of ours: self-signed
 /// (subject = issuer) with the placeholder's name. `false` for anything
 /// that does not parse.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn is_placeholder(chain_pem: &str) -> bool {
+pub fn is_placeholder(chain_pem: &str) -> bool {
     let Ok(blocks) = pem_blocks(chain_pem) else {
         return false;
     };

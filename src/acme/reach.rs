@@ -209,7 +209,10 @@ impl ReachCheck {
         let uri = format!("{}{CHALLENGE_PATH_PREFIX}{token}", self.target);
         let request = Request::get(uri)
             .header(header::HOST, host)
-            .header(header::USER_AGENT, concat!("sbmesh/", env!("CARGO_PKG_VERSION")))
+            .header(
+                header::USER_AGENT,
+                concat!("sbmesh/", env!("CARGO_PKG_VERSION")),
+            )
             .body(Empty::new())
             .map_err(|e| e.to_string())?;
         let response = self

@@ -27,9 +27,8 @@ pub(crate) struct CertTimes {
 
 /// A renewal window suggested by the CA (ACME Renewal Information,
 /// RFC 9773 `suggestedWindow`), unix seconds.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AriWindow {
+pub struct AriWindow {
     /// `suggestedWindow.start`.
     pub start_unix: u64,
     /// `suggestedWindow.end`.
@@ -56,7 +55,7 @@ fn fraction(x: u64, f: f64) -> u64 {
 }
 
 /// When to renew the certificate, unix seconds. A time at or before the
-/// current time means "renew now" (see [`renew_delay_secs`]).
+/// current time means "renew now" (see `renew_delay_secs`).
 ///
 /// 1. With an ARI window from the CA (and `start <= end`): a point inside
 ///    it, `start + jitter * (end - start)`, but never later than a tenth of
@@ -125,9 +124,8 @@ pub(crate) const RETRY_AFTER_MAX_SECS: u64 = 7 * DAY;
 
 /// Consecutive failed attempts for one hostname (or the account), and when
 /// to try again.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Failures {
+pub struct Failures {
     /// Consecutive failures since the last success.
     pub count: u32,
     /// When the last one happened, unix seconds.
@@ -162,8 +160,7 @@ impl Failures {
     /// The earliest time of the next attempt: the last failure plus the
     /// backoff, and never before `Retry-After`. 0 (any time) without
     /// failures.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn next_attempt_unix(&self) -> u64 {
+    pub fn next_attempt_unix(&self) -> u64 {
         if self.count == 0 {
             return 0;
         }
@@ -198,9 +195,8 @@ pub(crate) fn ari_next_check(now: u64, retry_after_secs: Option<u64>) -> u64 {
 }
 
 /// The CA's last renewal-information answer for one certificate.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct AriCheck {
+pub struct AriCheck {
     /// The certificate it is about (serial, lowercase hex).
     pub serial: String,
     /// The suggested window; `None` when the question failed.
@@ -214,9 +210,8 @@ pub(crate) struct AriCheck {
 /// consecutive failures, so the backoff survives a restart and an
 /// ownership change, and the CA's renewal information with its
 /// `Retry-After`, so the next owner does not ask again at once.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct UnitOrderState {
+pub struct UnitOrderState {
     /// Failures since the last success.
     #[serde(default)]
     pub failures: Failures,
@@ -253,9 +248,8 @@ pub(crate) const DUPLICATE_WINDOW_SECS: u64 = 7 * 24 * 3600;
 /// When certificates for one hostname set were issued (stored at
 /// [`crate::acme::layout::issued`]), to stay under the CA's duplicate limit
 /// whichever replica orders.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Default, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct IssuanceHistory {
+pub struct IssuanceHistory {
     /// Issuance times, unix seconds, oldest first.
     pub issued_unix: Vec<u64>,
 }
@@ -294,9 +288,8 @@ impl IssuanceHistory {
 /// previous one ended). Stored at [`crate::acme::layout::order_budget`] so
 /// the cap holds for the whole cluster. `max_orders = 0` refuses every
 /// order.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct OrderBudget {
+pub struct OrderBudget {
     /// Orders allowed per interval.
     pub max_orders: u32,
     /// Length of an interval, seconds.

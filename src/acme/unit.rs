@@ -24,9 +24,8 @@ use crate::config::{CertificateMode, SbConfig};
 use crate::mesh::{CertificateInfo, OrderFailing, OrderWaiting};
 
 /// Where a unit's files go.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum UnitFiles {
+pub enum UnitFiles {
     /// `<cert-dir>/<host>/tls.{crt,key}` (`certificates: per_host`).
     Host(String),
     /// `<cert-dir>/tls.{crt,key}` (`certificates: san`).
@@ -34,10 +33,9 @@ pub(crate) enum UnitFiles {
 }
 
 /// One certificate the manager keeps ordered, stored and on disk.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct CertUnit {
-    /// Stable id: the hostname (per host) or [`layout::san_unit_id`] of the
+pub struct CertUnit {
+    /// Stable id: the hostname (per host) or `layout::san_unit_id` of the
     /// name set (san). Ownership (rendezvous hashing), the renewal jitter
     /// and the manager's bookkeeping go by it.
     pub id: String,
@@ -50,8 +48,7 @@ pub(crate) struct CertUnit {
 
 impl CertUnit {
     /// The unit of one host (`certificates: per_host`).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn per_host(host: &str) -> Self {
+    pub fn per_host(host: &str) -> Self {
         Self {
             id: host.to_owned(),
             names: vec![host.to_owned()],
@@ -85,8 +82,7 @@ impl CertUnit {
     }
 
     /// Its certificate record in the store.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn store_key(&self) -> String {
+    pub fn store_key(&self) -> String {
         match &self.files {
             UnitFiles::Host(host) => layout::certificate(host),
             UnitFiles::San => layout::san_certificate(&layout::hostname_set_id(&self.names)),
@@ -94,8 +90,7 @@ impl CertUnit {
     }
 
     /// Its order lock.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn lock_name(&self) -> String {
+    pub fn lock_name(&self) -> String {
         match &self.files {
             UnitFiles::Host(host) => layout::order_lock(host),
             UnitFiles::San => layout::san_order_lock(&layout::hostname_set_id(&self.names)),
@@ -256,7 +251,7 @@ mod tests {
 
     #[test]
     fn wanted_hosts_normalise_and_report_wildcards() {
-        let config = crate::config::parse(
+        let config = crate::config::parse_config(
             "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, email: a@b.c }\norigins:\n  \"API.example.com.\": {}\n  \"*.example.com\": {}\n  \"b.example.com\": {}\n",
         )
         .unwrap();
@@ -266,7 +261,7 @@ mod tests {
             vec!["api.example.com".to_owned(), "b.example.com".to_owned()]
         );
         assert_eq!(wildcards, vec!["*.example.com".to_owned()]);
-        let disabled = crate::config::parse("origins:\n  a.example.com: {}\n").unwrap();
+        let disabled = crate::config::parse_config("origins:\n  a.example.com: {}\n").unwrap();
         assert!(disabled.acme_hostnames().0.is_empty());
     }
 
@@ -277,7 +272,7 @@ mod tests {
         for o in origins {
             text.push_str(&format!("  \"{o}\": {{}}\n"));
         }
-        crate::config::parse(&text).unwrap()
+        crate::config::parse_config(&text).unwrap()
     }
 
     fn names(list: &[&str]) -> Vec<String> {
@@ -308,7 +303,7 @@ mod tests {
             Path::new("/certs/a.example.com")
         );
         // The default mode is per host.
-        let default = crate::config::parse(
+        let default = crate::config::parse_config(
             "proxy:\n  extensions:\n    sbmesh:\n      acme: { enabled: true, email: a@b.c }\norigins:\n  a.example.com: {}\n",
         )
         .unwrap();

@@ -17,7 +17,7 @@ pub struct SidecarPorts {
 
 /// The conflicts of `config` with a sidecar that binds `ports`; each
 /// problem names both settings and the fix.
-pub fn conflicts(config: &SbConfig, ports: SidecarPorts) -> Vec<Problem> {
+pub fn config_conflicts(config: &SbConfig, ports: SidecarPorts) -> Vec<Problem> {
     let mut problems = Vec::new();
     if let Some(cluster) = &config.proxy.cluster {
         let mut clash =

@@ -297,7 +297,7 @@ mod tests {
 
 /// The name of the first `${NAME}` left in an interpolated value: a
 /// variable that was not set (the proxy keeps such a reference as written;
-/// one with a default was replaced). Read with [`reference`], as
+/// one with a default was replaced). Read with `reference`(fn@reference), as
 /// [`interpolate_report`] reads them.
 pub fn unresolved_in(value: &str) -> Option<&str> {
     value

@@ -11,28 +11,28 @@
 //!
 //! Reading is three pure steps, each usable on its own:
 //!
-//! 1. [`interpolate`] replaces `${VAR}` and `${VAR:-default}` from an
+//! 1. [`interpolate()`] replaces `${VAR}` and `${VAR:-default}` from an
 //!    environment passed in as a function (so tests never touch the process
 //!    environment), exactly as the proxy does;
-//! 2. [`parse`] turns the interpolated text into an [`SbConfig`], collecting
+//! 2. [`parse_config`] turns the interpolated text into an [`SbConfig`], collecting
 //!    *every* [`Problem`] rather than stopping at the first;
-//! 3. [`load`] does both for a file on disk and also returns the sha256 of the
+//! 3. [`load_config`] does both for a file on disk and also returns the sha256 of the
 //!    raw bytes, which is how a change of the file is recognised.
 //!
 //! ```
-//! use sbmesh::config;
+//! use sbmesh::{interpolate, parse_config};
 //!
 //! let env = |name: &str| (name == "POD").then(|| "demo-proxy-0".to_string());
 //! let text = "proxy:\n  extensions:\n    sbmesh:\n      node_id: ${POD}\n";
-//! let text = config::interpolate(text, &env);
-//! let cfg = config::parse(&text).unwrap();
+//! let text = interpolate(text, &env);
+//! let cfg = parse_config(&text).unwrap();
 //! assert_eq!(cfg.sbmesh().node_id.as_deref(), Some("demo-proxy-0"));
 //! ```
 //!
 //! Cluster keys live in `key`: where a key comes from ([`KeySource`]), how a
 //! key ring is written ([`parse_key_ring`]) and how a fresh one is made
 //! ([`generate_key`]). Conflicts between the sidecar and the proxy's own
-//! blocks are [`conflicts`].
+//! blocks are [`config_conflicts`].
 
 mod conflict;
 pub(crate) mod hostname;
@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use conflict::{SidecarPorts, conflicts};
+pub use conflict::{SidecarPorts, config_conflicts};
 pub use interpolate::{
     Interpolated, Unresolved, interpolate, interpolate_report, unresolved_in, unresolved_message,
 };
@@ -147,7 +147,7 @@ impl Problem {
 /// What the sidecar reads from `sb.yml`.
 ///
 /// `Deserialize` exists to round-trip this model (e.g. as JSON); to read an
-/// actual `sb.yml`, use [`parse`] or [`load`], which validate and report
+/// actual `sb.yml`, use [`parse_config`] or [`load_config`], which validate and report
 /// every problem with its path.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -213,7 +213,7 @@ impl SbConfig {
     /// wildcard such as `*.example.com`), deduplicated, in file order; and
     /// the origins that are not eligible (wildcards under `http-01`), as
     /// written. Empty when ACME is disabled. Invalid origins are problems of
-    /// [`parse`], so a parsed config with ACME on has none.
+    /// [`parse_config`], so a parsed config with ACME on has none.
     pub(crate) fn acme_hostnames(&self) -> (Vec<String>, Vec<String>) {
         if !self.acme_enabled() {
             return (Vec::new(), Vec::new());
@@ -909,14 +909,14 @@ impl fmt::Display for StorageBackend {
 /// warnings are then available from [`SbConfig::warnings`]); otherwise every
 /// problem found, warnings included, in file order. Never panics, whatever
 /// the text.
-pub fn parse(text: &str) -> Result<SbConfig, Vec<Problem>> {
+pub fn parse_config(text: &str) -> Result<SbConfig, Vec<Problem>> {
     parse::parse(text, &[])
 }
 
-/// Parses the result of [`interpolate_report`], as [`parse`] does: its
+/// Parses the result of [`interpolate_report`], as [`parse_config`] does: its
 /// unresolved references are warnings, and errors where the sidecar's own
 /// block uses them.
-pub fn parse_interpolated(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
+pub fn parse_interpolated_config(interpolated: &Interpolated) -> Result<SbConfig, Vec<Problem>> {
     if interpolated.oversized {
         return Err(vec![Interpolated::oversized_problem()]);
     }
@@ -939,7 +939,7 @@ pub struct Loaded {
 /// Reads, interpolates and parses the file at `path`.
 ///
 /// A read error is a single problem whose path is the file path.
-pub fn load(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
+pub fn load_config(path: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Vec<Problem>> {
     let raw = read_bounded(path)
         .map_err(|e| vec![Problem::error(path.display().to_string(), e.to_string())])?;
     let config = parse_bytes(&raw, env)?;
@@ -970,7 +970,7 @@ pub(crate) enum ReadError {
 
 /// Reads at most [`MAX_CONFIG_BYTES`] of the file at `path`; a larger file
 /// is an error saying so, without reading it whole. The one read of
-/// `sb.yml`: `validate`, `run`'s start-up ([`load`]) and the reload
+/// `sb.yml`: `validate`, `run`'s start-up ([`load_config`]) and the reload
 /// watcher all go through it, so they agree on what is too large.
 pub(crate) fn read_bounded(path: &Path) -> Result<Vec<u8>, ReadError> {
     use std::io::Read as _;
@@ -997,7 +997,7 @@ pub(crate) fn oversized(len: usize) -> Option<String> {
     })
 }
 
-/// Interpolates and parses raw file bytes, as [`load`] does after reading.
+/// Interpolates and parses raw file bytes, as [`load_config`] does after reading.
 pub(crate) fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, Vec<Problem>> {
     let text = std::str::from_utf8(raw).map_err(|e| {
         vec![Problem::error(
@@ -1008,7 +1008,7 @@ pub(crate) fn parse_bytes(raw: &[u8], env: &EnvLookup<'_>) -> Result<SbConfig, V
             ),
         )]
     })?;
-    parse_interpolated(&interpolate_report(text, env))
+    parse_interpolated_config(&interpolate_report(text, env))
 }
 
 /// Lowercase hex sha256 of `bytes`.

@@ -113,14 +113,14 @@ origins:
 "#;
 
 fn problems(text: &str) -> Vec<String> {
-    match parse(text) {
+    match parse_config(text) {
         Ok(cfg) => cfg.warnings().iter().map(ToString::to_string).collect(),
         Err(problems) => problems.iter().map(ToString::to_string).collect(),
     }
 }
 
 fn errors(text: &str) -> Vec<String> {
-    match parse(text) {
+    match parse_config(text) {
         Ok(cfg) => panic!("expected problems, parsed {cfg:?}"),
         Err(problems) => problems
             .iter()
@@ -149,7 +149,7 @@ fn sbmesh(body: &str) -> String {
 
 #[test]
 fn full_example_parses() {
-    let cfg = parse(FULL).unwrap();
+    let cfg = parse_config(FULL).unwrap();
     let admin = &cfg.proxy.admin;
     assert!(admin.enabled);
     assert_eq!(admin.port, 9191);
@@ -200,7 +200,7 @@ fn full_example_parses() {
 
 #[test]
 fn defaults() {
-    let cfg = parse("origins:\n  a.example.com: {}\n").unwrap();
+    let cfg = parse_config("origins:\n  a.example.com: {}\n").unwrap();
     assert_eq!(cfg.proxy.admin, AdminSection::default());
     assert_eq!(cfg.proxy.admin.port, DEFAULT_PROXY_ADMIN_PORT);
     assert_eq!(cfg.proxy.admin.base_url(), "http://127.0.0.1:9090");
@@ -217,19 +217,19 @@ fn defaults() {
 #[test]
 fn admin_defaults_are_the_proxys() {
     // enabled without credentials: the proxy checks admin / changeme
-    let cfg = parse("proxy:\n  admin: { enabled: true }\n").unwrap();
+    let cfg = parse_config("proxy:\n  admin: { enabled: true }\n").unwrap();
     assert_eq!(
         cfg.proxy.admin.credentials(),
         Some(("admin".to_owned(), "changeme".to_owned()))
     );
-    let cfg = parse("proxy:\n  admin: { enabled: true, password: s3cret }\n").unwrap();
+    let cfg = parse_config("proxy:\n  admin: { enabled: true, password: s3cret }\n").unwrap();
     assert_eq!(
         cfg.proxy.admin.credentials(),
         Some(("admin".to_owned(), "s3cret".to_owned()))
     );
     // disabled: no admin API, so only what is written
     assert_eq!(
-        parse("proxy:\n  admin: {}\n")
+        parse_config("proxy:\n  admin: {}\n")
             .unwrap()
             .proxy
             .admin
@@ -237,9 +237,9 @@ fn admin_defaults_are_the_proxys() {
         None
     );
     // bind decides where the reload POST goes
-    let cfg = parse("proxy:\n  admin: { bind: 127.0.3.4, port: 9000 }\n").unwrap();
+    let cfg = parse_config("proxy:\n  admin: { bind: 127.0.3.4, port: 9000 }\n").unwrap();
     assert_eq!(cfg.proxy.admin.base_url(), "http://127.0.3.4:9000");
-    let cfg = parse("proxy:\n  admin: { bind: \"::\" }\n").unwrap();
+    let cfg = parse_config("proxy:\n  admin: { bind: \"::\" }\n").unwrap();
     assert_eq!(cfg.proxy.admin.base_url(), "http://[::1]:9090");
     assert_eq!(
         one_error("proxy:\n  admin: { bind: localhost }\n"),
@@ -251,7 +251,7 @@ fn admin_defaults_are_the_proxys() {
 fn every_key_the_proxy_defines_is_accepted() {
     let env = |name: &str| (name == "SBPROXY_POD_NAME").then(|| "p-0".to_owned());
     let text = interpolate(EVERY_PROXY_KEY, &env);
-    let cfg = parse(&text).unwrap();
+    let cfg = parse_config(&text).unwrap();
     // Only the line saying the sidecar's settings now live elsewhere.
     let w = cfg.warnings();
     assert_eq!(w.len(), 1, "{w:?}");
@@ -275,7 +275,7 @@ fn every_key_the_proxy_defines_is_accepted() {
         "\norigins:",
         "\n  extensions:\n    sbmesh: { gossip_port: 7946, acme: { enabled: true } }\norigins:",
     );
-    let cfg = parse(&with_block).unwrap();
+    let cfg = parse_config(&with_block).unwrap();
     assert!(cfg.acme_enabled());
     assert!(cfg.warnings().is_empty(), "{:?}", cfg.warnings());
 }
@@ -298,7 +298,7 @@ fn keys_the_proxy_refuses_are_warnings() {
         "{w:?}"
     );
     // never an error: the file is the proxy's
-    assert!(parse("proxy:\n  cluster: { colour: red }\n").is_ok());
+    assert!(parse_config("proxy:\n  cluster: { colour: red }\n").is_ok());
 }
 
 #[test]
@@ -307,7 +307,7 @@ fn a_file_with_only_the_old_blocks_gets_the_migration_line() {
         "proxy:\n  cluster: { cluster_id: demo }\n",
         "proxy:\n  acme: { enabled: false }\n",
     ] {
-        let cfg = parse(text).unwrap();
+        let cfg = parse_config(text).unwrap();
         let w = cfg.warnings();
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(w[0].path, SBMESH_PATH);
@@ -320,7 +320,7 @@ fn a_file_with_only_the_old_blocks_gets_the_migration_line() {
         assert_eq!(*cfg.sbmesh(), SbmeshSection::default());
     }
     // with the sidecar's block, the proxy's blocks are the proxy's
-    let cfg = parse("proxy:\n  cluster: {}\n  extensions: { sbmesh: {} }\n").unwrap();
+    let cfg = parse_config("proxy:\n  cluster: {}\n  extensions: { sbmesh: {} }\n").unwrap();
     assert!(cfg.warnings().is_empty());
 }
 
@@ -349,7 +349,7 @@ fn the_sidecar_block_is_strict() {
             .starts_with("proxy.extensions.sbmesh.shared_key: ")
     );
     assert!(one_error(&sbmesh("      shared_key: abc\n")).contains("keygen"));
-    assert!(parse(&sbmesh(&format!("      shared_key: \"{K1}\"\n"))).is_ok());
+    assert!(parse_config(&sbmesh(&format!("      shared_key: \"{K1}\"\n"))).is_ok());
     assert_eq!(
         one_error("proxy:\n  extensions: [sbmesh]\n"),
         "proxy.extensions: expected a mapping of extension blocks (the sidecar's is sbmesh), found a list"
@@ -374,7 +374,7 @@ fn certificates_and_apply() {
         ("restart", CertApply::Restart),
         ("none", CertApply::None),
     ] {
-        let cfg = parse(&acme(&format!("enabled: true\napply: {name}\n"))).unwrap();
+        let cfg = parse_config(&acme(&format!("enabled: true\napply: {name}\n"))).unwrap();
         assert_eq!(cfg.acme().unwrap().apply, Some(mode));
     }
 }
@@ -390,9 +390,9 @@ fn origins_are_hostnames_when_acme_is_on() {
     assert!(one_error(&text("  \"a..b\": {}\n")).contains("empty label"));
     assert!(one_error(&text(&format!("  {}.com: {{}}\n", "a".repeat(64)))).contains("at most 63"));
     // ACME off: the proxy's business
-    assert!(parse("origins:\n  \"api.example.com:8443\": {}\n").is_ok());
+    assert!(parse_config("origins:\n  \"api.example.com:8443\": {}\n").is_ok());
     // normalised, deduplicated
-    let cfg = parse(&text(
+    let cfg = parse_config(&text(
         "  API.example.com: {}\n  api.example.com.: {}\n  \"*.example.com\": {}\n",
     ))
     .unwrap();
@@ -413,7 +413,7 @@ fn san_takes_at_most_100_names() {
             .collect()
     };
     let san = acme("enabled: true\ncertificates: san\n");
-    assert!(parse(&format!("{san}origins:\n{}", origins(100))).is_ok());
+    assert!(parse_config(&format!("{san}origins:\n{}", origins(100))).is_ok());
     let e = one_error(&format!("{san}origins:\n{}", origins(101)));
     assert!(
         e.starts_with("origins: 101 hostnames, but certificates: san"),
@@ -421,7 +421,7 @@ fn san_takes_at_most_100_names() {
     );
     // per_host takes any number
     let per_host = acme("enabled: true\n");
-    assert!(parse(&format!("{per_host}origins:\n{}", origins(10_000))).is_ok());
+    assert!(parse_config(&format!("{per_host}origins:\n{}", origins(10_000))).is_ok());
 }
 
 #[test]
@@ -431,10 +431,10 @@ fn renew_before_days_at_half_the_lifetime_is_a_problem() {
         e.starts_with("proxy.extensions.sbmesh.acme.renew_before_days: 45 is at least half of the 90-day lifetime"),
         "{e}"
     );
-    assert!(parse(&acme("renew_before_days: 44\n")).is_ok());
+    assert!(parse_config(&acme("renew_before_days: 44\n")).is_ok());
     // a CA whose lifetime is not known here: checked against each certificate
     assert!(
-        parse(&acme(
+        parse_config(&acme(
             "renew_before_days: 60\ndirectory_url: https://ca.internal/dir\n"
         ))
         .is_ok()
@@ -447,7 +447,7 @@ fn unresolved_variables_are_kept_with_a_warning_and_refused_where_used() {
     // The proxy's value: kept, a warning.
     let text = "proxy:\n  cluster:\n    node_id: ${POD}\n  extensions: { sbmesh: {} }\n";
     let interpolated = interpolate_report(text, &env);
-    let cfg = parse_interpolated(&interpolated).unwrap();
+    let cfg = parse_interpolated_config(&interpolated).unwrap();
     let w: Vec<String> = cfg.warnings().iter().map(ToString::to_string).collect();
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(
@@ -457,7 +457,7 @@ fn unresolved_variables_are_kept_with_a_warning_and_refused_where_used() {
     );
     // The sidecar's value: an error naming the variable.
     let text = sbmesh("      node_id: ${POD}\n");
-    let problems = parse_interpolated(&interpolate_report(&text, &env)).unwrap_err();
+    let problems = parse_interpolated_config(&interpolate_report(&text, &env)).unwrap_err();
     let errors: Vec<String> = problems
         .iter()
         .filter(|p| p.is_error())
@@ -472,12 +472,12 @@ fn unresolved_variables_are_kept_with_a_warning_and_refused_where_used() {
     // The proxy's own value keeps it, as the proxy does: its admin API
     // checks that very literal, so the reload POST must send it.
     let text = "proxy:\n  admin: { enabled: true, password: \"${ADMIN_PW}\" }\n";
-    let cfg = parse_interpolated(&interpolate_report(text, &env)).unwrap();
+    let cfg = parse_interpolated_config(&interpolate_report(text, &env)).unwrap();
     assert_eq!(cfg.proxy.admin.password.as_deref(), Some("${ADMIN_PW}"));
     assert_eq!(cfg.warnings().len(), 1, "{:?}", cfg.warnings());
     // A default resolves it.
     let text = sbmesh("      node_id: ${POD:-n0}\n");
-    let cfg = parse_interpolated(&interpolate_report(&text, &env)).unwrap();
+    let cfg = parse_interpolated_config(&interpolate_report(&text, &env)).unwrap();
     assert_eq!(cfg.sbmesh().node_id.as_deref(), Some("n0"));
 }
 
@@ -487,9 +487,9 @@ fn conflicts_with_the_proxys_own_mesh_and_acme() {
         gossip: DEFAULT_GOSSIP_PORT,
         transport: DEFAULT_TRANSPORT_PORT,
     };
-    let cfg =
-        parse("proxy:\n  cluster: { state_dir: /x }\n  extensions: { sbmesh: {} }\n").unwrap();
-    let found: Vec<String> = conflicts(&cfg, ports)
+    let cfg = parse_config("proxy:\n  cluster: { state_dir: /x }\n  extensions: { sbmesh: {} }\n")
+        .unwrap();
+    let found: Vec<String> = config_conflicts(&cfg, ports)
         .iter()
         .map(ToString::to_string)
         .collect();
@@ -505,7 +505,7 @@ fn conflicts_with_the_proxys_own_mesh_and_acme() {
     );
     // other ports: no conflict
     assert!(
-        conflicts(
+        config_conflicts(
             &cfg,
             SidecarPorts {
                 gossip: 7947,
@@ -514,15 +514,16 @@ fn conflicts_with_the_proxys_own_mesh_and_acme() {
         )
         .is_empty()
     );
-    let cfg = parse("proxy:\n  cluster: { gossip_port: 7000, transport_port: 8000 }\n").unwrap();
-    assert!(conflicts(&cfg, ports).is_empty());
+    let cfg =
+        parse_config("proxy:\n  cluster: { gossip_port: 7000, transport_port: 8000 }\n").unwrap();
+    assert!(config_conflicts(&cfg, ports).is_empty());
 
     let text = format!(
         "proxy:\n  acme: {{ enabled: true }}\n{}",
         &acme("enabled: true\n")["proxy:\n".len()..]
     );
-    let cfg = parse(&text).unwrap();
-    let found = conflicts(&cfg, ports);
+    let cfg = parse_config(&text).unwrap();
+    let found = config_conflicts(&cfg, ports);
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].path, "proxy.acme.enabled");
     assert!(
@@ -538,8 +539,8 @@ fn conflicts_with_the_proxys_own_mesh_and_acme() {
         found[0]
     );
     // the proxy's ACME alone is the proxy's business
-    let cfg = parse("proxy:\n  acme: { enabled: true }\n").unwrap();
-    assert!(conflicts(&cfg, ports).is_empty());
+    let cfg = parse_config("proxy:\n  acme: { enabled: true }\n").unwrap();
+    assert!(config_conflicts(&cfg, ports).is_empty());
 }
 
 #[test]
@@ -548,13 +549,13 @@ fn wildcard_origins_are_warnings_when_acme_is_enabled() {
         "{}origins:\n  \"*.example.com\": {{}}\n  a.example.com: {{}}\n",
         acme("enabled: true\n")
     );
-    let cfg = parse(&text).unwrap();
+    let cfg = parse_config(&text).unwrap();
     let w = cfg.warnings();
     assert_eq!(w.len(), 1);
     assert_eq!(w[0].path, "origins.\"*.example.com\"");
     assert!(!w[0].is_error());
     assert!(
-        parse("origins:\n  \"*.example.com\": {}\n")
+        parse_config("origins:\n  \"*.example.com\": {}\n")
             .unwrap()
             .warnings()
             .is_empty()
@@ -563,7 +564,7 @@ fn wildcard_origins_are_warnings_when_acme_is_enabled() {
 
 #[test]
 fn empty_values_count_as_absent() {
-    let cfg = parse(&sbmesh(
+    let cfg = parse_config(&sbmesh(
         "      node_id: \"\"\n      cluster_id: \"  \"\n      gossip_port:\n",
     ))
     .unwrap();
@@ -575,7 +576,7 @@ fn empty_values_count_as_absent() {
 #[test]
 fn merge_keys_are_applied() {
     let text = "base: &b { gossip_port: 7100 }\nproxy:\n  extensions:\n    sbmesh:\n      <<: *b\n      transport_port: 8100\n";
-    let cfg = parse(text).unwrap();
+    let cfg = parse_config(text).unwrap();
     let s = cfg.sbmesh();
     assert_eq!((s.gossip_port, s.transport_port), (Some(7100), Some(8100)));
 }
@@ -619,7 +620,7 @@ fn substitution_cannot_multiply_the_file_past_the_bound() {
     let interpolated = interpolate_report(&text, &env);
     assert!(interpolated.oversized);
     assert!(interpolated.text.len() as u64 <= MAX_CONFIG_BYTES);
-    let problems = parse_interpolated(&interpolated).unwrap_err();
+    let problems = parse_interpolated_config(&interpolated).unwrap_err();
     assert_eq!(problems.len(), 1);
     assert!(
         problems[0]
@@ -632,7 +633,7 @@ fn substitution_cannot_multiply_the_file_past_the_bound() {
     let text = format!("origins: {{}}\n{}", "# ${BIG}\n".repeat(8));
     let interpolated = interpolate_report(&text, &env);
     assert!(!interpolated.oversized);
-    assert!(parse_interpolated(&interpolated).is_ok());
+    assert!(parse_interpolated_config(&interpolated).is_ok());
 }
 
 #[test]
@@ -678,7 +679,7 @@ fn storage_backends() {
         one_error(&acme("    storage_backend: Redis\n")).contains("unsupported backend \"Redis\"")
     );
     for name in ["redis", "s3", "gcs", "azure", "file", "redb", "memory"] {
-        let cfg = parse(&acme(&format!("    storage_backend: {name}\n"))).unwrap();
+        let cfg = parse_config(&acme(&format!("    storage_backend: {name}\n"))).unwrap();
         assert_eq!(
             cfg.sbmesh()
                 .acme
@@ -711,7 +712,11 @@ fn storage_paths_per_backend() {
         let text = acme(&format!(
             "    enabled: true\n    storage_backend: {backend}\n    storage_path: \"{path}\"\n"
         ));
-        assert!(parse(&text).is_ok(), "{backend} {path}: {:?}", parse(&text));
+        assert!(
+            parse_config(&text).is_ok(),
+            "{backend} {path}: {:?}",
+            parse_config(&text)
+        );
     }
     let bad = [
         (
@@ -760,9 +765,9 @@ fn storage_path_required_when_enabled() {
             )
         );
         // disabled: not needed yet
-        assert!(parse(&acme(&format!("    storage_backend: {backend}\n"))).is_ok());
+        assert!(parse_config(&acme(&format!("    storage_backend: {backend}\n"))).is_ok());
     }
-    assert!(parse(&acme("    enabled: true\n    storage_backend: memory\n")).is_ok());
+    assert!(parse_config(&acme("    enabled: true\n    storage_backend: memory\n")).is_ok());
 }
 
 #[test]
@@ -772,12 +777,12 @@ fn acme_field_checks() {
         "proxy.extensions.sbmesh.acme.email: \"ops\" is not an email address; expected one such as ops@example.com"
     );
     assert!(errors(&acme("    email: a b@example.com\n")).len() == 1);
-    assert!(parse(&acme("    email: mailto:ops@example.com\n")).is_ok());
+    assert!(parse_config(&acme("    email: mailto:ops@example.com\n")).is_ok());
     assert_eq!(
         one_error(&acme("    directory_url: acme.example.com/dir\n")),
         "proxy.extensions.sbmesh.acme.directory_url: \"acme.example.com/dir\" is not an http(s) URL; expected the CA's ACME directory, such as https://acme-v02.api.letsencrypt.org/directory"
     );
-    assert!(parse(&acme("    directory_url: https://pebble:14000/dir\n")).is_ok());
+    assert!(parse_config(&acme("    directory_url: https://pebble:14000/dir\n")).is_ok());
     assert_eq!(
         errors(&acme("    eab: {}\n")),
         [
@@ -789,7 +794,7 @@ fn acme_field_checks() {
         one_error(&acme("    eab: { kid: k, hmac_key: \"not base64!\" }\n")),
         "proxy.extensions.sbmesh.acme.eab.hmac_key: not base64url; expected the base64url-encoded HMAC key the CA gave with the key id"
     );
-    assert!(parse(&acme("    eab: { kid: k, hmac_key: \"aGk-_w==\" }\n")).is_ok());
+    assert!(parse_config(&acme("    eab: { kid: k, hmac_key: \"aGk-_w==\" }\n")).is_ok());
 }
 
 #[test]
@@ -807,21 +812,21 @@ fn secrets_are_redacted_in_debug() {
     let text = format!(
         "proxy:\n  admin: {{ username: u, password: pw-secret }}\n  extensions:\n    sbmesh:\n      shared_key: \"{K1}\"\n      acme:\n        eab: {{ kid: k, hmac_key: aGstc2VjcmV0 }}\n"
     );
-    let debug = format!("{:?}", parse(&text).unwrap());
+    let debug = format!("{:?}", parse_config(&text).unwrap());
     assert!(!debug.contains("pw-secret"), "{debug}");
     assert!(!debug.contains(K1), "{debug}");
     assert!(!debug.contains("aGstc2VjcmV0"), "{debug}");
     assert!(debug.contains("<redacted>"));
     let debug = format!(
         "{:?}",
-        parse("proxy:\n  extensions:\n    sbmesh: { shared_key: \"env:KEY\" }\n").unwrap()
+        parse_config("proxy:\n  extensions:\n    sbmesh: { shared_key: \"env:KEY\" }\n").unwrap()
     );
     assert!(debug.contains("Env(\"KEY\")"), "{debug}");
 }
 
 #[test]
 fn serializes_to_json_and_back() {
-    let cfg = parse(FULL).unwrap();
+    let cfg = parse_config(FULL).unwrap();
     let json = serde_json::to_string(&cfg).unwrap();
     let back: SbConfig = serde_json::from_str(&json).unwrap();
     assert_eq!(back, cfg);
@@ -858,7 +863,7 @@ fn load_interpolates_and_hashes_the_raw_file() {
     let raw = b"proxy:\n  extensions:\n    sbmesh:\n      node_id: ${POD}\n      gossip_port: ${PORT:-7001}\n";
     let file = TempFile::new(raw);
     let env = |name: &str| (name == "POD").then(|| "demo-proxy-3".to_string());
-    let loaded = load(&file.path, &env).unwrap();
+    let loaded = load_config(&file.path, &env).unwrap();
     let s = loaded.config.sbmesh();
     assert_eq!(s.node_id.as_deref(), Some("demo-proxy-3"));
     assert_eq!(s.gossip_port, Some(7001));
@@ -873,7 +878,7 @@ fn load_interpolates_and_hashes_the_raw_file() {
 
 #[test]
 fn load_reports_read_errors_with_the_file_path() {
-    let problems = load(Path::new("/nonexistent/sb.yml"), &|_| None).unwrap_err();
+    let problems = load_config(Path::new("/nonexistent/sb.yml"), &|_| None).unwrap_err();
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].path, "/nonexistent/sb.yml");
     assert!(
@@ -886,7 +891,7 @@ fn load_reports_read_errors_with_the_file_path() {
 #[test]
 fn load_reports_bad_encoding() {
     let file = TempFile::new(b"a: \xff\xfe\n");
-    let problems = load(&file.path, &|_| None).unwrap_err();
+    let problems = load_config(&file.path, &|_| None).unwrap_err();
     assert_eq!(problems[0].path, "(file)");
     assert!(problems[0].message.contains("UTF-8"));
 }
@@ -900,7 +905,7 @@ fn load_refuses_a_file_larger_than_the_bound() {
         );
     }
     let file = TempFile::new(&big);
-    let problems = load(&file.path, &|_| None).unwrap_err();
+    let problems = load_config(&file.path, &|_| None).unwrap_err();
     assert_eq!(problems.len(), 1);
     assert!(
         problems[0].message.starts_with("larger than 16 MiB"),
@@ -912,14 +917,14 @@ fn load_refuses_a_file_larger_than_the_bound() {
 proptest! {
     #[test]
     fn parse_never_panics(text in "\\PC*") {
-        let _ = parse(&text);
+        let _ = parse_config(&text);
     }
 
     #[test]
     fn parse_never_panics_on_yamlish_text(
         text in "(proxy:\n  (admin|cluster|acme|extensions|sbmesh|eab):\n    [a-z_]{1,12}: [\\[\\]{}a-z0-9:\"'*&!-]{0,10}\n){0,6}"
     ) {
-        let _ = parse(&text);
+        let _ = parse_config(&text);
     }
 
     #[test]
@@ -976,7 +981,7 @@ fn dns01_orders_wildcards_and_reads_its_provider() {
         "{}origins:\n  \"*.Example.com\": {{}}\n  example.com: {{}}\n",
         acme(&format!("{DNS01_RFC2136}certificates: san\n"))
     );
-    let cfg = parse(&text).unwrap();
+    let cfg = parse_config(&text).unwrap();
     assert!(cfg.warnings().is_empty(), "{:?}", cfg.warnings());
     assert_eq!(cfg.challenge(), Challenge::Dns01);
     assert_eq!(
@@ -992,7 +997,7 @@ fn dns01_orders_wildcards_and_reads_its_provider() {
     assert_eq!(dns.tsig_algorithm, TsigAlgorithm::HmacSha256);
     assert_eq!(dns.propagation_timeout, DEFAULT_DNS_PROPAGATION_TIMEOUT);
     // The secret as written, never printed.
-    let literal = parse(&acme(
+    let literal = parse_config(&acme(
         &DNS01_RFC2136.replace("env:SBMESH_TSIG_SECRET", "c2VjcmV0LXNlY3JldA=="),
     ))
     .unwrap();
@@ -1095,7 +1100,7 @@ fn dns01_problems_name_the_key_and_what_is_accepted() {
     );
     // Durations: seconds, s, m, h.
     for (written, secs) in [("90", 90), ("45s", 45), ("2m", 120), ("1h", 3600)] {
-        let cfg = parse(&acme(&format!(
+        let cfg = parse_config(&acme(&format!(
             "enabled: true\nchallenge: dns-01\ndns01: {{ provider: exec, command: /x, propagation_timeout: {written} }}\n"
         )))
         .unwrap();

@@ -28,8 +28,7 @@ use crate::metrics::{ListenerLabels, Metrics};
 /// from its opening or the end of the previous response: a slowloris
 /// connection and an idle keep-alive one are closed after this long.
 /// Probes and the CA send their request at once; Prometheus reconnects.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// On shutdown, how long a connection without a request in flight may take
 /// to close by itself before it is dropped.
@@ -46,11 +45,10 @@ pub(crate) fn max_connections() -> usize {
 }
 
 /// What [`serve`] is given.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Listener {
+pub struct Listener {
     /// `admin` or `challenge`: the `listener` label and the log field.
     pub name: &'static str,
-    /// Open connections kept at most (see [`max_connections`]).
+    /// Open connections kept at most (see `max_connections`).
     pub max_connections: usize,
     /// See [`HEADER_READ_TIMEOUT`].
     pub header_read_timeout: Duration,
@@ -64,8 +62,7 @@ struct Conn {
 
 /// Serves `router` (with `ConnectInfo<SocketAddr>`) on `listener` until
 /// `stop` turns true, then lets connections finish their current request.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Listener,

@@ -5,7 +5,7 @@
 //! (`negotiate.rs`: OpenMetrics or the Prometheus text format, by `Accept`).
 
 mod auth;
-internal_mod! { listener; }
+pub(crate) mod listener;
 mod negotiate;
 pub mod passthrough;
 

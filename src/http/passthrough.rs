@@ -19,8 +19,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use sbmesh::http::passthrough::{Passthrough, Upstream, with_passthrough};
-//! # fn demo(challenge: axum::Router, metrics: Arc<sbmesh::metrics::Metrics>) -> Result<(), Box<dyn std::error::Error>> {
+//! use sbmesh::{Passthrough, Upstream, with_passthrough};
+//! # fn demo(challenge: axum::Router, metrics: Arc<sbmesh::Metrics>) -> Result<(), Box<dyn std::error::Error>> {
 //! let upstream: Upstream = "http://127.0.0.1:8080".parse()?;
 //! let router = with_passthrough(challenge, Arc::new(Passthrough::new(upstream, &metrics)));
 //! # let _ = router; Ok(()) }
@@ -49,7 +49,7 @@ use tracing::{debug, warn};
 use crate::acme::challenge::CHALLENGE_PATH_PREFIX;
 use crate::acme::challenge::WarnGate;
 use crate::acme::http_client::error_chain;
-use crate::flags::{FlagValue, Kind};
+use crate::flags::{FlagKind, FlagValue};
 use crate::metrics::{Metrics, PASSTHROUGH_RESULTS, ResultLabels};
 
 /// Largest request body passed to the proxy: a plain-HTTP form or upload on
@@ -149,7 +149,7 @@ impl FromStr for Upstream {
 
 /// `--challenge-passthrough`.
 impl FlagValue for Upstream {
-    fn parse_flag(_: Kind, text: &str) -> Result<Self, String> {
+    fn parse_flag(_: FlagKind, text: &str) -> Result<Self, String> {
         Upstream::parse(text).map_err(|e| e.to_string())
     }
 }
@@ -214,18 +214,18 @@ impl Passthrough {
         }
     }
 
-    /// Another wait for the response head than [`RESPONSE_TIMEOUT`].
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn with_response_timeout(mut self, timeout: Duration) -> Self {
+    /// Another wait for the response head than `RESPONSE_TIMEOUT`: for
+    /// tests, not part of the API.
+    #[doc(hidden)]
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
-    /// Another request body limit than [`MAX_REQUEST_BODY_BYTES`].
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn with_max_request_body(mut self, bytes: usize) -> Self {
+    /// Another request body limit than `MAX_REQUEST_BODY_BYTES`: for
+    /// tests, not part of the API.
+    #[doc(hidden)]
+    pub fn with_max_request_body(mut self, bytes: usize) -> Self {
         self.max_request_body = bytes;
         self
     }

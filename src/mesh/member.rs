@@ -12,8 +12,7 @@ use crate::mesh::intern::{Interner, NAMES};
 /// Generations advance by this much when a member renews its identity after
 /// being declared down, so `generation + foca incarnation` (what status
 /// reports as `incarnation`) keeps growing: foca's own incarnation is a u16.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const RENEW_STEP: u64 = 1 << 16;
+pub const RENEW_STEP: u64 = 1 << 16;
 
 /// A member's identity on the wire.
 ///

@@ -4,21 +4,19 @@
 //! [`Mesh::status`]; publish this node's metadata with `Mesh::set_meta`;
 //! leave gracefully with [`Mesh::leave`].
 
-mod machine;
-internal_mod! {
-    discovery;
-    member;
-    meta;
-    seal;
-    /// Built only for tests and benches.
-    #[cfg(any(test, feature = "testing"))]
-    sim;
-    view;
-}
+pub(crate) mod discovery;
 mod intern;
+mod machine;
+pub(crate) mod member;
+pub(crate) mod meta;
 mod ring;
 mod runtime;
+pub(crate) mod seal;
+/// Built only for tests and benches.
+pub(crate) mod sim;
 mod suspicion;
+mod transport;
+pub(crate) mod view;
 mod wire;
 
 pub use discovery::SeedSource;

@@ -68,6 +68,8 @@
 //! [`KeyRing`]) well within that.
 
 mod peer_keys;
+#[cfg(test)]
+mod props;
 mod replay;
 mod skew;
 
@@ -83,24 +85,20 @@ use crate::keyring::KeyRing;
 pub(crate) use peer_keys::PeerKeys;
 use replay::ReplayCache;
 pub use skew::{Isolation, SkewWatch, SkewedPeer};
-#[cfg(feature = "testing")]
-pub use skew::{SKEW_REMEMBER, SKEW_WINDOW, SkewWarning};
 
 /// Version byte of the wire format this module writes and reads.
 pub(crate) const FORMAT_VERSION: u8 = 1;
 
 /// Largest sealed UDP packet accepted (and produced), in bytes. A UDP
 /// payload may be at most `MAX_DATAGRAM - Sealer::overhead()` bytes.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const MAX_DATAGRAM: usize = 1500;
+pub const MAX_DATAGRAM: usize = 1500;
 
 /// Largest sealed TCP frame accepted (and produced), in bytes.
 pub(crate) const MAX_FRAME: usize = 16 << 20;
 
 /// A packet whose sender time differs from ours by more than this is a
 /// [`Reject::ClockSkew`]; nonces are remembered for as long.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const REPLAY_WINDOW_MS: u64 = 30_000;
+pub const REPLAY_WINDOW_MS: u64 = 30_000;
 
 /// Most nonces the replay cache holds (one per accepted packet still inside
 /// the window).
@@ -131,9 +129,8 @@ const CLUSTER_TAG_DOMAIN: &[u8] = b"sbmesh-cluster\0";
 /// The transport a packet travels on. It is authenticated with the packet,
 /// so a UDP datagram replayed into a TCP stream (or the reverse) fails to
 /// open.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Channel {
+pub enum Channel {
     /// SWIM datagrams on the gossip port.
     Udp,
     /// Frames on the transport port (full-state exchange, large metadata).
@@ -151,8 +148,7 @@ impl Channel {
 
     /// Largest payload that [`Sealer::seal`] accepts for this channel (for
     /// UDP, the foca `max_packet_size` to configure).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn max_payload(self) -> usize {
+    pub fn max_payload(self) -> usize {
         self.max_packet() - OVERHEAD
     }
 
@@ -242,10 +238,9 @@ impl Reject {
 }
 
 /// Errors sealing a packet (the ring's own are [`crate::keyring::KeyRingError`]).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum SealError {
+pub enum SealError {
     /// The payload does not fit one sealed packet on this channel.
     #[error(
         "a {len}-byte payload does not fit one sealed {channel} packet: at most {max} payload \
@@ -270,10 +265,9 @@ pub(crate) enum SealError {
 /// Seals and unseals mesh packets for one cluster.
 ///
 /// `Send + Sync`: share one in an `Arc` between the UDP and TCP tasks. The
-/// key ring can be swapped at run time ([`Sealer::set_ring`]); the replay
+/// key ring can be swapped at run time (`Sealer::set_ring`); the replay
 /// cache is shared by both channels and survives rotations.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Sealer {
+pub struct Sealer {
     cluster_id: String,
     cluster_tag: [u8; CLUSTER_TAG_LEN],
     ring: RwLock<Arc<KeyRing>>,
@@ -282,8 +276,7 @@ pub(crate) struct Sealer {
 
 impl Sealer {
     /// A sealer for `cluster_id` with the given keys.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(cluster_id: &str, ring: KeyRing) -> Self {
+    pub fn new(cluster_id: &str, ring: KeyRing) -> Self {
         Self::with_replay_capacity(cluster_id, ring, REPLAY_CACHE_CAPACITY)
     }
 
@@ -349,13 +342,12 @@ impl Sealer {
     /// `now_unix_ms` as the sender time, and appends the packet to `out`.
     ///
     /// # Errors
-    /// [`SealError::TooLarge`] if `payload` exceeds
-    /// [`Channel::max_payload`]; [`SealError::Random`] if the OS random
-    /// number generator fails; [`SealError::Crypto`] if aws-lc-rs fails.
+    /// `SealError::TooLarge` if `payload` exceeds
+    /// [`Channel::max_payload`]; `SealError::Random` if the OS random
+    /// number generator fails; `SealError::Crypto` if aws-lc-rs fails.
     /// On error `out` is left as it was.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn seal(
+    #[cfg(test)]
+    pub fn seal(
         &self,
         channel: Channel,
         payload: &[u8],
@@ -434,9 +426,8 @@ impl Sealer {
     ///
     /// # Errors
     /// The [`Reject`] of the first check that failed.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn unseal(
+    #[cfg(test)]
+    pub fn unseal(
         &self,
         channel: Channel,
         packet: &[u8],

@@ -40,23 +40,21 @@ const BASE_UNIX_MS: u64 = 1_800_000_000_000;
 const FRAME_LEN_BYTES: usize = 4;
 
 /// How the pods come up.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Start {
+pub enum Start {
     /// All at t = 0.
     Burst,
     /// One every so often (a Parallel StatefulSet as the kubelet gets to it).
     Spread(Duration),
     /// Each once the previous one is running (`/readyz`): OrderedReady.
     Ordered,
-    /// None by itself: the caller starts nodes ([`Sim::start`]).
+    /// None by itself: the caller starts nodes (`Sim::start`).
     Manual,
 }
 
 /// What a node resolves its seeds to.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Seeds {
+pub enum Seeds {
     /// The headless Service: every started pod that has not died.
     Service,
     /// A fixed list of every pod's address, started or not (what a static
@@ -67,9 +65,8 @@ pub(crate) enum Seeds {
 }
 
 /// A simulation's parameters.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub(crate) struct SimConfig {
+pub struct SimConfig {
     /// How many pods.
     pub nodes: usize,
     /// Seeds the simulator's RNG and every node's.
@@ -261,8 +258,7 @@ impl Calendar {
 }
 
 /// N mesh cores on one virtual clock.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Sim {
+pub struct Sim {
     cfg: SimConfig,
     base: Instant,
     now: Duration,
@@ -294,8 +290,7 @@ pub(crate) struct Sim {
 impl Sim {
     /// A cluster of pods that are not started yet; the start pattern is
     /// queued.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(cfg: SimConfig) -> Self {
+    pub fn new(cfg: SimConfig) -> Self {
         let rng = StdRng::seed_from_u64(cfg.seed);
         let mut nodes = Vec::with_capacity(cfg.nodes);
         let mut by_addr = HashMap::with_capacity(cfg.nodes);
@@ -366,14 +361,12 @@ impl Sim {
     }
 
     /// Virtual time since the start.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn now(&self) -> Duration {
+    pub fn now(&self) -> Duration {
         self.now
     }
 
     /// Events processed so far.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn events(&self) -> u64 {
+    pub fn events(&self) -> u64 {
         self.events
     }
 
@@ -383,8 +376,7 @@ impl Sim {
     }
 
     /// How many times a node saw a member go down, over all nodes.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn downs(&self) -> u64 {
+    pub fn downs(&self) -> u64 {
         self.downs
     }
 
@@ -399,20 +391,17 @@ impl Sim {
     }
 
     /// Pod `i`'s node id.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn node_id(&self, i: usize) -> &str {
+    pub fn node_id(&self, i: usize) -> &str {
         &self.nodes[i].id.node_id
     }
 
     /// When pod `i` last started.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn started_at(&self, i: usize) -> Option<Duration> {
+    pub fn started_at(&self, i: usize) -> Option<Duration> {
         self.nodes[i].started_at
     }
 
     /// Whether pod `i` is up (started, not killed, not left).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn is_up(&self, i: usize) -> bool {
+    pub fn is_up(&self, i: usize) -> bool {
         self.nodes[i].life == Life::Up
     }
 
@@ -422,14 +411,12 @@ impl Sim {
     }
 
     /// Bytes pod `i` sent, datagrams and transport frames, sealed.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn bytes_sent(&self, i: usize) -> u64 {
+    pub fn bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_bytes
     }
 
     /// Of [`Sim::bytes_sent`], transport frames.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn tcp_bytes_sent(&self, i: usize) -> u64 {
+    pub fn tcp_bytes_sent(&self, i: usize) -> u64 {
         self.nodes[i].sent_tcp
     }
 
@@ -454,8 +441,7 @@ impl Sim {
     }
 
     /// Pod `i`'s `/admin/cluster/status`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn status(&self, i: usize) -> Option<ClusterStatus> {
+    pub fn status(&self, i: usize) -> Option<ClusterStatus> {
         let unix_ms = BASE_UNIX_MS + self.now.as_millis() as u64;
         self.nodes[i]
             .core
@@ -464,8 +450,7 @@ impl Sim {
     }
 
     /// How pod `i` sees pod `j`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn sees(&self, i: usize, j: usize) -> Option<MemberState> {
+    pub fn sees(&self, i: usize, j: usize) -> Option<MemberState> {
         let core = self.nodes[i].core.as_ref()?;
         core.peer_state(&self.nodes[j].id.node_id)
     }
@@ -473,8 +458,7 @@ impl Sim {
     /// Whether every pod that is up counts every other pod that is up as
     /// alive or suspect, and no more (what `total_nodes` shows). Cheap: kept
     /// from events; [`Sim::converged_exactly`] checks the cores themselves.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn converged(&self) -> bool {
+    pub fn converged(&self) -> bool {
         if !self.all_started() {
             return false;
         }
@@ -489,8 +473,7 @@ impl Sim {
 
     /// Pods that are up but do not count every other pod that is up yet,
     /// with how many peers each counts.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn lagging(&self) -> Vec<(usize, usize)> {
+    pub fn lagging(&self) -> Vec<(usize, usize)> {
         let up = self.nodes.iter().filter(|n| n.life == Life::Up).count();
         self.nodes
             .iter()
@@ -501,8 +484,7 @@ impl Sim {
     }
 
     /// [`Sim::converged`] asked of every core (O(N²)).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn converged_exactly(&self) -> bool {
+    pub fn converged_exactly(&self) -> bool {
         if !self.all_started() {
             return false;
         }
@@ -525,8 +507,7 @@ impl Sim {
 
     /// Whether every pod that is up has seen the watched pod go down (kept
     /// from events).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn watched_down_everywhere(&self) -> bool {
+    pub fn watched_down_everywhere(&self) -> bool {
         // Every survivor flipped its mark since the watch began, so fewer
         // flips than survivors (all pods up but perhaps the watched) cannot
         // be all: O(1) for the simulator's per-event checks.
@@ -548,8 +529,7 @@ impl Sim {
 
     /// Kills pod `i` without a word (kill -9, node lost); the others watch
     /// for it to go down.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn kill(&mut self, i: usize) {
+    pub fn kill(&mut self, i: usize) {
         self.watch(i);
         self.gone(i);
     }
@@ -567,8 +547,7 @@ impl Sim {
 
     /// Starves pod `i` of CPU for `d` (SIGSTOP): its inputs and timers wait,
     /// then all run at once.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn stall(&mut self, i: usize, d: Duration) {
+    pub fn stall(&mut self, i: usize, d: Duration) {
         let until = self.now + d;
         self.nodes[i].stalled_until = Some(until);
         self.push(until, Ev::StallEnd { node: i });
@@ -614,8 +593,7 @@ impl Sim {
     }
 
     /// Changes the datagram loss from now on.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn set_loss(&mut self, loss: f64) {
+    pub fn set_loss(&mut self, loss: f64) {
         self.cfg.loss = loss;
     }
 
@@ -630,8 +608,7 @@ impl Sim {
     }
 
     /// Runs events up to virtual time `t`; the clock ends at `t`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn run_until(&mut self, t: Duration) {
+    pub fn run_until(&mut self, t: Duration) {
         while self.queue.next_at().is_some_and(|at| at <= t) {
             self.step();
         }
@@ -640,8 +617,7 @@ impl Sim {
 
     /// Runs until `done` holds (checked after every event) or virtual time
     /// `limit`; returns when it held.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn run_while_not(
+    pub fn run_while_not(
         &mut self,
         limit: Duration,
         mut done: impl FnMut(&Sim) -> bool,

@@ -31,7 +31,7 @@ pub struct HttpMetrics {
 /// Results of `sbmesh_challenge_passthrough_total`, in this order: `ok`
 /// (the proxy answered, whatever its status), `error` (it did not: the
 /// client got `502`), `too_large` (the request body was over the limit:
-/// `413`, see [`crate::http::passthrough`]).
+/// `413`, see [`Passthrough`](crate::Passthrough)).
 pub const PASSTHROUGH_RESULTS: [&str; 3] = ["ok", "error", "too_large"];
 
 impl HttpMetrics {

@@ -128,7 +128,7 @@ pub struct NodeConfig {
     pub challenge_listen: Option<SocketAddr>,
     /// The proxy's plain HTTP listener, where [`Node::challenge_router`]
     /// passes every request outside `/.well-known/acme-challenge/`
-    /// ([`crate::http::passthrough`]); `None`: those get `404`.
+    /// ([`Passthrough`](crate::Passthrough)); `None`: those get `404`.
     pub challenge_passthrough: Option<Upstream>,
     /// When the config file is read again.
     pub reload: ReloadTiming,
@@ -271,15 +271,16 @@ impl NodeConfig {
     ) -> Result<Self, NodeError> {
         let path = path.into();
         let env = |name: &str| std::env::var(name).ok();
-        let loaded = crate::config::load(&path, &env).map_err(|problems| NodeError::Config {
-            path: path.clone(),
-            problems: problems
-                .iter()
-                .filter(|p| p.is_error())
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-        })?;
+        let loaded =
+            crate::config::load_config(&path, &env).map_err(|problems| NodeError::Config {
+                path: path.clone(),
+                problems: problems
+                    .iter()
+                    .filter(|p| p.is_error())
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            })?;
         let mut cfg = Self::new(node_id, cluster_id, loaded.config);
         cfg.config_path = Some(path);
         cfg.config_sha256 = Some(loaded.sha256_hex_of_raw_file);

@@ -147,7 +147,7 @@ pub(super) mod tests {
 
     /// Two origins under the sidecar's ACME, on the memory store.
     pub(in crate::node) fn config() -> SbConfig {
-        crate::config::parse(ORIGINS).expect("a valid sb.yml")
+        crate::config::parse_config(ORIGINS).expect("a valid sb.yml")
     }
 
     #[test]

@@ -25,12 +25,10 @@ use crate::store::lock::{LeaseKeeper, LeaseLock};
 use crate::store::{Store, now_unix_ms};
 
 /// Name of the fleet-wide restart lease (`locks/proxy-restart`).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const RESTART_LEASE: &str = "proxy-restart";
+pub const RESTART_LEASE: &str = "proxy-restart";
 
 /// The fleet-wide restart lease in `store`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn restart_lease(store: Arc<dyn Store>) -> LeaseLock {
+pub fn restart_lease(store: Arc<dyn Store>) -> LeaseLock {
     LeaseLock::new(store, RESTART_LEASE)
 }
 
@@ -39,9 +37,8 @@ pub(crate) fn restart_lease(store: Arc<dyn Store>) -> LeaseLock {
 const LEASE_WAIT: Duration = Duration::from_secs(30);
 
 /// Settings of the restart coordinator.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub(crate) struct RestartConfig {
+pub struct RestartConfig {
     /// This node's id: the lease holder.
     pub node_id: String,
     /// The proxy's `/proc/<pid>/comm` (`--proxy-process-name`).
@@ -69,8 +66,7 @@ pub(crate) struct RestartConfig {
 
 impl RestartConfig {
     /// The defaults (docs/reference.md#sidecar-flags) for a node, a process name and a health URL.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(node_id: &str, process_name: &str, health_url: &str) -> Self {
+    pub fn new(node_id: &str, process_name: &str, health_url: &str) -> Self {
         Self {
             node_id: node_id.to_owned(),
             process_name: process_name.to_owned(),
@@ -87,9 +83,8 @@ impl RestartConfig {
 }
 
 /// What the coordinator shows: status (`nodes[].proxy`) and `/readyz`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct ProxyStatus {
+pub struct ProxyStatus {
     /// Restarts signalled since start.
     pub restarts: u64,
     /// When the last one was signalled, unix ms.
@@ -100,8 +95,7 @@ pub(crate) struct ProxyStatus {
 
 impl ProxyStatus {
     /// The part that goes into node metadata.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn info(&self) -> ProxyInfo {
+    pub fn info(&self) -> ProxyInfo {
         ProxyInfo {
             restarts: self.restarts,
             last_restart_unix_ms: self.last_restart_unix_ms,
@@ -110,8 +104,7 @@ impl ProxyStatus {
 }
 
 /// A readiness check failing while `status` carries a problem.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> ReadinessCheck {
+pub fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> ReadinessCheck {
     Arc::new(move || {
         status
             .borrow()
@@ -122,10 +115,9 @@ pub(crate) fn restart_readiness(status: watch::Receiver<ProxyStatus>) -> Readine
 }
 
 /// Why the coordinator cannot start.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum RestartError {
+pub enum RestartError {
     /// The health URL is not a plain `http://host[:port]/path`.
     #[error("invalid proxy health URL {url:?}: {reason}")]
     InvalidHealthUrl {
@@ -143,12 +135,10 @@ struct Requests {
 
 /// The running coordinator; stops when dropped (a lease still held then
 /// expires after its TTL).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug)]
-pub(crate) struct RestartCoordinator {
+pub struct RestartCoordinator {
     requests: Arc<Requests>,
     /// For tests; the node reads the channel it made itself.
-    #[cfg(any(test, feature = "testing"))]
     status: watch::Receiver<ProxyStatus>,
     task: JoinHandle<()>,
 }
@@ -164,9 +154,7 @@ impl std::fmt::Debug for Requests {
 impl RestartCoordinator {
     /// Starts the coordinator: restarts the proxy after each
     /// [`RestartCoordinator::request`], as docs/reference.md#certificate-files says.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn spawn(
+    pub fn spawn(
         cfg: RestartConfig,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
@@ -193,7 +181,6 @@ impl RestartCoordinator {
             pending: AtomicBool::new(false),
             notify: Notify::new(),
         });
-        #[cfg(any(test, feature = "testing"))]
         let status = tx.subscribe();
         let lock = restart_lease(store).with_metrics(Arc::clone(&metrics));
         let shell = Shell {
@@ -212,7 +199,6 @@ impl RestartCoordinator {
         let task = tokio::spawn(shell.run());
         Ok(Self {
             requests,
-            #[cfg(any(test, feature = "testing"))]
             status,
             task,
         })
@@ -220,24 +206,19 @@ impl RestartCoordinator {
 
     /// New certificate files were written: restart the proxy (when the
     /// rate limit and the fleet lease allow).
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn request(&self) {
+    pub fn request(&self) {
         self.requests.request();
     }
 
     /// [`RestartCoordinator::request`] as the callback the ACME manager and
     /// the `--watch-tls` watcher take.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn requester(&self) -> Arc<dyn Fn() + Send + Sync> {
+    pub fn requester(&self) -> Arc<dyn Fn() + Send + Sync> {
         let requests = Arc::clone(&self.requests);
         Arc::new(move || requests.request())
     }
 
     /// The coordinator's status.
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn status(&self) -> watch::Receiver<ProxyStatus> {
+    pub fn status(&self) -> watch::Receiver<ProxyStatus> {
         self.status.clone()
     }
 }
@@ -463,9 +444,7 @@ impl Shell {
                 return SignalOutcome::NotNeeded(why);
             }
             Targets::Missing(why) => {
-                tracing::warn!(
-                    "{why}; the new certificate is not served until the proxy restarts"
-                );
+                tracing::warn!("{why}; the new certificate is not served until the proxy restarts");
                 return SignalOutcome::NotSignalled(why);
             }
         };

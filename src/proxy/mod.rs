@@ -18,18 +18,10 @@
 //! [`ProxyStatus::info`] as [`crate::mesh::NodeMeta::proxy`]; add
 //! [`restart_readiness`] and [`watch_tls_readiness`] to `/readyz`.
 
-internal_mod! {
-    coordinator;
-    procs;
-    restart;
-    watch_tls;
-}
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use coordinator::{
-    ProxyStatus, RestartConfig, RestartCoordinator, restart_readiness,
-};
-// Only the tests use these through this path.
-#[cfg(feature = "testing")]
-pub use coordinator::{RESTART_LEASE, RestartError, restart_lease};
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use watch_tls::{TlsWatcher, WatchTlsConfig, watch_tls_readiness};
+pub(crate) mod coordinator;
+pub(crate) mod procs;
+pub(crate) mod restart;
+pub(crate) mod watch_tls;
+pub use coordinator::{ProxyStatus, RestartConfig, RestartCoordinator, restart_readiness};
+pub use coordinator::{RESTART_LEASE, restart_lease};
+pub use watch_tls::{TlsWatcher, WatchTlsConfig, watch_tls_readiness};

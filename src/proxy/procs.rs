@@ -89,8 +89,7 @@ pub(crate) fn any_running(proc_root: &Path, pids: &[u32], name: &str) -> bool {
 }
 
 /// Sends SIGTERM to `pid`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn terminate(pid: u32) -> io::Result<()> {
+pub fn terminate(pid: u32) -> io::Result<()> {
     let raw = i32::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let pid = Pid::from_raw(raw).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     kill_process(pid, Signal::TERM).map_err(io::Error::from)

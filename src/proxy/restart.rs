@@ -500,7 +500,10 @@ mod tests {
         c.lease_acquired();
         assert_eq!(c.next(1_000), Step::Signal);
         c.signalled(1_000, SignalOutcome::NotNeeded("started after".into()));
-        assert_eq!((c.restarts(), c.last_restart_unix_ms(), c.problem()), (0, None, None));
+        assert_eq!(
+            (c.restarts(), c.last_restart_unix_ms(), c.problem()),
+            (0, None, None)
+        );
         assert_eq!(c.next(1_000), Step::ReleaseLease);
         c.released();
         assert!(!c.pending());

@@ -238,9 +238,8 @@ pub(crate) fn read_pair(dir: &Path) -> PairRead {
 }
 
 /// Settings of one `--watch-tls` directory.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Debug)]
-pub(crate) struct WatchTlsConfig {
+pub struct WatchTlsConfig {
     /// The mounted Secret directory.
     pub dir: PathBuf,
     /// Full re-read interval (30 s).
@@ -252,8 +251,7 @@ pub(crate) struct WatchTlsConfig {
 
 impl WatchTlsConfig {
     /// The defaults for `dir`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(dir: impl Into<PathBuf>) -> Self {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
             rescan: Duration::from_secs(30),
@@ -263,9 +261,8 @@ impl WatchTlsConfig {
 }
 
 /// A running watch of one directory; stops when dropped.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug)]
-pub(crate) struct TlsWatcher {
+pub struct TlsWatcher {
     problem: watch::Receiver<Option<String>>,
     task: JoinHandle<()>,
 }
@@ -273,8 +270,7 @@ pub(crate) struct TlsWatcher {
 impl TlsWatcher {
     /// Starts watching. The pair present now is recorded as applied
     /// (read before this returns); each later valid change calls `apply`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn spawn(
+    pub fn spawn(
         cfg: WatchTlsConfig,
         apply: Arc<dyn Fn() + Send + Sync>,
         metrics: Arc<Metrics>,
@@ -316,8 +312,7 @@ impl TlsWatcher {
     }
 
     /// Why the directory's current pair is not applied (`None`: fine).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn problem(&self) -> watch::Receiver<Option<String>> {
+    pub fn problem(&self) -> watch::Receiver<Option<String>> {
         self.problem.clone()
     }
 }
@@ -329,8 +324,7 @@ impl Drop for TlsWatcher {
 }
 
 /// A readiness check failing while any of the watchers reports a problem.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn watch_tls_readiness(problems: Vec<watch::Receiver<Option<String>>>) -> ReadinessCheck {
+pub fn watch_tls_readiness(problems: Vec<watch::Receiver<Option<String>>>) -> ReadinessCheck {
     Arc::new(move || {
         let all: Vec<String> = problems.iter().filter_map(|p| p.borrow().clone()).collect();
         (!all.is_empty()).then(|| all.join("; "))

@@ -10,10 +10,9 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use sbmesh::metrics::Metrics;
-//! use sbmesh::reload::{Reloader, ReloaderConfig};
+//! use sbmesh::{Metrics, Reloader, ReloaderConfig};
 //!
-//! # async fn demo() -> Result<(), sbmesh::reload::ReloadError> {
+//! # async fn demo() -> Result<(), sbmesh::ReloadError> {
 //! let handle = Reloader::spawn(
 //!     ReloaderConfig::new("/etc/sbproxy/sb.yml", "http://127.0.0.1:9090/admin/reload"),
 //!     Arc::new(Metrics::new()),
@@ -26,11 +25,9 @@
 //! # }
 //! ```
 
-internal_mod! {
-    machine;
-    post;
-    watcher;
-}
+pub(crate) mod machine;
+pub(crate) mod post;
+pub(crate) mod watcher;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -68,7 +65,7 @@ pub enum ReloadError {
 }
 
 /// When the config file is read again: the `--reload-*` flags, whose
-/// defaults are the flag table's ([`crate::flags`]).
+/// defaults are the flag table's ([`Flag`](crate::Flag)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReloadTiming {

@@ -67,7 +67,7 @@ fn observe_blocking(path: &Path, ports: Option<SidecarPorts>) -> Observation {
     match config::parse_bytes(&raw, &|name| std::env::var(name).ok()) {
         Ok(cfg) => {
             let conflicts = ports
-                .map(|p| config::conflicts(&cfg, p))
+                .map(|p| config::config_conflicts(&cfg, p))
                 .unwrap_or_default();
             if conflicts.is_empty() {
                 Observation::Content {

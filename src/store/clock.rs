@@ -141,7 +141,11 @@ impl ClockSync {
         if let Some(b) = state.bounds.as_mut() {
             let step = b.wall_step(wall());
             if step.abs() > STEP_TOLERANCE_MS {
-                tracing::info!(backend, step_ms = step, "the local wall clock was stepped; the store's clock offset follows");
+                tracing::info!(
+                    backend,
+                    step_ms = step,
+                    "the local wall clock was stepped; the store's clock offset follows"
+                );
                 b.shift(step);
             }
         }

@@ -31,8 +31,7 @@ pub(crate) const OPS: [&str; 8] = [
 ];
 
 /// Counts the operations of the store it wraps.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Instrumented<S: ?Sized> {
+pub struct Instrumented<S: ?Sized> {
     inner: Arc<S>,
     metrics: Arc<Metrics>,
 }
@@ -40,8 +39,7 @@ pub(crate) struct Instrumented<S: ?Sized> {
 impl<S: Store + ?Sized> Instrumented<S> {
     /// Wraps `inner`; the `ok` and `error` series of every operation of this
     /// backend are created at zero, so a scrape shows them before any use.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(inner: Arc<S>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(inner: Arc<S>, metrics: Arc<Metrics>) -> Self {
         let backend = inner.backend();
         for op in OPS {
             for result in ["ok", "error"] {

@@ -1022,7 +1022,7 @@ impl KeeperTiming {
 ///
 /// ```no_run
 /// # use std::{sync::Arc, time::Duration};
-/// # use sbmesh::store::{Store, lock::{LeaseKeeper, LeaseLock}};
+/// # use sbmesh::{LeaseKeeper, LeaseLock, Store};
 /// # async fn demo(store: Arc<dyn Store>) -> Result<(), Box<dyn std::error::Error>> {
 /// let lock = LeaseLock::new(store, "order-api.example.com");
 /// let ttl = Duration::from_secs(30);

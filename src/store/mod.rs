@@ -15,18 +15,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-internal_mod! {
-    clock;
-    instrumented;
-    open;
-    sealed;
-}
+pub(crate) mod clock;
 pub mod file;
+pub(crate) mod instrumented;
 pub mod lock;
 pub mod memory;
 pub mod object;
+pub(crate) mod open;
 pub mod redb;
 pub mod redis;
+pub(crate) mod sealed;
 /// An opaque version of a stored value: compare-and-swap succeeds only
 /// against the version the caller read.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -45,7 +45,7 @@ pub(crate) async fn open_store(
     open(backend, storage_path, state_dir, None, metrics).await
 }
 
-/// [`open_store`] for the replicas of one cluster: on Redis, whose database
+/// `open_store` for the replicas of one cluster: on Redis, whose database
 /// several clusters may share, keys live under the namespace
 /// `sbmesh/<cluster_id>` (the other backends name their place in
 /// `storage_path` already).

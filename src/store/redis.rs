@@ -84,8 +84,8 @@ const MAX_TTL_MS: u64 = 10_000_000_000_000;
 const SCAN_COUNT: u64 = 1000;
 
 /// Replaces the record only when its header carries the expected version.
-/// KEYS[1]: the Redis key. ARGV[1]: expected version; ARGV[2]: the new
-/// record; ARGV[3]: TTL in ms, '' for none, '0' when the new record is
+/// `KEYS[1]`: the Redis key. `ARGV[1]`: expected version; `ARGV[2]`: the new
+/// record; `ARGV[3]`: TTL in ms, '' for none, '0' when the new record is
 /// already expired (so it is removed). Returns 1 when swapped, 0 otherwise.
 /// The offsets match the header layout (`MAGIC`, then `VERSION_LEN` chars).
 const CAS_LUA: &str = r"
@@ -105,8 +105,8 @@ return 1
 
 /// A fenced write ([`Store::put_fenced`]): checks the lock record's fence
 /// and the current value's, then writes, all in one script.
-/// KEYS[1]: the value's Redis key; KEYS[2]: the lock record's. ARGV[1]: the
-/// writer's fence (decimal); ARGV[2]: the new record. Returns `{1, ''}`
+/// `KEYS[1]`: the value's Redis key; `KEYS[2]`: the lock record's. `ARGV[1]`: the
+/// writer's fence (decimal); `ARGV[2]`: the new record. Returns `{1, ''}`
 /// when written, `{0, newest}` when a newer fence exists, `{-1, why}` for
 /// a lock record that is not one. The offsets match the header layout
 /// (`HEADER_LEN` bytes, then the fenced value's magic and u64 fence).

@@ -89,9 +89,8 @@ pub(crate) const MISSING_KEY_WARN_EVERY: Duration = Duration::from_secs(60);
 /// ring that changes (the mesh's, `Mesh::key_rings`) so that a rotation of
 /// the key file reaches the store too. Cheap to clone; clones share the
 /// ring and the warn rate limit.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Clone, Default)]
-pub(crate) struct AtRestRing {
+pub struct AtRestRing {
     ring: Option<watch::Receiver<Arc<KeyRing>>>,
     warned: Arc<Mutex<WarnLimit>>,
 }
@@ -194,8 +193,7 @@ impl WarnLimit {
 /// # Errors
 /// [`StoreError::Backend`] only if the crypto primitive (HKDF, the RNG)
 /// fails.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn seal_record(
+pub fn seal_record(
     ring: Option<&KeyRing>,
     key_name: &str,
     plaintext: &[u8],
@@ -235,8 +233,7 @@ pub(crate) fn seal_record(
 ///   sealed while `ring` is `None`;
 /// - [`StoreError::Corrupt`]: empty, unknown format, truncated, or the
 ///   authentication failed (altered, or moved from another store key).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn open_record(
+pub fn open_record(
     ring: Option<&KeyRing>,
     key_name: &str,
     bytes: &[u8],

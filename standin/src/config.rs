@@ -1,6 +1,6 @@
 //! Reading `sb.yml` as sbproxy 1.13 reads it: `${VAR}` substitution
-//! ([`sbmesh::config::interpolate_report`]), YAML, the strict blocks
-//! ([`sbmesh::config::sbproxy::unknown_keys`]) and the types of the values
+//! ([`sbmesh::interpolate_report`]), YAML, the strict blocks
+//! ([`sbmesh::unknown_keys`]) and the types of the values
 //! the stand-in acts on.
 
 use std::collections::HashMap;
@@ -11,11 +11,12 @@ use std::sync::Arc;
 
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 
-use sbmesh::config::{
+use sbmesh::{
     DEFAULT_GOSSIP_PORT, DEFAULT_PROXY_ADMIN_BIND, DEFAULT_PROXY_ADMIN_PASSWORD,
     DEFAULT_PROXY_ADMIN_PORT, DEFAULT_PROXY_ADMIN_USER, DEFAULT_TRANSPORT_PORT, EnvLookup,
-    child_path, interpolate_report, sbproxy,
+    child_path, interpolate_report,
 };
+
 use serde_norway::{Mapping, Value};
 
 /// The default `proxy.http_bind_port`.
@@ -172,7 +173,7 @@ pub fn parse(raw: &[u8], env: &EnvLookup<'_>) -> Result<Settings, ConfigError> {
         v @ Value::Mapping(_) => v,
         _ => return Err(parse_err("(root)", "expected a mapping")),
     };
-    if let Some(unknown) = sbproxy::unknown_keys(&root).into_iter().next() {
+    if let Some(unknown) = sbmesh::unknown_keys(&root).into_iter().next() {
         return Err(parse_err(
             &unknown.path,
             &format!(

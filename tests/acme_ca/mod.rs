@@ -21,9 +21,9 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use sbmesh::acme::account::AccountSettings;
-use sbmesh::acme::challenge::{ChallengeBook, challenge_router};
-use sbmesh::acme::http_client::AcmeHttpClient;
+use sbmesh::internal::account::AccountSettings;
+use sbmesh::internal::challenge::{ChallengeBook, challenge_router};
+use sbmesh::internal::http_client::AcmeHttpClient;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 

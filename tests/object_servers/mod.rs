@@ -18,8 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use object_store::azure::{AzureAccessKey, AzureAuthorizer, AzureCredential};
 use object_store::client::{HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector};
 use object_store::{ClientOptions, HeaderValue};
-use sbmesh::store::Store;
-use sbmesh::store::object::ObjectBackend;
+use sbmesh::{ObjectBackend, Store};
 
 /// Azurite's account and key: public, documented, the same everywhere.
 /// <https://learn.microsoft.com/azure/storage/common/storage-use-azurite#well-known-storage-account-and-key>

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sbmesh::store::{Entry, Store, StoreError, Version};
+use sbmesh::{Entry, Store, StoreError, Version};
 
 /// An operation of [`Store`], as a [`Hook`] sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
-use sbmesh::config::{Interpolated, Problem};
-use sbmesh::flags;
+use sbmesh::{Flag, Interpolated, Problem};
+
 use serde_norway::Value as Yaml;
 
 use crate::crd::{self, SBProxy};
@@ -27,52 +27,52 @@ fn known_env<'p>(proxy: &'p SBProxy, ns: &str) -> BTreeMap<&'p str, String> {
     let spec = &proxy.spec;
     let name = proxy.name_any();
     let mut env = BTreeMap::from([
-        (flags::POD_NAME.env, format!("{name}-proxy-0")),
+        (Flag::POD_NAME.env, format!("{name}-proxy-0")),
         ("HOSTNAME", format!("{name}-proxy-0")),
         // TEST-NET-1: any address of the right form.
-        (flags::POD_IP.env, "192.0.2.1".to_string()),
-        (flags::NAMESPACE.env, ns.to_string()),
-        (flags::CLUSTER_ID.env, name.clone()),
-        (flags::CONFIG.env, format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+        (Flag::POD_IP.env, "192.0.2.1".to_string()),
+        (Flag::NAMESPACE.env, ns.to_string()),
+        (Flag::CLUSTER_ID.env, name.clone()),
+        (Flag::CONFIG.env, format!("{CONFIG_DIR}/{CONFIG_KEY}")),
         (
-            flags::ADMIN_LISTEN.env,
+            Flag::ADMIN_LISTEN.env,
             format!("0.0.0.0:{}", spec.sidecar.admin_port),
         ),
         (
-            flags::CHALLENGE_LISTEN.env,
+            Flag::CHALLENGE_LISTEN.env,
             format!("0.0.0.0:{}", spec.sidecar.challenge_port),
         ),
-        (flags::CERT_DIR.env, format!("{DATA_DIR}/certs")),
-        (flags::STATE_DIR.env, format!("{DATA_DIR}/sidecar")),
+        (Flag::CERT_DIR.env, format!("{DATA_DIR}/certs")),
+        (Flag::STATE_DIR.env, format!("{DATA_DIR}/sidecar")),
         (
-            flags::PROXY_RELOAD_URL.env,
+            Flag::PROXY_RELOAD_URL.env,
             format!("http://127.0.0.1:{}/admin/reload", spec.admin_port),
         ),
         (
-            flags::CHALLENGE_PASSTHROUGH.env,
+            Flag::CHALLENGE_PASSTHROUGH.env,
             challenge_passthrough_url(spec.port),
         ),
-        (flags::ACME_CHECK_URL.env, acme_check_url(proxy, ns)),
+        (Flag::ACME_CHECK_URL.env, acme_check_url(proxy, ns)),
     ]);
     if spec.clustering.enabled {
-        env.insert(flags::MESH_SERVICE.env, mesh_name(&name));
+        env.insert(Flag::MESH_SERVICE.env, mesh_name(&name));
         env.insert(
-            flags::CLUSTER_DOMAIN.env,
+            Flag::CLUSTER_DOMAIN.env,
             spec.clustering.cluster_domain.clone(),
         );
         env.insert(
-            flags::GOSSIP_PORT.env,
+            Flag::GOSSIP_PORT.env,
             spec.clustering.gossip_port.to_string(),
         );
         env.insert(
-            flags::TRANSPORT_PORT.env,
+            Flag::TRANSPORT_PORT.env,
             spec.clustering.transport_port.to_string(),
         );
-        env.insert(flags::CLUSTER_KEY_FILE.env, cluster_key_file());
+        env.insert(Flag::CLUSTER_KEY_FILE.env, cluster_key_file());
     }
     if spec.admin_auth_secret_ref.is_some() {
         env.insert(
-            flags::PROXY_AUTHORIZATION.env,
+            Flag::PROXY_AUTHORIZATION.env,
             "Basic c2JtZXNoOnNibWVzaA==".to_string(),
         );
     }
@@ -123,7 +123,7 @@ pub(super) fn check_config(proxy: &SBProxy, ns: &str, text: &str) -> Result<Conf
     }
 
     let env = known_env(proxy, ns);
-    let interpolated = sbmesh::config::interpolate_report(text, &|var| env.get(var).cloned());
+    let interpolated = sbmesh::interpolate_report(text, &|var| env.get(var).cloned());
     let reading = Reading {
         raw: serde_norway::from_str(text).ok(),
         tree: serde_norway::from_str::<Yaml>(&interpolated.text)
@@ -196,8 +196,8 @@ impl Reading<'_> {
     /// cannot know (and not set by spec.clustering): left to the sidecar.
     fn sidecar_port_unknown(&self, path: &str) -> bool {
         [
-            ("gossip_port", flags::GOSSIP_PORT.env),
-            ("transport_port", flags::TRANSPORT_PORT.env),
+            ("gossip_port", Flag::GOSSIP_PORT.env),
+            ("transport_port", Flag::TRANSPORT_PORT.env),
         ]
         .iter()
         .any(|(key, var)| {
@@ -251,7 +251,7 @@ struct SidecarView {
 }
 
 fn sidecar_view(reading: &Reading, interpolated: &Interpolated) -> SidecarView {
-    let config = match sbmesh::config::parse_interpolated(interpolated) {
+    let config = match sbmesh::parse_interpolated_config(interpolated) {
         Ok(config) => config,
         Err(problems) => {
             return SidecarView {
@@ -265,25 +265,25 @@ fn sidecar_view(reading: &Reading, interpolated: &Interpolated) -> SidecarView {
     // The sidecar's precedence: its environment, then the file.
     let apply = reading
         .env
-        .get(flags::PROXY_CERT_APPLY.env)
-        .and_then(|v| sbmesh::config::CertApply::from_name(v.trim()))
+        .get(Flag::PROXY_CERT_APPLY.env)
+        .and_then(|v| sbmesh::CertApply::from_name(v.trim()))
         .or_else(|| sbmesh.acme.as_ref().and_then(|a| a.apply));
-    let ports = sbmesh::config::SidecarPorts {
+    let ports = sbmesh::SidecarPorts {
         gossip: reading.sidecar_port(
-            flags::GOSSIP_PORT.env,
+            Flag::GOSSIP_PORT.env,
             sbmesh.gossip_port,
-            sbmesh::config::DEFAULT_GOSSIP_PORT,
+            sbmesh::DEFAULT_GOSSIP_PORT,
         ),
         transport: reading.sidecar_port(
-            flags::TRANSPORT_PORT.env,
+            Flag::TRANSPORT_PORT.env,
             sbmesh.transport_port,
-            sbmesh::config::DEFAULT_TRANSPORT_PORT,
+            sbmesh::DEFAULT_TRANSPORT_PORT,
         ),
     };
     SidecarView {
         problems: Vec::new(),
-        conflicts: sbmesh::config::conflicts(&config, ports),
-        restarts_proxy: apply == Some(sbmesh::config::CertApply::Restart),
+        conflicts: sbmesh::config_conflicts(&config, ports),
+        restarts_proxy: apply == Some(sbmesh::CertApply::Restart),
     }
 }
 

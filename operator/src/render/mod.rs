@@ -365,7 +365,7 @@ pub fn render(
                 }],
             },
         }),
-        config_hash: format!("sha256:{}", sbmesh::config::sha256_hex(text.as_bytes())),
+        config_hash: format!("sha256:{}", sbmesh::sha256_hex(text.as_bytes())),
     })
 }
 

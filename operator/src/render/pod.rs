@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use sbmesh::flags;
+use sbmesh::Flag;
 use serde_json::Value;
 
 use crate::crd::{PodTemplate, SBProxy};
@@ -185,8 +185,8 @@ fn proxy_container(proxy: &SBProxy, facts: &ConfigFacts, capability: Option<&str
         // The proxy interpolates ${SBPROXY_POD_NAME} and ${SBPROXY_POD_IP}
         // in sb.yml as the sidecar does.
         env: Some(vec![
-            field_env(flags::POD_NAME.env, "metadata.name"),
-            field_env(flags::POD_IP.env, "status.podIP"),
+            field_env(Flag::POD_NAME.env, "metadata.name"),
+            field_env(Flag::POD_IP.env, "status.podIP"),
         ]),
         readiness_probe: Some(readiness_probe("/health", "http")),
         resources: spec.resources.clone(),
@@ -211,7 +211,7 @@ fn proxy_container(proxy: &SBProxy, facts: &ConfigFacts, capability: Option<&str
 /// The proxy container's shutdown grace in restart mode
 /// ([`RESTART_PROXY_GRACE_MS`]), unless `podTemplate.proxyEnv` set it.
 fn set_restart_grace(template: &mut PodTemplateSpec) {
-    let name = flags::SHUTDOWN_GRACE_MS.env;
+    let name = Flag::SHUTDOWN_GRACE_MS.env;
     let proxy = template
         .spec
         .iter_mut()
@@ -476,14 +476,14 @@ fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<Strin
                 container.name,
                 set_from(name)
             )
-        } else if name == flags::CLUSTER_KEY.env && own.contains(&flags::CLUSTER_KEY_FILE.env) {
+        } else if name == Flag::CLUSTER_KEY.env && own.contains(&Flag::CLUSTER_KEY_FILE.env) {
             // The sidecar refuses both at once.
             format!(
                 "but the operator gives the {} container {}, and the sidecar takes one or the \
                  other: the key {}",
                 container.name,
-                flags::CLUSTER_KEY_FILE.env,
-                set_from(flags::CLUSTER_KEY_FILE.env)
+                Flag::CLUSTER_KEY_FILE.env,
+                set_from(Flag::CLUSTER_KEY_FILE.env)
             )
         } else {
             continue;
@@ -501,78 +501,75 @@ fn env_problems(container: &Container, field: &str, env: &[EnvVar]) -> Vec<Strin
 fn set_from(var: &str) -> &'static str {
     let from = [
         (
-            &flags::POD_NAME,
+            &Flag::POD_NAME,
             "is the pod's name (downward API metadata.name)",
         ),
+        (&Flag::POD_IP, "is the pod's IP (downward API status.podIP)"),
         (
-            &flags::POD_IP,
-            "is the pod's IP (downward API status.podIP)",
-        ),
-        (
-            &flags::NAMESPACE,
+            &Flag::NAMESPACE,
             "is the pod's namespace (downward API metadata.namespace)",
         ),
         (
-            &flags::CLUSTER_ID,
+            &Flag::CLUSTER_ID,
             "comes from metadata.name, the SBProxy's name",
         ),
         (
-            &flags::CONFIG,
+            &Flag::CONFIG,
             "is the sb.yml of the SBProxyConfig that spec.configRef names, mounted at /etc/sbproxy",
         ),
         (
-            &flags::ADMIN_LISTEN,
+            &Flag::ADMIN_LISTEN,
             "comes from spec.sidecar.adminPort: set that instead",
         ),
         (
-            &flags::CHALLENGE_LISTEN,
+            &Flag::CHALLENGE_LISTEN,
             "comes from spec.sidecar.challengePort: set that instead",
         ),
         (
-            &flags::CERT_DIR,
+            &Flag::CERT_DIR,
             "is in the volume shared with the proxy (/var/lib/sbproxy), where the proxy reads the certificates",
         ),
         (
-            &flags::STATE_DIR,
+            &Flag::STATE_DIR,
             "is in the pod's shared volume (/var/lib/sbproxy)",
         ),
         (
-            &flags::PROXY_RELOAD_URL,
+            &Flag::PROXY_RELOAD_URL,
             "comes from spec.adminPort: set that instead",
         ),
         (
-            &flags::CHALLENGE_PASSTHROUGH,
+            &Flag::CHALLENGE_PASSTHROUGH,
             "comes from spec.port, the proxy's HTTP listener, to which the challenge port (the \
              Service's port 80) passes every request that is not an ACME challenge",
         ),
         (
-            &flags::ACME_CHECK_URL,
+            &Flag::ACME_CHECK_URL,
             "is port 80 of the Service <metadata.name>-svc the operator makes, where the CA's \
              HTTP-01 request lands",
         ),
         (
-            &flags::MESH_SERVICE,
+            &Flag::MESH_SERVICE,
             "is the headless Service <metadata.name>-mesh the operator makes",
         ),
         (
-            &flags::CLUSTER_DOMAIN,
+            &Flag::CLUSTER_DOMAIN,
             "comes from spec.clustering.clusterDomain: set that instead",
         ),
         (
-            &flags::GOSSIP_PORT,
+            &Flag::GOSSIP_PORT,
             "comes from spec.clustering.gossipPort: set that instead",
         ),
         (
-            &flags::TRANSPORT_PORT,
+            &Flag::TRANSPORT_PORT,
             "comes from spec.clustering.transportPort: set that instead",
         ),
         (
-            &flags::CLUSTER_KEY_FILE,
+            &Flag::CLUSTER_KEY_FILE,
             "comes from the Secret of spec.clustering.clusterSecretRef (else <metadata.name>-cluster-key), \
              mounted as a file: set clusterSecretRef instead",
         ),
         (
-            &flags::PROXY_AUTHORIZATION,
+            &Flag::PROXY_AUTHORIZATION,
             "comes from spec.adminAuthSecretRef: set that instead",
         ),
     ];

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use sbmesh::flags;
+use sbmesh::Flag;
 
 use super::{
     CLUSTER_KEY_DIR, CLUSTER_KEY_KEY, CLUSTER_KEY_VOLUME, CONFIG_DIR, CONFIG_KEY, DATA_DIR,
@@ -117,36 +117,33 @@ pub struct SidecarSettings {
 /// after it.
 pub fn sidecar_container(s: &SidecarSettings) -> Container {
     let mut env = vec![
-        field_env(flags::POD_NAME.env, "metadata.name"),
-        field_env(flags::POD_IP.env, "status.podIP"),
-        field_env(flags::NAMESPACE.env, "metadata.namespace"),
-        value_env(flags::CLUSTER_ID.env, &s.cluster_id),
-        value_env(flags::CONFIG.env, &format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+        field_env(Flag::POD_NAME.env, "metadata.name"),
+        field_env(Flag::POD_IP.env, "status.podIP"),
+        field_env(Flag::NAMESPACE.env, "metadata.namespace"),
+        value_env(Flag::CLUSTER_ID.env, &s.cluster_id),
+        value_env(Flag::CONFIG.env, &format!("{CONFIG_DIR}/{CONFIG_KEY}")),
+        value_env(Flag::ADMIN_LISTEN.env, &format!("0.0.0.0:{}", s.admin_port)),
         value_env(
-            flags::ADMIN_LISTEN.env,
-            &format!("0.0.0.0:{}", s.admin_port),
-        ),
-        value_env(
-            flags::CHALLENGE_LISTEN.env,
+            Flag::CHALLENGE_LISTEN.env,
             &format!("0.0.0.0:{}", s.challenge_port),
         ),
-        value_env(flags::CERT_DIR.env, &format!("{DATA_DIR}/certs")),
-        value_env(flags::STATE_DIR.env, &format!("{DATA_DIR}/sidecar")),
+        value_env(Flag::CERT_DIR.env, &format!("{DATA_DIR}/certs")),
+        value_env(Flag::STATE_DIR.env, &format!("{DATA_DIR}/sidecar")),
     ];
     if let Some(port) = s.proxy_admin_port {
         env.push(value_env(
-            flags::PROXY_RELOAD_URL.env,
+            Flag::PROXY_RELOAD_URL.env,
             &format!("http://127.0.0.1:{port}/admin/reload"),
         ));
     }
     if let Some(port) = s.proxy_http_port {
         env.push(value_env(
-            flags::CHALLENGE_PASSTHROUGH.env,
+            Flag::CHALLENGE_PASSTHROUGH.env,
             &challenge_passthrough_url(port),
         ));
     }
     if let Some(url) = &s.acme_check_url {
-        env.push(value_env(flags::ACME_CHECK_URL.env, url));
+        env.push(value_env(Flag::ACME_CHECK_URL.env, url));
     }
     let mut ports = vec![
         container_port(SIDECAR_ADMIN_PORT, s.admin_port, "TCP"),
@@ -154,19 +151,19 @@ pub fn sidecar_container(s: &SidecarSettings) -> Container {
     ];
     if let Some(mesh) = &s.mesh {
         env.extend([
-            value_env(flags::MESH_SERVICE.env, &mesh.service),
-            value_env(flags::CLUSTER_DOMAIN.env, &mesh.cluster_domain),
-            value_env(flags::GOSSIP_PORT.env, &mesh.gossip_port.to_string()),
-            value_env(flags::TRANSPORT_PORT.env, &mesh.transport_port.to_string()),
+            value_env(Flag::MESH_SERVICE.env, &mesh.service),
+            value_env(Flag::CLUSTER_DOMAIN.env, &mesh.cluster_domain),
+            value_env(Flag::GOSSIP_PORT.env, &mesh.gossip_port.to_string()),
+            value_env(Flag::TRANSPORT_PORT.env, &mesh.transport_port.to_string()),
         ]);
         ports.push(container_port("gossip", mesh.gossip_port, "UDP"));
         ports.push(container_port("transport", mesh.transport_port, "TCP"));
     }
     if s.cluster_key.is_some() {
-        env.push(value_env(flags::CLUSTER_KEY_FILE.env, &cluster_key_file()));
+        env.push(value_env(Flag::CLUSTER_KEY_FILE.env, &cluster_key_file()));
     }
     if let Some((secret, key)) = &s.authorization {
-        env.push(secret_env(flags::PROXY_AUTHORIZATION.env, secret, key));
+        env.push(secret_env(Flag::PROXY_AUTHORIZATION.env, secret, key));
     }
     Container {
         name: SIDECAR_CONTAINER.to_string(),

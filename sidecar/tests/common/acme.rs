@@ -174,7 +174,7 @@ impl Pebble {
             let names = if status == 200 {
                 let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
                 let pem = v["Certificate"].as_str().unwrap_or("");
-                sbmesh::acme::certs::parse_chain(pem)
+                sbmesh::internal::certs::parse_chain(pem)
                     .map(|f| f.dns_names)
                     .unwrap_or_default()
             } else {

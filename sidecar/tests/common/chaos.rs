@@ -495,7 +495,8 @@ pub fn issued_by_ca(pebble: &Pebble, known: &mut BTreeMap<String, (String, BTree
             continue;
         };
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let Ok(facts) = sbmesh::acme::certs::parse_chain(v["Certificate"].as_str().unwrap_or(""))
+        let Ok(facts) =
+            sbmesh::internal::certs::parse_chain(v["Certificate"].as_str().unwrap_or(""))
         else {
             continue;
         };
@@ -835,7 +836,7 @@ impl ChaosPod {
         };
         for e in entries.flatten() {
             if let Ok(pem) = fs::read_to_string(e.path().join("tls.crt"))
-                && let Ok(facts) = sbmesh::acme::certs::parse_chain(&pem)
+                && let Ok(facts) = sbmesh::internal::certs::parse_chain(&pem)
             {
                 out.insert(e.file_name().to_string_lossy().into_owned(), facts.serial);
             }
@@ -1048,7 +1049,7 @@ impl Fleet {
             std::thread::sleep(Duration::from_millis(300));
             let ids: Vec<String> = (0..PODS).map(|i| format!("pod-{i}")).collect();
             let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
-            if let Some(owner) = sbmesh::acme::ownership::owner(&self.pool[host], &refs)
+            if let Some(owner) = sbmesh::internal::ownership::owner(&self.pool[host], &refs)
                 && let Some(i) = ids.iter().position(|id| id == owner)
             {
                 eprintln!("chaos:   kill -9 pod-{i}, the owner");

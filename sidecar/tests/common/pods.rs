@@ -237,7 +237,7 @@ impl Pod {
             .and_then(|c| c.first())
             .ok_or("no peer certificate")?;
         let pem = pem_of(leaf);
-        sbmesh::acme::certs::parse_chain(&pem)
+        sbmesh::internal::certs::parse_chain(&pem)
             .map(|f| f.serial)
             .map_err(|e| e.to_string())
     }

@@ -21,9 +21,10 @@ pub(super) struct Exec {
 
 impl Exec {
     pub(super) fn new(section: &Dns01Section) -> Result<Self, DnsError> {
-        let command = section.command.clone().ok_or_else(|| {
-            DnsError::Config("provider exec needs dns01.command".to_owned())
-        })?;
+        let command = section
+            .command
+            .clone()
+            .ok_or_else(|| DnsError::Config("provider exec needs dns01.command".to_owned()))?;
         Ok(Self { command })
     }
 

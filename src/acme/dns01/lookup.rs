@@ -13,9 +13,9 @@ use hickory_proto::rr::{Name, RecordType};
 use tokio::time::Instant;
 
 use super::DnsError;
-use crate::config::DNS_PORT;
 use super::transport::exchange;
 use super::wire::{self, rcode_name};
+use crate::config::DNS_PORT;
 
 /// Most CNAMEs followed from `_acme-challenge.<name>`.
 const MAX_CNAME_HOPS: usize = 8;

@@ -202,7 +202,11 @@ impl Dns01 {
     }
 
     /// The TXT record proving `host` (`*.` dropped), CNAMEs followed.
-    pub(crate) async fn record_for(&self, host: &str, value: String) -> Result<TxtRecord, DnsError> {
+    pub(crate) async fn record_for(
+        &self,
+        host: &str,
+        value: String,
+    ) -> Result<TxtRecord, DnsError> {
         let name = self.resolvers.challenge_name(host).await?;
         Ok(TxtRecord {
             fqdn: name.to_string(),
@@ -331,12 +335,10 @@ impl<'a> Dns01Order<'a> {
     async fn read_ledger(&self) -> Result<Ledger, StoreError> {
         match get_fenced(self.store, &self.ledger_key).await? {
             None => Ok(Ledger::default()),
-            Some(entry) => {
-                serde_json::from_slice(&entry.value).map_err(|e| StoreError::Corrupt {
-                    key: self.ledger_key.clone(),
-                    message: format!("not a DNS-01 ledger ({e}); delete it to reset"),
-                })
-            }
+            Some(entry) => serde_json::from_slice(&entry.value).map_err(|e| StoreError::Corrupt {
+                key: self.ledger_key.clone(),
+                message: format!("not a DNS-01 ledger ({e}); delete it to reset"),
+            }),
         }
     }
 
@@ -358,10 +360,13 @@ impl<'a> Dns01Order<'a> {
     /// Removes the records an earlier holder of the lock wrote and did not
     /// remove (it died, or its removal failed); how many there were.
     pub(crate) async fn clear_leftovers(&self) -> Result<usize, AcmeError> {
-        let ledger = self.read_ledger().await.map_err(|source| AcmeError::Store {
-            op: "read the DNS-01 ledger",
-            source,
-        })?;
+        let ledger = self
+            .read_ledger()
+            .await
+            .map_err(|source| AcmeError::Store {
+                op: "read the DNS-01 ledger",
+                source,
+            })?;
         if ledger.records.is_empty() {
             return Ok(0);
         }

@@ -10,12 +10,11 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{Name, RecordType};
 
 use super::DnsError;
+use super::Env;
 use super::transport::exchange;
 use super::wire::{self, Change, TsigKey, rcode_name};
-use super::Env;
 use crate::config::{DNS_PORT, Dns01Section, TsigAlgorithm, resolve_field};
 use crate::identity::normalize_seed;
-
 
 pub(super) struct Rfc2136 {
     /// `host` or `host:port`, as written.
@@ -36,8 +35,10 @@ struct KeySource {
 impl KeySource {
     fn key(&self) -> Result<TsigKey, DnsError> {
         let path = "proxy.extensions.sbmesh.acme.dns01.tsig_secret";
-        let text = resolve_field(path, &self.secret, &self.env, &|p| std::fs::read_to_string(p))
-            .map_err(|p| DnsError::Config(p.to_string()))?;
+        let text = resolve_field(path, &self.secret, &self.env, &|p| {
+            std::fs::read_to_string(p)
+        })
+        .map_err(|p| DnsError::Config(p.to_string()))?;
         let secret = crate::config::tsig_secret_bytes(&text).map_err(|e| {
             DnsError::Config(format!(
                 "{path}: not base64 ({e}); expected the key's secret as BIND's tsig-keygen \
@@ -61,9 +62,8 @@ impl Rfc2136 {
         })?;
         let key = match (&section.tsig_key_name, &section.tsig_secret) {
             (Some(name), Some(secret)) => {
-                let mut name = Name::from_ascii(name).map_err(|e| {
-                    DnsError::Config(format!("dns01.tsig_key_name {name:?}: {e}"))
-                })?;
+                let mut name = Name::from_ascii(name)
+                    .map_err(|e| DnsError::Config(format!("dns01.tsig_key_name {name:?}: {e}")))?;
                 name.set_fqdn(true);
                 let source = KeySource {
                     name,
@@ -84,19 +84,19 @@ impl Rfc2136 {
     async fn server(&self) -> Result<SocketAddr, DnsError> {
         let ns = self.nameserver.as_str();
         // The form the configuration checked (`host:port`, `[v6]:port`).
-        let target = normalize_seed(ns, DNS_PORT).map_err(|e| {
-            DnsError::Config(format!("dns01.nameserver: {e}"))
-        })?;
+        let target = normalize_seed(ns, DNS_PORT)
+            .map_err(|e| DnsError::Config(format!("dns01.nameserver: {e}")))?;
         if let Ok(addr) = target.parse::<SocketAddr>() {
             return Ok(addr);
         }
-        let mut found = tokio::net::lookup_host(&target).await.map_err(|e| {
-            DnsError::Unreachable {
-                server: ns.to_owned(),
-                op: "look up the nameserver's address",
-                detail: e.to_string(),
-            }
-        })?;
+        let mut found =
+            tokio::net::lookup_host(&target)
+                .await
+                .map_err(|e| DnsError::Unreachable {
+                    server: ns.to_owned(),
+                    op: "look up the nameserver's address",
+                    detail: e.to_string(),
+                })?;
         found.next().ok_or_else(|| DnsError::Unreachable {
             server: ns.to_owned(),
             op: "look up the nameserver's address",
@@ -138,11 +138,13 @@ impl Rfc2136 {
         } else {
             (Change::Remove, "remove")
         };
-        let mut message = wire::update(rand::random(), &zone, fqdn, value, change)
-            .ok_or_else(|| DnsError::NoZone {
-                server: server.to_string(),
-                fqdn: fqdn.to_string(),
-                detail: format!("it names the zone {zone}"),
+        let mut message =
+            wire::update(rand::random(), &zone, fqdn, value, change).ok_or_else(|| {
+                DnsError::NoZone {
+                    server: server.to_string(),
+                    fqdn: fqdn.to_string(),
+                    detail: format!("it names the zone {zone}"),
+                }
             })?;
         if let Some(source) = &self.key {
             let now = crate::store::now_unix_ms() / 1000;
@@ -154,7 +156,11 @@ impl Rfc2136 {
             .await
             .map_err(|e| DnsError::Unreachable {
                 server: server.to_string(),
-                op: if add { "add the TXT record" } else { "remove the TXT record" },
+                op: if add {
+                    "add the TXT record"
+                } else {
+                    "remove the TXT record"
+                },
                 detail: e.to_string(),
             })?;
         wire::update_result(&answer).map_err(|refusal| DnsError::Refused {

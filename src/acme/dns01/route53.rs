@@ -202,7 +202,11 @@ impl Route53 {
              </ChangeBatch></ChangeResourceRecordSetsRequest>",
             super::wire::CHALLENGE_TTL
         );
-        let op = if add { "add the TXT value" } else { "remove the TXT value" };
+        let op = if add {
+            "add the TXT value"
+        } else {
+            "remove the TXT value"
+        };
         let path = format!("/hostedzone/{zone}/rrset");
         let bytes = self.call(op, Method::POST, &path, Some(body)).await?;
         let info: ChangeResponse = parse(&bytes, op)?;
@@ -227,7 +231,12 @@ impl Route53 {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(MAX_POLL);
             let bytes = self
-                .call("wait for the change", Method::GET, &format!("/change/{id}"), None)
+                .call(
+                    "wait for the change",
+                    Method::GET,
+                    &format!("/change/{id}"),
+                    None,
+                )
                 .await?;
             status = parse::<ChangeResponse>(&bytes, "wait for the change")?
                 .info

@@ -12,9 +12,7 @@ use hickory_proto::rr::{Name, RecordType};
 
 use super::transport::exchange;
 use super::{Dns01, DnsError, TxtRecord, wire};
-use crate::config::{
-    Dns01Section, DnsProvider, TsigAlgorithm,
-};
+use crate::config::{Dns01Section, DnsProvider, TsigAlgorithm};
 use crate::metrics::Metrics;
 
 #[path = "../../../tests/dns_server/mod.rs"]
@@ -100,11 +98,21 @@ async fn each_tsig_algorithm_writes_is_served_and_removes_the_record() {
         let host = format!("{}.{ZONE}", unique(key));
         let record = dns.record_for(&host, format!("value-{key}")).await.unwrap();
         assert_eq!(record.fqdn, format!("_acme-challenge.{host}."));
-        dns.present(&record).await.unwrap_or_else(|e| panic!("{key}: {e}"));
-        dns.wait_served(std::slice::from_ref(&record)).await.unwrap();
-        assert_eq!(served(server, &record.fqdn).await, std::slice::from_ref(&record.value));
+        dns.present(&record)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        dns.wait_served(std::slice::from_ref(&record))
+            .await
+            .unwrap();
+        assert_eq!(
+            served(server, &record.fqdn).await,
+            std::slice::from_ref(&record.value)
+        );
         dns.cleanup(&record).await.unwrap();
-        assert!(served(server, &record.fqdn).await.is_empty(), "{key}: removed");
+        assert!(
+            served(server, &record.fqdn).await.is_empty(),
+            "{key}: removed"
+        );
         // Removing what is not there is no error (a cleanup run twice).
         dns.cleanup(&record).await.unwrap();
     }
@@ -113,10 +121,19 @@ async fn each_tsig_algorithm_writes_is_served_and_removes_the_record() {
 #[tokio::test]
 async fn a_wildcard_and_its_apex_share_one_name_with_two_values() {
     let Some(server) = server() else { return };
-    let dns = dns(&rfc2136(server, "sha256", TsigAlgorithm::HmacSha256), server);
+    let dns = dns(
+        &rfc2136(server, "sha256", TsigAlgorithm::HmacSha256),
+        server,
+    );
     let apex = format!("{}.{ZONE}", unique("apex"));
-    let a = dns.record_for(&apex, "apex-value".to_owned()).await.unwrap();
-    let w = dns.record_for(&format!("*.{apex}"), "wildcard-value".to_owned()).await.unwrap();
+    let a = dns
+        .record_for(&apex, "apex-value".to_owned())
+        .await
+        .unwrap();
+    let w = dns
+        .record_for(&format!("*.{apex}"), "wildcard-value".to_owned())
+        .await
+        .unwrap();
     assert_eq!(a.fqdn, w.fqdn, "one _acme-challenge name for both");
     dns.present(&a).await.unwrap();
     dns.present(&w).await.unwrap();
@@ -125,7 +142,11 @@ async fn a_wildcard_and_its_apex_share_one_name_with_two_values() {
     values.sort();
     assert_eq!(values, ["apex-value", "wildcard-value"]);
     dns.cleanup(&a).await.unwrap();
-    assert_eq!(served(server, &a.fqdn).await, ["wildcard-value"], "only its own value goes");
+    assert_eq!(
+        served(server, &a.fqdn).await,
+        ["wildcard-value"],
+        "only its own value goes"
+    );
     dns.cleanup(&w).await.unwrap();
     assert!(served(server, &a.fqdn).await.is_empty());
 }
@@ -141,24 +162,42 @@ async fn a_refused_key_says_the_servers_codes() {
     // The right name with another secret: BADSIG.
     let mut wrong = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
     wrong.tsig_secret = Some("c2VjcmV0LW5vdC1rbm93bi10by1iaW5k".to_owned());
-    let e = dns(&wrong, server).present(&record).await.unwrap_err().to_string();
+    let e = dns(&wrong, server)
+        .present(&record)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("NOTAUTH") && e.contains("BADSIG"), "{e}");
     // A name the server does not know: BADKEY.
     let mut unknown = rfc2136(server, "sha256", TsigAlgorithm::HmacSha256);
     unknown.tsig_key_name = Some("no-such-key.".to_owned());
-    let e = dns(&unknown, server).present(&record).await.unwrap_err().to_string();
+    let e = dns(&unknown, server)
+        .present(&record)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("NOTAUTH") && e.contains("BADKEY"), "{e}");
     // A key the policy does not allow in this zone: REFUSED.
     let narrow = rfc2136(server, "narrow", TsigAlgorithm::HmacSha256);
-    let e = dns(&narrow, server).present(&record).await.unwrap_err().to_string();
+    let e = dns(&narrow, server)
+        .present(&record)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("REFUSED") && e.contains("update policy"), "{e}");
-    assert!(served(server, &record.fqdn).await.is_empty(), "nothing written");
+    assert!(
+        served(server, &record.fqdn).await.is_empty(),
+        "nothing written"
+    );
 }
 
 #[tokio::test]
 async fn a_zone_the_server_does_not_serve_and_a_server_that_is_not_there() {
     let Some(server) = server() else { return };
-    let dns1 = dns(&rfc2136(server, "sha256", TsigAlgorithm::HmacSha256), server);
+    let dns1 = dns(
+        &rfc2136(server, "sha256", TsigAlgorithm::HmacSha256),
+        server,
+    );
     let record = TxtRecord {
         fqdn: "_acme-challenge.www.example.org.".to_owned(),
         value: "v".to_owned(),
@@ -183,7 +222,11 @@ async fn a_zone_the_server_does_not_serve_and_a_server_that_is_not_there() {
         .unwrap_err();
     assert!(matches!(e, DnsError::Unreachable { .. }), "{e}");
     assert!(e.to_string().contains(&gone.to_string()), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(12), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -209,11 +252,16 @@ async fn a_cname_delegates_the_challenge_to_another_zone() {
     let target = format!("_acme-challenge.{label}.{DELEGATED}.");
     cname(server, &host, &target).await;
     // The narrow key may write only in the delegated zone, which is enough.
-    let dns = dns(&rfc2136(server, "narrow", TsigAlgorithm::HmacSha256), server);
+    let dns = dns(
+        &rfc2136(server, "narrow", TsigAlgorithm::HmacSha256),
+        server,
+    );
     let record = dns.record_for(&host, "delegated".to_owned()).await.unwrap();
     assert_eq!(record.fqdn, target, "the CNAME followed");
     dns.present(&record).await.unwrap();
-    dns.wait_served(std::slice::from_ref(&record)).await.unwrap();
+    dns.wait_served(std::slice::from_ref(&record))
+        .await
+        .unwrap();
     assert_eq!(served(server, &target).await, ["delegated"]);
     dns.cleanup(&record).await.unwrap();
     assert!(served(server, &target).await.is_empty());
@@ -232,7 +280,10 @@ async fn propagation_times_out_naming_the_server_that_lacks_the_value() {
     let e = dns.wait_served(&[record]).await.unwrap_err();
     let text = e.to_string();
     assert!(matches!(e, DnsError::NotPropagated { .. }), "{text}");
-    assert!(text.contains("ns1.dns01.test.") && text.contains("1s"), "{text}");
+    assert!(
+        text.contains("ns1.dns01.test.") && text.contains("1s"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -262,9 +313,14 @@ async fn the_exec_provider_runs_the_users_command() {
     };
     let dns = dns(&section, server);
     let host = format!("{}.{ZONE}", unique("exec"));
-    let record = dns.record_for(&host, "exec-value".to_owned()).await.unwrap();
+    let record = dns
+        .record_for(&host, "exec-value".to_owned())
+        .await
+        .unwrap();
     dns.present(&record).await.unwrap();
-    dns.wait_served(std::slice::from_ref(&record)).await.unwrap();
+    dns.wait_served(std::slice::from_ref(&record))
+        .await
+        .unwrap();
     assert_eq!(served(server, &record.fqdn).await, ["exec-value"]);
     dns.cleanup(&record).await.unwrap();
     assert!(served(server, &record.fqdn).await.is_empty());
@@ -278,9 +334,16 @@ async fn the_exec_provider_runs_the_users_command() {
     );
     // A failing command: its status and stderr in the error.
     let failing = dir.path().join("failing");
-    std::fs::write(&failing, "#!/bin/sh\necho 'no credentials for zone' >&2\nexit 3\n").unwrap();
-    std::fs::set_permissions(&failing, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\necho 'no credentials for zone' >&2\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let section = Dns01Section {
         command: Some(PathBuf::from(&failing)),
         ..section
@@ -291,7 +354,10 @@ async fn the_exec_provider_runs_the_users_command() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("exit status: 3") && e.contains("no credentials for zone"), "{e}");
+    assert!(
+        e.contains("exit status: 3") && e.contains("no credentials for zone"),
+        "{e}"
+    );
 }
 
 /// moto's endpoint (`scripts/test`'s `s3` server, which serves Route 53
@@ -319,7 +385,12 @@ async fn create_zone(r53: &super::route53::Route53, name: &str) -> String {
         unique("ref")
     );
     let bytes = r53
-        .call("create a zone", hyper::Method::POST, "/hostedzone", Some(body))
+        .call(
+            "create a zone",
+            hyper::Method::POST,
+            "/hostedzone",
+            Some(body),
+        )
         .await
         .expect("moto creates the zone");
     let text = String::from_utf8_lossy(&bytes).into_owned();
@@ -355,7 +426,9 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
     let dns = Dns01::new(&section, &[], env, metrics.clone()).expect("settings");
     dns.present(&apex).await.unwrap();
     dns.present(&wildcard).await.unwrap();
-    dns.wait_served(&[apex.clone(), wildcard.clone()]).await.unwrap();
+    dns.wait_served(&[apex.clone(), wildcard.clone()])
+        .await
+        .unwrap();
     assert!(
         metrics
             .encode()

@@ -36,7 +36,10 @@ pub(crate) enum ExchangeError {
 
 /// Sends `message` (already signed, if it is to be) to `server` and
 /// returns the answer with the same id.
-pub(crate) async fn exchange(server: SocketAddr, message: &Message) -> Result<Message, ExchangeError> {
+pub(crate) async fn exchange(
+    server: SocketAddr,
+    message: &Message,
+) -> Result<Message, ExchangeError> {
     let bytes = message
         .to_vec()
         .map_err(|e| ExchangeError::Garbled(format!("cannot encode the question: {e}")))?;

@@ -141,9 +141,7 @@ impl Refusal {
     pub(crate) fn explain(&self) -> String {
         let tsig = self.tsig.map(|e| match e {
             TsigError::BadSig => "TSIG BADSIG: the secret does not match the server's key",
-            TsigError::BadKey => {
-                "TSIG BADKEY: the server knows no key of this name and algorithm"
-            }
+            TsigError::BadKey => "TSIG BADKEY: the server knows no key of this name and algorithm",
             TsigError::BadTime => {
                 "TSIG BADTIME: this machine's clock and the server's differ by more than 300 s"
             }
@@ -207,10 +205,14 @@ pub(crate) fn tsig_of(message: &Message) -> Option<&TSIG> {
     if let Some(sig) = message.signature() {
         return Some(&sig.data);
     }
-    message.additionals.iter().rev().find_map(|r| match &r.data {
-        RData::TSIG(t) => Some(t),
-        _ => None,
-    })
+    message
+        .additionals
+        .iter()
+        .rev()
+        .find_map(|r| match &r.data {
+            RData::TSIG(t) => Some(t),
+            _ => None,
+        })
 }
 
 /// The zone an authoritative answer about `name` names: the owner of the

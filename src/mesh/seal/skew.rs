@@ -16,13 +16,11 @@ use super::REPLAY_WINDOW_MS;
 /// A node whose every authenticated packet for this long was a
 /// [`Reject::ClockSkew`](super::Reject::ClockSkew) is isolated by clock
 /// skew (see [`SkewWatch::isolation`]).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const SKEW_WINDOW: Duration = Duration::from_secs(30);
+pub const SKEW_WINDOW: Duration = Duration::from_secs(30);
 
 /// A skewed peer stays listed for this long after its last skewed packet,
 /// and gets at most one warn line per this interval.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const SKEW_REMEMBER: Duration = Duration::from_secs(60);
+pub const SKEW_REMEMBER: Duration = Duration::from_secs(60);
 
 /// Most peers tracked at once. Only packets that authenticate under a ring
 /// key get here, so this bounds what a key holder sending from many source
@@ -56,9 +54,8 @@ struct Entry {
 
 /// A warn line that is due: the first skewed packet of a peer, or the first
 /// one after [`SKEW_REMEMBER`] since its previous line.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SkewWarning {
+pub struct SkewWarning {
     /// Where the packet came from.
     pub peer: SocketAddr,
     /// Its sender time minus ours, in milliseconds.

@@ -4,9 +4,9 @@
 
 use std::sync::LazyLock;
 
+use super::{Channel, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer};
+use crate::keyring::KeyRing;
 use proptest::prelude::*;
-use sbmesh::keyring::KeyRing;
-use sbmesh::mesh::seal::{Channel, MAX_DATAGRAM, REPLAY_WINDOW_MS, Reject, Sealer};
 
 const CLUSTER: &str = "props";
 const T0: u64 = 1_700_000_000_000;
