@@ -12,7 +12,7 @@ pub(crate) mod meta;
 mod ring;
 mod runtime;
 pub(crate) mod seal;
-/// Built only for tests and benches.
+/// For the benches and tests (`sbmesh::internal::sim`); no binary calls it.
 pub(crate) mod sim;
 mod suspicion;
 mod transport;

@@ -7,8 +7,9 @@
 //! For the benchmark (`benches/mesh_sim.rs`) and the core's tests; not
 //! part of a running sidecar.
 
-// Built only for tests and benches (the `testing` feature); some of its
-// probes serve only its own tests.
+// Reached by the benches and tests through `sbmesh::internal::sim`; no
+// binary calls it, so a link keeps none of it. Some of its probes serve
+// only its own tests.
 #![allow(dead_code)]
 
 use std::cmp::Reverse;
