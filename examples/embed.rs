@@ -6,7 +6,8 @@
 //!  EMBED_CHALLENGE_PORT=80 EMBED_HTTPS_PORT=8443 cargo run --example embed`
 use std::{env, net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use sbmesh::{CertResolver, DefaultCertificate, Node, NodeConfig, server_config};
+use sbmesh::tls::{CertResolver, DefaultCertificate, server_config};
+use sbmesh::{Node, NodeConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[tokio::main]

@@ -9,14 +9,15 @@
 //! [`Node::start`] starts everything the sidecar runs (the mesh,
 //! the certificate store, the ACME manager and its challenge responder,
 //! the config watcher, the node metadata and readiness) from one
-//! [`NodeConfig`]. [`CertResolver`] serves the node's
+//! [`NodeConfig`]. [`tls::CertResolver`] serves the node's
 //! certificates from a rustls server: self-signed placeholders at first,
 //! then the CA's, each new one from the next handshake on.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use sbmesh::{CertResolver, DefaultCertificate, Node, NodeConfig};
+//! use sbmesh::tls::{CertResolver, DefaultCertificate};
+//! use sbmesh::{Node, NodeConfig};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! // Origins and `proxy.extensions.sbmesh.acme` come from sb.yml, which is
@@ -29,7 +30,7 @@
 //! let node = Node::start(cfg).await?;
 //!
 //! let resolver = CertResolver::following(node.certificates(), DefaultCertificate::First);
-//! let tls_config: Arc<rustls::ServerConfig> = Arc::new(sbmesh::server_config(resolver)?);
+//! let tls_config: Arc<rustls::ServerConfig> = Arc::new(sbmesh::tls::server_config(resolver)?);
 //! // ... accept connections with `tls_config` (e.g. tokio-rustls) ...
 //! # let _ = tls_config;
 //!
@@ -81,18 +82,29 @@ mod metrics;
 mod node;
 mod proxy;
 mod reload;
+mod resolver;
 mod store;
-mod tls;
 
 // The API: every public item of the crate is re-exported here, and only
 // here. The modules are private; what they declare `pub` and is not named
-// below is for the crate itself (or for `internal`, further down).
+// below is for the crate itself (or for `internal`, further down). One
+// namespace is kept, `tls`, because the contract (SPEC section 6) names it.
 
 // Embedding a node, serving its certificates.
 pub use node::{
     Drain, Node, NodeCertificate, NodeConfig, NodeError, ProxyReload, ProxyRestart, ProxySettings,
 };
-pub use tls::{CertResolver, DefaultCertificate, TlsError, server_config};
+
+/// Serving the node's certificates from a rustls server: [`CertResolver`]
+/// (a rustls `ResolvesServerCert`) follows
+/// [`Node::certificates`](crate::Node::certificates), so a new
+/// certificate is served from the next handshake on, without a reload or a
+/// restart.
+///
+/// [`CertResolver`]: tls::CertResolver
+pub mod tls {
+    pub use crate::resolver::{CertResolver, DefaultCertificate, TlsError, server_config};
+}
 
 // The mesh alone, and what a node tells the others.
 pub use identity::{

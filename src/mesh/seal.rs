@@ -3,8 +3,8 @@
 //!
 //! Sans-IO: the caller passes the clock (`now_unix_ms`) and the bytes; the
 //! only ambient input is the system RNG for nonces. Every UDP datagram and
-//! every TCP frame of the mesh (docs/reference.md#the-mesh) goes through [`Sealer::seal`]
-//! on the way out and [`Sealer::unseal`] on the way in; a [`Reject`] names the
+//! every TCP frame of the mesh (docs/reference.md#the-mesh) goes through [`Sealer::seal_with`]
+//! on the way out and [`Sealer::unseal_keyed`] on the way in; a [`Reject`] names the
 //! `reason` label of `mesh_packets_rejected_total` (docs/reference.md#mesh-metrics).
 //!
 //! # Wire format (version 1)
@@ -146,7 +146,7 @@ impl Channel {
         }
     }
 
-    /// Largest payload that [`Sealer::seal`] accepts for this channel (for
+    /// Largest payload that [`Sealer::seal_with`] accepts for this channel (for
     /// UDP, the foca `max_packet_size` to configure).
     pub fn max_payload(self) -> usize {
         self.max_packet() - OVERHEAD
@@ -305,7 +305,7 @@ impl Sealer {
         KeyRing::clone(&self.current_ring())
     }
 
-    /// Bytes [`Sealer::seal`] adds to a payload: 25 header, 8 timestamp, 16 tag.
+    /// Bytes [`Sealer::seal_with`] adds to a payload: 25 header, 8 timestamp, 16 tag.
     pub(crate) fn overhead() -> usize {
         OVERHEAD
     }
@@ -315,7 +315,7 @@ impl Sealer {
         HEADER_LEN
     }
 
-    /// The checks of [`Sealer::unseal`] that need only the clear header
+    /// The checks of [`Sealer::unseal_keyed`] that need only the clear header
     /// (version, cluster tag, key id in the ring), so a TCP shell can drop a
     /// frame before reading or buffering its body.
     ///
@@ -357,7 +357,7 @@ impl Sealer {
         self.seal_with(channel, None, payload, now_unix_ms, out)
     }
 
-    /// Like [`Sealer::seal`], but under the ring key `key_id` when the ring
+    /// Like `Sealer::seal` (the tests'), but under the ring key `key_id` when the ring
     /// still holds it (else the primary). The mesh answers a peer in the
     /// key that peer used, so a peer still on `[old]` keeps talking to one
     /// already on `[new, old]` during a rolling rotation.
@@ -437,7 +437,7 @@ impl Sealer {
             .map(|(payload, _)| payload)
     }
 
-    /// Like [`Sealer::unseal`], also returning the id of the ring key that
+    /// Like `Sealer::unseal` (the tests'), also returning the id of the ring key that
     /// opened the packet.
     pub(crate) fn unseal_keyed(
         &self,
