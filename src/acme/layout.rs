@@ -54,7 +54,8 @@ pub fn order_state(dir_id: &str, set_id: &str) -> String {
     format!("acme/{dir_id}/state/{set_id}")
 }
 
-/// Pending HTTP-01 challenge of `token`.
+/// The DNS-01 ledger of the hostname set `set_id`: the TXT records its
+/// order wrote and has not removed yet.
 pub(crate) fn dns_ledger(dir_id: &str, set_id: &str) -> String {
     format!("acme/{dir_id}/dns01/{set_id}")
 }
@@ -70,6 +71,7 @@ pub(crate) fn host_segment(host: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// Pending HTTP-01 challenge of `token`.
 pub(crate) fn challenge(token: &str) -> String {
     format!("acme/challenges/{token}")
 }
@@ -80,6 +82,16 @@ pub(crate) const CERTS_PREFIX: &str = "acme/certs/";
 /// Certificate record of `host` (lowercase).
 pub fn certificate(host: &str) -> String {
     format!("{CERTS_PREFIX}{}", host_segment(host))
+}
+
+/// Lock held while one DNS-01 TXT record name (absolute, its trailing dot
+/// dropped, lowercase) is changed: orders of different certificates that
+/// write one name (a wildcard's and its apex's) change it one at a time.
+pub(crate) fn dns_record_lock(fqdn: &str) -> String {
+    format!(
+        "acme-dns01-{}",
+        fqdn.trim_end_matches('.').to_ascii_lowercase()
+    )
 }
 
 /// Lock held while `host` is ordered.

@@ -312,13 +312,7 @@ impl OrderJob {
         let history_key = self.keep_duplicate_limit(now).await?;
         let dns_order = dns.as_deref().map(|dns| {
             let ledger = layout::dns_ledger(&self.dir_id(), &self.set_id());
-            Dns01Order::new(
-                dns,
-                self.store.as_ref(),
-                ledger,
-                keeper.lease(),
-                &self.holder,
-            )
+            Dns01Order::new(dns, &self.store, ledger, keeper.lease(), &self.holder)
         });
         if let Some(dns_order) = &dns_order {
             // What a replica that died mid-order left goes first.

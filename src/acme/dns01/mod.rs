@@ -36,10 +36,15 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::acme::account::AcmeError;
+use crate::acme::layout;
 use crate::config::{Dns01Section, DnsProvider};
 use crate::metrics::Metrics;
-use crate::store::lock::{Lease, get_fenced, put_fenced};
+use crate::store::lock::{Lease, LeaseKeeper, LeaseLock, get_fenced, put_fenced};
 use crate::store::{Store, StoreError};
+
+/// How long a change of a TXT record waits for another order's change of
+/// the same name, at least (twice the lock's TTL when that is longer).
+const RECORD_LOCK_WAIT: Duration = Duration::from_secs(120);
 
 pub(crate) use lookup::Resolvers;
 
@@ -290,7 +295,7 @@ impl Dns01 {
 /// removed when the order ends.
 pub(crate) struct Dns01Order<'a> {
     dns: &'a Dns01,
-    store: &'a dyn Store,
+    store: &'a Arc<dyn Store>,
     ledger_key: String,
     lease: Lease,
     holder: &'a str,
@@ -317,7 +322,7 @@ impl<'a> Dns01Order<'a> {
     /// The order of the unit whose ledger is `ledger_key`, under `lease`.
     pub(crate) fn new(
         dns: &'a Dns01,
-        store: &'a dyn Store,
+        store: &'a Arc<dyn Store>,
         ledger_key: String,
         lease: Lease,
         holder: &'a str,
@@ -333,7 +338,7 @@ impl<'a> Dns01Order<'a> {
     }
 
     async fn read_ledger(&self) -> Result<Ledger, StoreError> {
-        match get_fenced(self.store, &self.ledger_key).await? {
+        match get_fenced(self.store.as_ref(), &self.ledger_key).await? {
             None => Ok(Ledger::default()),
             Some(entry) => serde_json::from_slice(&entry.value).map_err(|e| StoreError::Corrupt {
                 key: self.ledger_key.clone(),
@@ -352,9 +357,50 @@ impl<'a> Dns01Order<'a> {
             key: self.ledger_key.clone(),
             message: format!("cannot encode: {e}"),
         })?;
-        put_fenced(self.store, &self.ledger_key, &bytes, &self.lease)
+        put_fenced(self.store.as_ref(), &self.ledger_key, &bytes, &self.lease)
             .await
             .map(|_| ())
+    }
+
+    /// Writes (`add`) or removes `record`, holding the store's lock of its
+    /// name ([`layout::dns_record_lock`]). Two orders of different
+    /// certificates can write one name at once (`*.example.com` and
+    /// `example.com`, ordered per host by two replicas), and a provider
+    /// whose change reads the name's values and writes them back (Route 53
+    /// keeps one set per name) would lose one of them; under the lock the
+    /// two changes take turns. The lock has the order lock's TTL and is
+    /// renewed while the change runs, so a holder that dies mid-change
+    /// frees the name when it frees its order.
+    async fn change(&self, record: &TxtRecord, add: bool) -> Result<(), AcmeError> {
+        let lock = LeaseLock::new(
+            Arc::clone(self.store),
+            &layout::dns_record_lock(&record.fqdn),
+        );
+        let ttl = self.lease.ttl;
+        let lease = lock
+            .acquire(self.holder, ttl, RECORD_LOCK_WAIT.max(ttl * 2))
+            .await
+            .map_err(|source| AcmeError::Store {
+                op: "lock the DNS-01 record's name",
+                source,
+            })?
+            .ok_or_else(|| {
+                dns_error(format!(
+                    "{}: another order held this name's lock for {}s; the order tries again later",
+                    record.fqdn,
+                    RECORD_LOCK_WAIT.max(ttl * 2).as_secs()
+                ))
+            })?;
+        let keeper = LeaseKeeper::spawn(lock, lease);
+        let changed = if add {
+            self.dns.present(record).await
+        } else {
+            self.dns.cleanup(record).await
+        };
+        if let Err(e) = keeper.release().await {
+            debug!(fqdn = %record.fqdn, error = %e, "DNS-01 record lock not released; it expires");
+        }
+        changed.map_err(dns_error)
     }
 
     /// Removes the records an earlier holder of the lock wrote and did not
@@ -379,7 +425,7 @@ impl<'a> Dns01Order<'a> {
         );
         let mut left = Vec::new();
         for record in &ledger.records {
-            if let Err(e) = self.dns.cleanup(record).await {
+            if let Err(e) = self.change(record, false).await {
                 warn!(fqdn = %record.fqdn, error = %e, "DNS-01 record left by an earlier order not removed");
                 left.push(record.clone());
             }
@@ -422,7 +468,7 @@ impl<'a> Dns01Order<'a> {
                 .lock()
                 .expect("not poisoned")
                 .push(record.clone());
-            self.dns.present(record).await.map_err(dns_error)?;
+            self.change(record, true).await?;
             debug!(fqdn = %record.fqdn, provider = self.dns.provider_name(), "DNS-01 record written");
         }
         self.dns.wait_served(&records).await.map_err(dns_error)
@@ -437,7 +483,7 @@ impl<'a> Dns01Order<'a> {
         }
         let mut left = Vec::new();
         for record in written {
-            if let Err(e) = self.dns.cleanup(&record).await {
+            if let Err(e) = self.change(&record, false).await {
                 warn!(fqdn = %record.fqdn, error = %e, "DNS-01 record not removed; the next order of this certificate removes it");
                 left.push(record);
             }

@@ -11,9 +11,12 @@ use std::time::Duration;
 use hickory_proto::rr::{Name, RecordType};
 
 use super::transport::exchange;
-use super::{Dns01, DnsError, TxtRecord, wire};
+use super::{Dns01, Dns01Order, DnsError, TxtRecord, wire};
 use crate::config::{Dns01Section, DnsProvider, TsigAlgorithm};
 use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::store::lock::LeaseLock;
+use crate::store::memory::MemoryStore;
 
 #[path = "../../../tests/dns_server/mod.rs"]
 mod dns_server;
@@ -468,4 +471,67 @@ async fn route53_adds_and_removes_one_value_of_a_shared_name() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no hosted zone of this account holds"), "{e}");
+}
+
+/// Orders of different certificates that write one name at once (a
+/// wildcard's and its apex's, ordered per host by two replicas) take turns
+/// under the name's lock in the store. Route 53 keeps one set of values
+/// per name, changed by reading it and writing it back: without the turns,
+/// all but one of the values written at once are lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn route53_orders_writing_one_name_at_once_lose_no_value() {
+    if moto().is_none() {
+        return;
+    }
+    let section = Dns01Section::new(DnsProvider::Route53);
+    let r53 = super::route53::Route53::new(&section).expect("route53");
+    let zone = format!("{}.test.", unique("r53race"));
+    let id = create_zone(&r53, &zone).await;
+    let fqdn = format!("_acme-challenge.{zone}");
+    let dns = Dns01::new(&section, &[], env, Arc::new(Metrics::new())).expect("settings");
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut held = Vec::new();
+    for i in 0..6 {
+        let holder = format!("replica-{i}");
+        let lease = LeaseLock::new(Arc::clone(&store), &format!("order-{i}"))
+            .try_acquire(&holder, Duration::from_secs(300))
+            .await
+            .unwrap()
+            .expect("a free order lock");
+        held.push((holder, format!("acme/dir/dns01/set-{i}"), lease));
+    }
+    let orders: Vec<Dns01Order<'_>> = held
+        .iter()
+        .map(|(holder, ledger, lease)| {
+            Dns01Order::new(&dns, &store, ledger.clone(), lease.clone(), holder)
+        })
+        .collect();
+    let records: Vec<TxtRecord> = (0..6)
+        .map(|i| TxtRecord {
+            fqdn: fqdn.clone(),
+            value: format!("value-{i}"),
+        })
+        .collect();
+    let (orders, records) = (&orders, &records);
+    let at_once = |add: bool| async move {
+        let (a, b, c, d, e, f) = tokio::join!(
+            orders[0].change(&records[0], add),
+            orders[1].change(&records[1], add),
+            orders[2].change(&records[2], add),
+            orders[3].change(&records[3], add),
+            orders[4].change(&records[4], add),
+            orders[5].change(&records[5], add),
+        );
+        for result in [a, b, c, d, e, f] {
+            result.expect("the change");
+        }
+    };
+    at_once(true).await;
+    let mut values = r53.values(&id, &fqdn).await.unwrap();
+    values.sort();
+    let all: Vec<String> = (0..6).map(|i| format!("value-{i}")).collect();
+    assert_eq!(values, all, "every order's value at {fqdn}");
+    at_once(false).await;
+    let left = r53.values(&id, &fqdn).await.unwrap();
+    assert!(left.is_empty(), "left at {fqdn}: {left:?}");
 }
