@@ -51,12 +51,20 @@ struct Store {
 #[derive(Clone)]
 struct Shared {
     store: Arc<Mutex<Store>>,
+    /// Held by each write from its checks (exists, resourceVersion) to its
+    /// store: as in kube-apiserver, two creates of one name cannot both
+    /// succeed, nor two updates from one resourceVersion.
+    writes: Arc<Mutex<()>>,
     events: broadcast::Sender<(String, Value)>,
 }
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn one_write(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -80,6 +88,7 @@ impl FakeApiServer {
         let (events, _) = broadcast::channel(1024);
         let shared = Shared {
             store: Arc::default(),
+            writes: Arc::default(),
             events,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -302,6 +311,7 @@ async fn handle(State(shared): State<Shared>, request: Request) -> Response {
             )
         }
         (Method::POST, None) => {
+            let _write = shared.one_write();
             let Some(name) = body["metadata"]["name"].as_str().map(str::to_owned) else {
                 return status(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -321,6 +331,7 @@ async fn handle(State(shared): State<Shared>, request: Request) -> Response {
             json_response(StatusCode::CREATED, &stored)
         }
         (Method::PUT, Some(p)) => {
+            let _write = shared.one_write();
             let current = shared.lock().objects.get(&p).cloned();
             let Some(current) = current else {
                 return status(StatusCode::NOT_FOUND, "NotFound", &format!("{p} not found"));
@@ -337,6 +348,7 @@ async fn handle(State(shared): State<Shared>, request: Request) -> Response {
             json_response(StatusCode::OK, &stored)
         }
         (Method::PATCH, Some(p)) => {
+            let _write = shared.one_write();
             let current = shared.lock().objects.get(&p).cloned();
             let is_apply = content_type.starts_with("application/apply-patch");
             let mut object = match current {
@@ -355,6 +367,7 @@ async fn handle(State(shared): State<Shared>, request: Request) -> Response {
             json_response(StatusCode::OK, &stored)
         }
         (Method::DELETE, Some(p)) => {
+            let _write = shared.one_write();
             let removed = shared.lock().objects.remove(&p);
             match removed {
                 Some(o) => {
