@@ -90,7 +90,7 @@ mod store;
 // below is for the crate itself (or for `internal`, further down). One
 // namespace is kept, `tls`, because the contract (SPEC section 6) names it.
 
-// Embedding a node, serving its certificates.
+// Embedding a node (its certificates are served by `tls`, below).
 pub use node::{
     Drain, Node, NodeCertificate, NodeConfig, NodeError, ProxyReload, ProxyRestart, ProxySettings,
 };

@@ -377,8 +377,9 @@ impl<'a> Dns01Order<'a> {
             &layout::dns_record_lock(&record.fqdn),
         );
         let ttl = self.lease.ttl;
+        let wait = RECORD_LOCK_WAIT.max(ttl * 2);
         let lease = lock
-            .acquire(self.holder, ttl, RECORD_LOCK_WAIT.max(ttl * 2))
+            .acquire(self.holder, ttl, wait)
             .await
             .map_err(|source| AcmeError::Store {
                 op: "lock the DNS-01 record's name",
@@ -388,7 +389,7 @@ impl<'a> Dns01Order<'a> {
                 dns_error(format!(
                     "{}: another order held this name's lock for {}s; the order tries again later",
                     record.fqdn,
-                    RECORD_LOCK_WAIT.max(ttl * 2).as_secs()
+                    wait.as_secs()
                 ))
             })?;
         let keeper = LeaseKeeper::spawn(lock, lease);
