@@ -17,6 +17,8 @@
 //!   its TTL has passed (on the store's clock), not earlier.
 
 mod object_servers;
+#[allow(clippy::duplicate_mod)]
+mod required;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -232,14 +234,11 @@ fn redis_target() -> Option<Target> {
             namespace: format!("lock-processes-{:016x}", rand::random::<u64>()),
             _dir: None,
         }),
-        _ => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "SBMESH_TEST_REDIS_URL is not set but SBMESH_TEST_REQUIRE_SERVERS=1"
-            );
-            eprintln!("SKIP: SBMESH_TEST_REDIS_URL is not set (scripts/test starts Redis)");
-            None
-        }
+        _ => required::missing(
+            "redis",
+            "SBMESH_TEST_REDIS_URL is not set",
+            "scripts/test starts Redis",
+        ),
     }
 }
 

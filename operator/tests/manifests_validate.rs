@@ -14,6 +14,9 @@
 //! be reported as passed: a kind it skipped would be a hole.
 
 mod render_fixtures;
+#[allow(clippy::duplicate_mod)]
+#[path = "../../tests/required/mod.rs"]
+mod required;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,15 +34,11 @@ const KUBERNETES_VERSION: &str = "1.33.0";
 fn kube_validate() -> Option<PathBuf> {
     match std::env::var_os("SBMESH_TEST_KUBE_VALIDATE") {
         Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "SBMESH_TEST_KUBE_VALIDATE is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
-                 scripts/test should have installed kubernetes-validate"
-            );
-            eprintln!("SKIP: SBMESH_TEST_KUBE_VALIDATE is not set (scripts/test sets it)");
-            None
-        }
+        _ => required::missing(
+            "kubernetes-validate",
+            "SBMESH_TEST_KUBE_VALIDATE is not set",
+            "scripts/test installs kubernetes-validate and sets it",
+        ),
     }
 }
 

@@ -6,6 +6,10 @@
 
 #![allow(dead_code)]
 
+#[allow(clippy::duplicate_mod)]
+#[path = "../required/mod.rs"]
+mod required;
+
 use std::net::SocketAddr;
 
 /// The variable naming BIND's `ip:port`.
@@ -20,14 +24,11 @@ pub const DELEGATED_ZONE: &str = "delegated.test";
 pub fn server() -> Option<SocketAddr> {
     match std::env::var(SERVER_VAR) {
         Ok(v) => Some(v.parse().expect("SBMESH_TEST_DNS_SERVER is ip:port")),
-        Err(_) => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{SERVER_VAR} is not set but SBMESH_TEST_REQUIRE_SERVERS=1"
-            );
-            eprintln!("SKIP: {SERVER_VAR} is not set (scripts/test starts BIND)");
-            None
-        }
+        Err(_) => required::missing(
+            "DNS-01",
+            &format!("{SERVER_VAR} is not set"),
+            "scripts/test starts BIND",
+        ),
     }
 }
 

@@ -12,6 +12,10 @@
 
 #![allow(dead_code)]
 
+#[allow(clippy::duplicate_mod)]
+#[path = "../required/mod.rs"]
+mod required;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -133,9 +137,9 @@ async fn send(request: HttpRequest, url: &str) {
 }
 
 /// Whether a missing server fails the run instead of skipping
-/// (`SBMESH_TEST_REQUIRE_SERVERS=1`, set by `scripts/test`).
+/// (tests/required/mod.rs says when).
 pub fn require_servers() -> bool {
-    std::env::var("SBMESH_TEST_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
+    required::servers_required()
 }
 
 /// The value of a server's environment variable; `None` (and a SKIP line)
@@ -143,14 +147,10 @@ pub fn require_servers() -> bool {
 pub fn server_env(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                !require_servers(),
-                "{var} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
-                 run the suite through scripts/test, which starts the servers and sets it"
-            );
-            eprintln!("SKIP: {var} is not set (scripts/test starts the servers)");
-            None
-        }
+        _ => required::missing(
+            var,
+            &format!("{var} is not set"),
+            "run the suite through scripts/test, which starts the servers and sets it",
+        ),
     }
 }

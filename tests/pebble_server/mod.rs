@@ -18,6 +18,10 @@
 
 #![allow(dead_code)]
 
+#[allow(clippy::duplicate_mod)]
+#[path = "../required/mod.rs"]
+mod required;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -131,15 +135,11 @@ fn free_port() -> u16 {
 pub fn base_dir(test: &str) -> Option<PathBuf> {
     match std::env::var(DIR_VAR) {
         Ok(v) if !v.trim().is_empty() => Some(PathBuf::from(v)),
-        _ => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{test}: {DIR_VAR} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: run the \
-                 suite through scripts/test, which prepares Pebble"
-            );
-            eprintln!("SKIP {test}: {DIR_VAR} is not set (scripts/test prepares Pebble)");
-            None
-        }
+        _ => required::missing(
+            test,
+            &format!("{DIR_VAR} is not set"),
+            "run the suite through scripts/test, which prepares Pebble",
+        ),
     }
 }
 

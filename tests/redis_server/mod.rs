@@ -3,6 +3,10 @@
 
 #![allow(dead_code)]
 
+#[allow(clippy::duplicate_mod)]
+#[path = "../required/mod.rs"]
+mod required;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,14 +21,13 @@ pub fn binary(test: &str) -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")])
         .map(|dir| dir.join("redis-server"))
         .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-            "{test}: redis-server is not installed (apt-get install -y redis-server)"
-        );
-        eprintln!("SKIP {test}: redis-server is not installed");
-    }
-    found
+    found.or_else(|| {
+        required::missing(
+            test,
+            "redis-server is not installed",
+            "apt-get install -y redis-server",
+        )
+    })
 }
 
 /// A free TCP port on 127.0.0.1 (free when asked; good enough for tests).

@@ -15,6 +15,9 @@
 #![allow(dead_code)]
 
 pub mod chaos;
+#[allow(clippy::duplicate_mod)]
+#[path = "../../../tests/required/mod.rs"]
+mod required;
 
 use std::io::Write;
 use std::io::{BufRead, BufReader};
@@ -79,9 +82,9 @@ impl Cluster {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let Some(kubeconfig) = var("SBMESH_TEST_KUBECONFIG") else {
             assert!(
-                std::env::var("SBMESH_TEST_CLUSTER_REQUIRED").as_deref() != Ok("1"),
-                "SBMESH_TEST_KUBECONFIG is not set but SBMESH_TEST_CLUSTER_REQUIRED=1: \
-                 scripts/test starts the cluster (scripts/cluster up)"
+                !required::cluster_required(),
+                "SBMESH_TEST_KUBECONFIG is not set, and the cluster is required here (CI, or \
+                 SBMESH_TEST_CLUSTER_REQUIRED=1): scripts/test starts the cluster (scripts/cluster up)"
             );
             eprintln!(
                 "SKIP: no cluster (run scripts/test, or scripts/cluster up and export SBMESH_TEST_KUBECONFIG)"

@@ -22,6 +22,9 @@
 
 pub mod acme;
 pub mod pods;
+#[allow(clippy::duplicate_mod)]
+#[path = "../../../tests/required/mod.rs"]
+pub mod required;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -96,15 +99,11 @@ pub fn sbproxy_bin(test: &str) -> Option<PathBuf> {
             );
             Some(path)
         }
-        None => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{test}: {SBPROXY_VAR} is not set but SBMESH_TEST_REQUIRE_SERVERS=1: \
-                 scripts/test sets it to the real sbproxy"
-            );
-            eprintln!("SKIP {test}: {SBPROXY_VAR} is not set (the real sbproxy)");
-            None
-        }
+        None => required::missing(
+            test,
+            &format!("{SBPROXY_VAR} is not set"),
+            "scripts/test sets it to the real sbproxy (scripts/find-sbproxy)",
+        ),
     }
 }
 
@@ -1171,9 +1170,7 @@ impl Rng {
 /// `SBMESH_TEST_REQUIRE_SERVERS`): a missing prerequisite is a failure there,
 /// not a skip.
 pub fn in_ci() -> bool {
-    let set =
-        |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-    set("CI") || set("SBMESH_TEST_REQUIRE_SERVERS")
+    required::servers_required()
 }
 
 /// `name` from PATH, else from /usr/sbin or /sbin (a developer's PATH often

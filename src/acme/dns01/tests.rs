@@ -20,6 +20,9 @@ use crate::store::memory::MemoryStore;
 
 #[path = "../../../tests/dns_server/mod.rs"]
 mod dns_server;
+#[allow(clippy::duplicate_mod)]
+#[path = "../../../tests/required/mod.rs"]
+mod required;
 
 use dns_server::{DELEGATED_ZONE as DELEGATED, ZONE, secret, secret_var, server};
 
@@ -368,14 +371,11 @@ async fn the_exec_provider_runs_the_users_command() {
 fn moto() -> Option<String> {
     match std::env::var("SBMESH_TEST_S3_ENDPOINT") {
         Ok(v) => Some(v),
-        Err(_) => {
-            assert!(
-                std::env::var("SBMESH_TEST_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "SBMESH_TEST_S3_ENDPOINT is not set but SBMESH_TEST_REQUIRE_SERVERS=1"
-            );
-            eprintln!("SKIP: SBMESH_TEST_S3_ENDPOINT is not set (scripts/test starts moto)");
-            None
-        }
+        Err(_) => required::missing(
+            "route53",
+            "SBMESH_TEST_S3_ENDPOINT is not set",
+            "scripts/test starts moto",
+        ),
     }
 }
 
