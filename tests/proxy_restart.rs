@@ -270,10 +270,11 @@ async fn a_missing_proxy_is_reported_and_the_lease_released() {
 
 /// While the pod starts, the proxy may not run yet when the certificate
 /// is written (the startup probe holds it back): it reads the files when
-/// it starts, so nothing is restarted and nothing is reported; and a proxy
-/// process that started after the files were written is not restarted.
+/// it starts, so nothing is restarted and nothing is reported; a proxy
+/// started before the next files is restarted for them. (A proxy replaced
+/// after the files: the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_that_starts_after_the_files_is_not_restarted() {
+async fn no_proxy_yet_needs_no_restart_and_one_started_before_new_files_does() {
     let tmp = tempfile::tempdir().unwrap();
     let name = unique("late");
     let health = health_server(Arc::new(AtomicU16::new(200))).await;
@@ -314,6 +315,67 @@ async fn a_proxy_that_starts_after_the_files_is_not_restarted() {
     assert_eq!(shown.problem, None);
     assert_eq!(leases(), 1, "one lease, for the restart");
     drop(exit);
+}
+
+/// A proxy that ran when new files were written, and was replaced by one
+/// that started after them (the kubelet restarted it) while this pod waited
+/// for its turn: the new process read the files at its start, so it is not
+/// signalled and no restart is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_replaced_after_the_files_while_waiting_is_not_restarted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let name = unique("replaced");
+    let health = health_server(Arc::new(AtomicU16::new(200))).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let metrics = Arc::new(Metrics::new());
+    let old = fake_proxy(tmp.path(), &name).await;
+    // Another pod's turn: this one waits for the restart lease.
+    let other = restart_lease(store.clone());
+    let held = other
+        .try_acquire("someone-else", Duration::from_secs(30))
+        .await
+        .expect("store")
+        .expect("the restart lease is free");
+    let coordinator = RestartCoordinator::spawn(
+        config("node-r", &name, &health),
+        store.clone(),
+        metrics.clone(),
+    )
+    .unwrap();
+    let status = coordinator.status();
+    coordinator.request();
+    // The request is noted at once (the proxy running now read the old
+    // files); then the proxy is replaced while the turn is someone else's.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(old);
+    let new = fake_proxy(tmp.path(), &name).await;
+    other.release(&held).await.expect("release");
+    // This pod's turn: it takes the lease, finds only the new process, and
+    // lets the lease go.
+    let start = Instant::now();
+    loop {
+        let record = other.current().await.expect("store");
+        if record
+            .as_ref()
+            .is_some_and(|r| r.holder == "node-r" && r.released)
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "node-r never took and released the restart lease: {record:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        new.exit_within(Duration::from_millis(500)).await.is_none(),
+        "the proxy started after the files was signalled"
+    );
+    assert_eq!(
+        *status.borrow(),
+        ProxyStatus::default(),
+        "no restart, no problem"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -260,6 +260,11 @@ fn with_the_leader_deleted_pods_are_still_injected() {
     let (pod, _) = dry_run_pod(&ns);
     assert_eq!(sidecars(&pod), 1, "injected before the deletion");
     let killed = leader(&c);
+    let standby = operator_pod_names(&c)
+        .into_iter()
+        .find(|p| *p != killed)
+        .expect("a standby operator pod beside the leader");
+    let standby_before = admissions(&c, &standby, &ns);
     c.must(&[
         "-n",
         OPERATOR_NAMESPACE,
@@ -270,7 +275,12 @@ fn with_the_leader_deleted_pods_are_still_injected() {
     ]);
     let start = std::time::Instant::now();
     let mut creations = 0;
-    while start.elapsed() < Duration::from_secs(30) {
+    let mut replacement = None;
+    // 30 s of creations, and on until the replacement has answered one
+    // (it answers once Ready, when kube-proxy sends it its share).
+    while start.elapsed() < Duration::from_secs(30)
+        || (replacement.is_none() && start.elapsed() < Duration::from_secs(120))
+    {
         let (pod, _) = dry_run_pod(&ns);
         assert_eq!(
             sidecars(&pod),
@@ -279,12 +289,54 @@ fn with_the_leader_deleted_pods_are_still_injected() {
             start.elapsed().as_secs_f64()
         );
         creations += 1;
+        if start.elapsed() >= Duration::from_secs(30) || creations % 20 == 0 {
+            replacement = operator_pod_names(&c)
+                .into_iter()
+                .find(|p| *p != killed && *p != standby && admissions(&c, p, &ns) > 0);
+        }
     }
     let now = leader(&c);
+    let by_standby = admissions(&c, &standby, &ns) - standby_before;
+    let replacement = replacement.unwrap_or_else(|| {
+        panic!(
+            "no replacement of {killed} answered an admission within {:.0} s ({creations} \
+             creations; operator pods now {:?})",
+            start.elapsed().as_secs_f64(),
+            operator_pod_names(&c)
+        )
+    });
+    let by_replacement = admissions(&c, &replacement, &ns);
+    assert!(
+        by_standby > 0,
+        "the standby {standby} answered none of the {creations} creations after the deletion"
+    );
     eprintln!(
-        "leader {killed} deleted: {creations} creations in 30 s, every one injected; leader now {now}"
+        "leader {killed} deleted: {creations} creations in {:.1} s, every one injected, \
+         {by_standby} by the standby {standby} and {by_replacement} by the replacement \
+         {replacement}; leader now {now}",
+        start.elapsed().as_secs_f64()
     );
     c.operator();
+}
+
+/// The names of the operator's pods.
+fn operator_pod_names(c: &Cluster) -> Vec<String> {
+    c.operator_pods(OPERATOR_NAMESPACE)
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// How many admissions of pods in `ns` the operator pod `pod` logged (it
+/// logs each one it answers, with the pod's namespace).
+fn admissions(c: &Cluster, pod: &str, ns: &Namespace) -> usize {
+    let logs = c
+        .kubectl(&["-n", OPERATOR_NAMESPACE, "logs", pod])
+        .unwrap_or_default();
+    let marker = format!("{}/", ns.name);
+    logs.lines()
+        .filter(|l| l.contains("admission") && l.contains(&marker))
+        .count()
 }
 
 /// Test 5 of the issue: the serving certificate renews while pods are

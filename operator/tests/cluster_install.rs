@@ -67,9 +67,18 @@ fn runs_as_its_own_service_account(c: &Cluster, ns: &str) {
 
 /// No request of the operator's was refused: its logs name no 403.
 fn no_forbidden(c: &Cluster, ns: &str) {
-    for pod in &c.operator_pods(ns) {
+    let pods = c.operator_pods(ns);
+    assert!(
+        !pods.is_empty(),
+        "no operator pod in {ns} whose logs to read"
+    );
+    for pod in &pods {
         let name = pod["metadata"]["name"].as_str().expect("name");
         let logs = c.must(&["-n", ns, "logs", name]);
+        assert!(
+            !logs.trim().is_empty(),
+            "operator pod {ns}/{name} logged nothing"
+        );
         for line in logs.lines() {
             let lower = line.to_ascii_lowercase();
             assert!(

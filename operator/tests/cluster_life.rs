@@ -412,10 +412,12 @@ fn rotating_the_cluster_key_drops_no_packet_and_restarts_nothing() {
     );
     for p in &pods {
         let ip = pod_ip(p);
-        let decrypt = metric(&ip, "mesh_packets_rejected_total{reason=\"decrypt\"}");
-        assert!(
-            decrypt.is_none_or(|v| v == 0.0),
-            "{}: {decrypt:?} packets it could not open",
+        // Registered at 0: no value means /metrics did not answer.
+        let decrypt = metric(&ip, "mesh_packets_rejected_total{reason=\"decrypt\"}")
+            .unwrap_or_else(|| panic!("{}: no decrypt count at /metrics", p["metadata"]["name"]));
+        assert_eq!(
+            decrypt, 0.0,
+            "{}: packets it could not open",
             p["metadata"]["name"]
         );
     }
@@ -966,11 +968,9 @@ fn clustering_turned_off_and_on_keeps_the_key_and_the_certificate() {
             key_id.as_str(),
             "{ip} seals with the same key"
         );
-        let decrypt = metric(&ip, "mesh_packets_rejected_total{reason=\"decrypt\"}");
-        assert!(
-            decrypt.is_none_or(|v| v == 0.0),
-            "{ip}: {decrypt:?} packets it could not open"
-        );
+        let decrypt = metric(&ip, "mesh_packets_rejected_total{reason=\"decrypt\"}")
+            .unwrap_or_else(|| panic!("{ip}: no decrypt count at /metrics"));
+        assert_eq!(decrypt, 0.0, "{ip}: packets it could not open");
     }
     assert_eq!(fleet.new_validations(&c), 0, "orders placed at the CA");
 }
@@ -1369,8 +1369,9 @@ fn a_rolling_upgrade_from_the_previous_sidecar_never_splits_the_mesh() {
                 let members = sidecar_status(&ip, ADMIN)
                     .and_then(|s| s["summary"]["total_nodes"].as_u64())
                     .unwrap_or(0);
-                let undecoded =
-                    metric(&ip, "mesh_packets_rejected_total{reason=\"decode\"}").unwrap_or(0.0);
+                // Registered at 0 (by both versions): None is /metrics
+                // not answering, counted below.
+                let undecoded = metric(&ip, "mesh_packets_rejected_total{reason=\"decode\"}");
                 (
                     p["spec"]["initContainers"][0]["image"]
                         .as_str()
@@ -1411,12 +1412,28 @@ fn a_rolling_upgrade_from_the_previous_sidecar_never_splits_the_mesh() {
         mixed > 0,
         "no sample saw both versions Ready at once: the mixed mesh was never tried"
     );
+    // The decode counts were read, from both versions.
+    let readings = samples.iter().flat_map(|(_, ready)| ready.iter());
+    let unread = readings.clone().filter(|(_, _, u)| u.is_none()).count();
+    let read_from = |image: &str| {
+        readings
+            .clone()
+            .any(|(i, _, u)| i.as_str() == image && u.is_some())
+    };
+    assert!(
+        read_from(PREVIOUS_IMAGE) && read_from(&current) && unread * 10 <= readings.clone().count(),
+        "the decode counts were not read: {unread} of {} readings without /metrics, from the \
+         previous image {}, from the current one {}",
+        readings.clone().count(),
+        read_from(PREVIOUS_IMAGE),
+        read_from(&current)
+    );
     let undecoded: Vec<String> = samples
         .iter()
         .flat_map(|(t, ready)| {
             ready
                 .iter()
-                .filter(|(_, _, u)| *u > 0.0)
+                .filter(|(_, _, u)| u.is_some_and(|u| u > 0.0))
                 .map(move |r| format!("{:.2} s: {r:?}", t.as_secs_f64()))
         })
         .collect();

@@ -7,6 +7,9 @@
 //! then read the diff.
 
 mod render_fixtures;
+#[allow(clippy::duplicate_mod)]
+#[path = "../../tests/required/mod.rs"]
+mod required;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Secret};
@@ -16,7 +19,13 @@ use serde_json::Value;
 
 #[test]
 fn golden_scenarios() {
-    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    // Only `UPDATE_GOLDEN=1` rewrites, and never under CI, where the files
+    // are what is checked.
+    let update = std::env::var("UPDATE_GOLDEN").as_deref() == Ok("1");
+    assert!(
+        !(update && required::in_ci()),
+        "UPDATE_GOLDEN=1 under CI would rewrite the golden files instead of checking them"
+    );
     let mut stale = Vec::new();
     for name in fx::SCENARIOS {
         let path = fx::golden_dir().join(format!("{name}.yaml"));

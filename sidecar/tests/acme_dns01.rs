@@ -324,10 +324,13 @@ fn a_refused_update_is_in_status_with_the_servers_code() {
         error.contains("REFUSED") && error.contains("update policy"),
         "the error names the server's answer: {seen}"
     );
-    assert!(
-        seen["retry_at_unix"].as_u64() > seen["since_unix"].as_u64(),
-        "a next attempt after the failure: {seen}"
-    );
+    let since = seen["since_unix"]
+        .as_u64()
+        .expect("since_unix in the failing entry");
+    let retry_at = seen["retry_at_unix"]
+        .as_u64()
+        .expect("retry_at_unix in the failing entry");
+    assert!(retry_at > since, "a next attempt after the failure: {seen}");
     let problems: Vec<String> = doc_check::status_schema()
         .iter_errors(&status)
         .map(|e| format!("{}: {e}", e.instance_path()))

@@ -138,16 +138,22 @@ fn store_ops(node: &Node) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Registered at 0: no value means /metrics did not answer, which fails.
 fn missing_key_count(node: &Node) -> f64 {
-    node.metrics()
-        .and_then(|m| {
-            metric_sum(
-                &m,
-                "store_unseal_failures_total",
-                &[("reason", "missing_key")],
-            )
-        })
-        .unwrap_or(0.0)
+    let m = node
+        .metrics()
+        .unwrap_or_else(|| panic!("{}: /metrics did not answer", node.id()));
+    metric_sum(
+        &m,
+        "store_unseal_failures_total",
+        &[("reason", "missing_key")],
+    )
+    .unwrap_or_else(|| {
+        panic!(
+            "{}: no store_unseal_failures_total{{reason=\"missing_key\"}}",
+            node.id()
+        )
+    })
 }
 
 fn restart(cluster: &mut Cluster, i: usize) {

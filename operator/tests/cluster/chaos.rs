@@ -62,22 +62,68 @@ fn terminations(pods: &[Value]) -> Vec<Termination> {
         .collect()
 }
 
+/// The shortest run: a fault lands every 3-12 s, so this many seconds
+/// make [`MIN_FAULTS`] at the least.
+pub const MIN_SECS: u64 = 60;
+/// The fewest faults a run must have applied to count as a chaos run.
+pub const MIN_FAULTS: usize = 5;
+
 /// The run's length and seed: `SBMESH_SOAK_SECS` (else `default_secs`)
-/// and `SBMESH_SOAK_SEED` (else one from the clock).
+/// and `SBMESH_SOAK_SEED` (else one from the clock). A value that is not
+/// a whole number, or a run shorter than [`MIN_SECS`], fails: a chaos run
+/// that applies no fault must not pass.
 pub fn settings(default_secs: u64) -> (u64, u64) {
-    let secs: u64 = std::env::var("SBMESH_SOAK_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default_secs);
-    let seed: u64 = std::env::var("SBMESH_SOAK_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    (secs, seed)
+    parse_settings(
+        std::env::var("SBMESH_SOAK_SECS").ok().as_deref(),
+        std::env::var("SBMESH_SOAK_SEED").ok().as_deref(),
+        default_secs,
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn parse_settings(
+    secs: Option<&str>,
+    seed: Option<&str>,
+    default_secs: u64,
+) -> Result<(u64, u64), String> {
+    let secs = match secs {
+        None => default_secs,
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|s| *s >= MIN_SECS)
+            .ok_or_else(|| {
+                format!(
+                    "SBMESH_SOAK_SECS={v:?}: the run's length in whole seconds, at least {MIN_SECS}"
+                )
+            })?,
+    };
+    let seed = match seed {
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+        Some(v) => v.trim().parse::<u64>().map_err(|_| {
+            format!("SBMESH_SOAK_SEED={v:?}: a whole number (the seed a run printed)")
+        })?,
+    };
+    Ok((secs, seed))
+}
+
+#[test]
+fn a_bad_or_empty_setting_fails() {
+    assert_eq!(parse_settings(None, Some("7"), 120), Ok((120, 7)));
+    assert_eq!(
+        parse_settings(Some("600"), Some("1001"), 120),
+        Ok((600, 1001))
+    );
+    for secs in ["0", "59", "ten", "-5", ""] {
+        assert!(
+            parse_settings(Some(secs), Some("1"), 120).is_err(),
+            "SBMESH_SOAK_SECS={secs} taken"
+        );
+    }
+    assert!(parse_settings(None, Some("x"), 120).is_err());
 }
 
 /// Runs the chaos: the faults of scenarios 2, 3, 4, 5, 7, 9 and 13 at
@@ -115,25 +161,27 @@ pub fn run(c: &Cluster, secs: u64, seed: u64) {
     let mut kills: std::collections::BTreeMap<String, i64> = Default::default();
     let start = std::time::Instant::now();
     let mut faults = Vec::new();
+    let mut not_applied = 0;
     let mut last = start;
     while start.elapsed() < Duration::from_secs(secs) {
         let pod = format!("demo-proxy-{}", dice.below(3));
-        let fault = match dice.below(8) {
-            0 => {
-                let _ = fleet.ns.kubectl(&["delete", "pod", &pod, "--wait=false"]);
-                format!("delete {pod}")
-            }
-            1 => {
-                let _ = fleet.ns.kubectl(&[
+        // What was done, or why nothing was (then it is not counted).
+        let fault: Result<String, String> = match dice.below(8) {
+            0 => fleet
+                .ns
+                .kubectl(&["delete", "pod", &pod, "--wait=false"])
+                .map(|_| format!("delete {pod}")),
+            1 => fleet
+                .ns
+                .kubectl(&[
                     "delete",
                     "pod",
                     &pod,
                     "--grace-period=0",
                     "--force",
                     "--wait=false",
-                ]);
-                format!("force-delete {pod}")
-            }
+                ])
+                .map(|_| format!("force-delete {pod}")),
             2 => {
                 // A replica dies (the order holder's death when it holds one).
                 let killed = fleet.ns.get(&["pod", &pod]).and_then(|p| {
@@ -144,44 +192,53 @@ pub fn run(c: &Cluster, secs: u64, seed: u64) {
                 match killed {
                     Some(uid) => {
                         *kills.entry(uid).or_default() += 1;
-                        format!("SIGKILL {pod}'s sidecar")
+                        Ok(format!("SIGKILL {pod}'s sidecar"))
                     }
-                    None => format!("SIGKILL {pod}'s sidecar: not running, skipped"),
+                    None => Err(format!("SIGKILL {pod}'s sidecar: not running")),
                 }
             }
-            3 => {
-                let _ = fleet.ns.kubectl(&[
+            3 => fleet
+                .ns
+                .kubectl(&[
                     "annotate",
                     "--overwrite",
                     "sbproxy",
                     "demo",
                     &format!("sbproxy.dev/rotate-cluster-key=chaos-{}", faults.len()),
-                ]);
-                "rotate the cluster key".to_string()
-            }
-            4 => {
-                let _ = fleet
-                    .ns
-                    .kubectl(&["rollout", "restart", "statefulset/demo-proxy"]);
-                "rollout restart".to_string()
-            }
+                ])
+                .map(|_| "rotate the cluster key".to_string()),
+            4 => fleet
+                .ns
+                .kubectl(&["rollout", "restart", "statefulset/demo-proxy"])
+                .map(|_| "rollout restart".to_string()),
             5 => {
                 let names = fleet.identities().keys().cloned().collect();
                 let (evicted, refused) = super::evict_all(c, &ns, names);
-                format!("drain: {evicted} evicted, {refused} refused")
+                Ok(format!("drain: {evicted} evicted, {refused} refused"))
             }
             6 => {
                 let part = ["kube-apiserver", "etcd"][dice.below(2) as usize];
                 super::restart_parts(&[part]);
-                format!("restart {part}")
+                Ok(format!("restart {part}"))
             }
             _ => {
                 super::restart_parts(&["redis"]);
-                "restart redis".to_string()
+                Ok("restart redis".to_string())
             }
         };
-        eprintln!("chaos: {:>6.1} s: {fault}", start.elapsed().as_secs_f64());
-        faults.push(fault);
+        match fault {
+            Ok(fault) => {
+                eprintln!("chaos: {:>6.1} s: {fault}", start.elapsed().as_secs_f64());
+                faults.push(fault);
+            }
+            Err(why) => {
+                eprintln!(
+                    "chaos: {:>6.1} s: not applied ({why}), not counted",
+                    start.elapsed().as_secs_f64()
+                );
+                not_applied += 1;
+            }
+        }
         last = std::time::Instant::now();
         std::thread::sleep(Duration::from_millis(3000 + dice.below(9000)));
     }
@@ -203,12 +260,18 @@ pub fn run(c: &Cluster, secs: u64, seed: u64) {
         })
         .collect();
     eprintln!(
-        "chaos: seed {seed}: {} faults in {:.0} s; whole {:.1} s after the last one; {} terminations, {} SIGKILLs sent",
+        "chaos: seed {seed}: {} faults applied ({not_applied} not) in {:.0} s; whole {:.1} s after the last one; {} terminations, {} SIGKILLs sent",
         faults.len(),
         (last - start).as_secs_f64(),
         converged.as_secs_f64(),
         terminated.len(),
         kills.values().sum::<i64>()
+    );
+    assert!(
+        faults.len() >= MIN_FAULTS,
+        "seed {seed}: {} faults applied in {secs} s ({not_applied} not applied): a chaos run \
+         needs {MIN_FAULTS} at the least",
+        faults.len()
     );
     assert!(
         crashes.is_empty(),
