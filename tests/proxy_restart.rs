@@ -324,7 +324,7 @@ async fn no_proxy_yet_needs_no_restart_and_one_started_before_new_files_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_replaced_after_the_files_while_waiting_is_not_restarted() {
     let tmp = tempfile::tempdir().unwrap();
-    let name = unique("replaced");
+    let name = unique("repl");
     let health = health_server(Arc::new(AtomicU16::new(200))).await;
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new());
