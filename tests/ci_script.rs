@@ -5,11 +5,16 @@
 //! run of the script forbids retries.
 //!
 //! The refusals come before the script installs or starts anything, so
-//! these runs take milliseconds and leave nothing behind.
+//! these runs take milliseconds and leave nothing behind. Should a refusal
+//! be missing, the script must still not run the suite from inside the
+//! suite: its PATH has only the two commands it needs up to the refusals
+//! (`dirname`, `id`), so it stops at its first `mkdir`, and its scratch
+//! space is a folder of the test's own.
 
 #[allow(clippy::duplicate_mod)]
 mod required;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -17,15 +22,50 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `bash scripts/test ARGS` with only PATH, HOME, CI=true and `extra` in
-/// its environment (not the variables of the run this test is part of).
+/// A folder holding `dirname` and `id` only: the PATH of the script under
+/// test, and its scratch space beside it.
+struct Jail {
+    dir: tempfile::TempDir,
+}
+
+impl Jail {
+    fn new() -> Jail {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Readable by nobody too (the not-root test).
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::create_dir(dir.path().join("bin")).expect("mkdir");
+        for tool in ["dirname", "id"] {
+            let found = ["/usr/bin", "/bin"]
+                .iter()
+                .map(|d| Path::new(d).join(tool))
+                .find(|p| p.is_file())
+                .unwrap_or_else(|| panic!("{tool} not in /usr/bin or /bin"));
+            std::os::unix::fs::symlink(found, dir.path().join("bin").join(tool)).expect("link");
+        }
+        Jail { dir }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("bin")
+    }
+
+    fn scratch(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+}
+
+/// `bash scripts/test ARGS` with CI=true, `extra`, the jail's PATH and
+/// scratch space, and nothing else in its environment (not the variables
+/// of the run this test is part of).
 fn ci_run(args: &[&str], extra: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new("bash");
+    let jail = Jail::new();
+    let mut cmd = Command::new("/bin/bash");
     cmd.arg(repo().join("scripts/test"))
         .args(args)
         .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("PATH", jail.path())
+        .env("SBMESH_TEST_TMP", jail.scratch())
         .env("CI", "true")
         .envs(extra.iter().copied())
         .current_dir(repo());
@@ -83,14 +123,22 @@ fn under_ci_a_run_that_is_not_root_is_refused() {
         .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
     let out = if root {
         // As nobody: the checkout must be readable by it (it is, in CI's
-        // clone); its scratch space is not touched before the refusal.
-        let mut cmd = Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "bash"])
-            .arg(repo().join("scripts/test"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("CI", "true")
-            .current_dir("/");
+        // clone).
+        let jail = Jail::new();
+        // By its path: the child's PATH is the jail's.
+        let mut cmd = Command::new("/usr/bin/setpriv");
+        cmd.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/bin/bash",
+        ])
+        .arg(repo().join("scripts/test"))
+        .env_clear()
+        .env("PATH", jail.path())
+        .env("SBMESH_TEST_TMP", jail.scratch())
+        .env("CI", "true")
+        .current_dir("/");
         cmd.output().expect("run scripts/test as nobody")
     } else {
         ci_run(&[], &[])

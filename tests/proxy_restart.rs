@@ -348,7 +348,11 @@ async fn a_proxy_replaced_after_the_files_while_waiting_is_not_restarted() {
     // files); then the proxy is replaced while the turn is someone else's.
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(old);
-    let new = fake_proxy(tmp.path(), &name).await;
+    // Its own copy of the executable: the old one may still be running
+    // from the first (ETXTBSY on writing over it).
+    let dir = tmp.path().join("new");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let new = fake_proxy(&dir, &name).await;
     other.release(&held).await.expect("release");
     // This pod's turn: it takes the lease, finds only the new process, and
     // lets the lease go.
