@@ -225,11 +225,7 @@ fn find_sbproxy_takes_only_sbproxy_1_13() {
     ] {
         let fake = dir.path().join("sbproxy");
         std::fs::write(&fake, format!("#!/bin/sh\necho '{version}'\n")).expect("write");
-        Command::new("chmod")
-            .args(["+x"])
-            .arg(&fake)
-            .status()
-            .expect("chmod");
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let out = find_sbproxy(&fake);
         assert_eq!(
             out.status.success(),

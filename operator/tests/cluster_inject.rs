@@ -328,9 +328,7 @@ fn operator_pod_names(c: &Cluster) -> Vec<String> {
 /// How many admissions of pods in `ns` the operator pod `pod` logged (it
 /// logs each one it answers, with the pod's namespace).
 fn admissions(c: &Cluster, pod: &str, ns: &Namespace) -> usize {
-    let logs = c
-        .kubectl(&["-n", OPERATOR_NAMESPACE, "logs", pod])
-        .unwrap_or_default();
+    let logs = c.must(&["-n", OPERATOR_NAMESPACE, "logs", pod]);
     let marker = format!("{}/", ns.name);
     logs.lines()
         .filter(|l| l.contains("admission") && l.contains(&marker))

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{
-    Cluster, Node, in_ci, metric_sum, now_unix_ms, sidecar_bin, state_of, total_nodes, write_atomic,
+    Cluster, Node, metric_sum, now_unix_ms, sidecar_bin, state_of, total_nodes, write_atomic,
 };
 use serde_json::Value;
 
@@ -133,14 +133,13 @@ fn clock_off_by(n: &Node, secs: i64) -> bool {
 }
 
 fn need_libfaketime() -> Option<PathBuf> {
-    let lib = libfaketime();
-    if lib.is_none() {
-        if in_ci() {
-            panic!("libfaketime is needed: apt-get install -y faketime (scripts/test does)");
-        }
-        eprintln!("SKIP: libfaketime not found (apt-get install -y faketime)");
-    }
-    lib
+    libfaketime().or_else(|| {
+        common::required::missing(
+            "mesh_clock_skew",
+            "libfaketime not found",
+            "apt-get install -y faketime (scripts/test does)",
+        )
+    })
 }
 
 /// The warn lines about clock skew in a node's log, as `(peer, offset_ms)`.

@@ -48,15 +48,11 @@ fn rules_dir() -> PathBuf {
 fn promtool() -> Option<PathBuf> {
     match std::env::var_os("SBMESH_TEST_PROMTOOL") {
         Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        _ => {
-            assert!(
-                !in_ci(),
-                "SBMESH_TEST_PROMTOOL is not set but SBMESH_TEST_REQUIRE_SERVERS=1 (or CI): \
-                 scripts/test should have installed promtool"
-            );
-            eprintln!("SKIP: SBMESH_TEST_PROMTOOL is not set (scripts/test sets it)");
-            None
-        }
+        _ => required::missing(
+            "monitoring",
+            "SBMESH_TEST_PROMTOOL is not set",
+            "scripts/test installs promtool and sets it",
+        ),
     }
 }
 

@@ -1166,13 +1166,6 @@ impl Rng {
 // Private network namespaces (`unshare -rn`)
 // ---------------------------------------------------------------------------
 
-/// In CI, or under `scripts/test` (which installs every tool and sets
-/// `SBMESH_TEST_REQUIRE_SERVERS`): a missing prerequisite is a failure there,
-/// not a skip.
-pub fn in_ci() -> bool {
-    required::servers_required()
-}
-
 /// `name` from PATH, else from /usr/sbin or /sbin (a developer's PATH often
 /// lacks them); the bare name when found nowhere, so the error names it.
 pub fn tool(name: &str) -> PathBuf {
@@ -1223,18 +1216,19 @@ pub fn netns_setup() {
 /// returns). Inside, it sets up `lo` and returns `true` (the caller runs the
 /// body and then calls [`netns_test_passed`]). When namespaces are not
 /// available it prints a SKIP reason and returns `false`, except in CI
-/// or under `scripts/test` (see [`in_ci`]), where that is a failure.
+/// or under `scripts/test` ([`required::servers_required`]), where that is a failure.
 pub fn enter_netns_test(test_name: &str) -> bool {
     if std::env::var_os(IN_NETNS_ENV).is_some() {
         netns_setup();
         return true;
     }
     if let Err(why) = netns_available() {
-        if in_ci() {
-            panic!("{test_name} needs a private network namespace: {why}");
-        }
-        eprintln!("SKIP {test_name}: {why}");
-        return false;
+        return required::missing(
+            test_name,
+            &format!("no private network namespace: {why}"),
+            "unshare -rn, which scripts/test's machine allows",
+        )
+        .unwrap_or(false);
     }
     let marker = std::env::temp_dir().join(format!(
         "sbmesh-netns-{}-{}-{test_name}.passed",
