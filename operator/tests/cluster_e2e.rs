@@ -570,6 +570,9 @@ fn the_standby_takes_the_lease_released_or_expired_and_applies_an_edit_made_mean
 fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
+    // A Pebble of its own: the certificates and failed validations it
+    // counts are this test's alone.
+    let (c, _pebble) = c.with_own_pebble(None);
     let ns = Namespace::new(&c, "e2e-acme", &[]);
     let names = ["a.e2e.test", "b.e2e.test", "c.e2e.test"];
     let issued_before = issued(&c);
@@ -654,6 +657,7 @@ fn the_sidecars_acme_issues_through_the_service_and_every_proxy_serves_it() {
 fn a_wildcard_is_issued_over_dns01_once_and_every_proxy_serves_it() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
+    let (c, _pebble) = c.with_own_pebble(None);
     let ns = Namespace::new(&c, "e2e-dns01", &[]);
     // A name of this run's own: BIND outlives the namespace, and a record
     // a failed run left must not be taken for this run's.
@@ -926,4 +930,28 @@ spec:
         before, after,
         "the same pods (by UID), no container restarted"
     );
+}
+
+/// The sidecar's image the cluster runs is the one the Dockerfile states
+/// (issue 54, "what is tested is what ships"): read back from the
+/// cluster's containerd, its user, entrypoint, command and exposed ports
+/// are the Dockerfile's last stage's, and every file it copies is there
+/// with the owner it gives (the binaries, `/var/lib/sbproxy` and the
+/// folders the builder makes under it, writable by 65532).
+#[test]
+fn the_sidecar_image_is_what_the_dockerfile_states() {
+    let Some(c) = Cluster::from_env() else { return };
+    let dockerfile = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../Dockerfile");
+    let want = cluster::image::stated(&dockerfile);
+    assert!(
+        want.files.len() >= 4 && !want.entrypoint.is_empty() && !want.user.is_empty(),
+        "the Dockerfile's last stage read as {want:?}"
+    );
+    let got = cluster::image::imported(&c, &c.sbmesh_image, &want);
+    assert_eq!(
+        got, want,
+        "the image {} against the Dockerfile",
+        c.sbmesh_image
+    );
+    eprintln!("{}: {want:?}", c.sbmesh_image);
 }

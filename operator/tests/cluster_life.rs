@@ -711,12 +711,14 @@ fn written(ip: &str) -> Vec<(Vec<String>, String)> {
 /// has; `/readyz` and the status say the store is away; everything
 /// resumes by itself.
 ///
-/// It runs alone (`.config/nextest.toml`): the cluster's Redis is every
-/// cluster test's store.
+/// The Redis it restarts and pauses and the Pebble whose issuances it
+/// counts are its own, so it runs beside the other tests.
 #[test]
 fn the_store_goes_away_and_the_fleet_keeps_serving() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
+    let (c, _pebble) = c.with_own_pebble(None);
+    let (c, mut redis) = c.with_own_redis();
     let fleet = Fleet::deploy(&c, "life-store", 10, |m| m);
     let ips = fleet.ips();
 
@@ -725,7 +727,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
     cluster::add_a(&c, &added, &fleet.service_ip);
     let next = with_origin(&fleet.manifest, &added);
     let validations = cluster::validations_for(&c, &added);
-    // It runs alone: every issuance and failed validation is this test's.
+    // Its own Pebble: every issuance and failed validation is this test's.
     let (issued, invalid) = (cluster::issued(&c), cluster::invalid_authorizations(&c));
     c.apply(&next);
     wait_for(
@@ -733,7 +735,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
         Duration::from_secs(120),
         || (cluster::validations_for(&c, &added) > validations).then_some(()),
     );
-    cluster::restart_parts(&["redis"]);
+    redis.restart();
     let serial = written_everywhere(&ips, &added);
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(
@@ -984,11 +986,12 @@ fn clustering_turned_off_and_on_keeps_the_key_and_the_certificate() {
 /// (its node's next process takes over its own predecessor's lock), every
 /// sidecar writes the certificate, and the CA issued exactly one.
 ///
-/// It runs alone (`.config/nextest.toml`): it counts Pebble's issuances.
+/// The Pebble whose issuances it counts is its own.
 #[test]
 fn the_order_holder_killed_mid_order_the_order_completes_once() {
     let Some(c) = Cluster::from_env() else { return };
     c.operator();
+    let (c, _pebble) = c.with_own_pebble(None);
     let fleet = Fleet::deploy(&c, "life-holder", 12, |m| m);
     let pods = fleet.ns.proxy_pods("demo");
     let before = fleet.identities();
@@ -1454,11 +1457,13 @@ fn a_rolling_upgrade_from_the_previous_sidecar_never_splits_the_mesh() {
 /// A seeded chaos run on the real cluster ([`cluster::chaos`]): the faults
 /// of scenarios 2, 3, 4, 5, 7, 9 and 13 at random for `SBMESH_SOAK_SECS`
 /// (here 120 s by default: CI's short run; `operator/benches/cluster_chaos.rs`
-/// runs 10 minutes) from `SBMESH_SOAK_SEED`; no duplicate certificate, no
-/// crash, the fleet whole again after the last fault.
+/// runs 10 minutes) from `SBMESH_SOAK_SEED`, on certificates that live
+/// 3 minutes, with names added and a renewal's order holder killed: one
+/// certificate per set of names per renewal, no proxy ever serving an
+/// expired one, no crash, the fleet whole again after the last fault.
 ///
 /// It runs alone (`.config/nextest.toml`): it restarts the control plane
-/// and the store every test uses.
+/// every test uses (its Pebble and Redis are its own).
 #[test]
 fn a_seeded_chaos_run_loses_no_certificate_and_crashes_nothing() {
     let Some(c) = Cluster::from_env() else { return };

@@ -15,6 +15,8 @@
 #![allow(dead_code)]
 
 pub mod chaos;
+pub mod image;
+pub mod own;
 #[allow(clippy::duplicate_mod)]
 #[path = "../../../tests/required/mod.rs"]
 mod required;
@@ -623,6 +625,13 @@ fn https_status(root: &str, name: &str, ip: &str, port: u16) -> Option<u16> {
 /// The serial (lowercase hex, no leading zeros) of the certificate served
 /// for SNI `name` at `ip:port`; `None` when no handshake completes within 2 s.
 pub fn served_serial(name: &str, ip: &str, port: u16) -> Option<String> {
+    served_certificate(name, ip, port).map(|(serial, _)| serial)
+}
+
+/// The certificate served for SNI `name` at `ip:port`: its serial (as
+/// [`served_serial`] says it) and whether it is past its notAfter now; `None` when
+/// no handshake completes within 2 s.
+pub fn served_certificate(name: &str, ip: &str, port: u16) -> Option<(String, bool)> {
     let connect = format!("{ip}:{port}");
     let pem = run(
         Command::new("timeout").args([
@@ -637,13 +646,20 @@ pub fn served_serial(name: &str, ip: &str, port: u16) -> Option<String> {
         Some(""),
     )
     .ok()?;
-    let serial = run(
-        Command::new("openssl").args(["x509", "-noout", "-serial"]),
+    // `-checkend 0` exits 1 for a certificate that has expired.
+    let (out, expired) = match run(
+        Command::new("openssl").args(["x509", "-noout", "-serial", "-checkend", "0"]),
         Some(&pem),
-    )
-    .ok()?;
-    let hex = serial.trim().strip_prefix("serial=")?.to_ascii_lowercase();
-    Some(hex.trim_start_matches('0').to_string())
+    ) {
+        Ok(out) => (out, false),
+        Err(out) if out.contains("will expire") => (out, true),
+        Err(_) => return None,
+    };
+    let hex = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("serial="))?
+        .to_ascii_lowercase();
+    Some((hex.trim_start_matches('0').to_string(), expired))
 }
 
 /// A pod's `Ready` condition is `True`.
@@ -1081,7 +1097,7 @@ fn ctr(c: &Cluster, args: &[&str]) {
     try_ctr(c, args).unwrap_or_else(|e| panic!("ctr {}: {e}", args.join(" ")));
 }
 
-fn try_ctr(c: &Cluster, args: &[&str]) -> Result<String, String> {
+pub fn try_ctr(c: &Cluster, args: &[&str]) -> Result<String, String> {
     let mut all = vec!["--address", c.containerd.as_str(), "--namespace", "k8s.io"];
     all.extend_from_slice(args);
     run(Command::new("ctr").args(&all), None)
@@ -1197,7 +1213,17 @@ impl Fleet {
     /// through a TLS handshake that verifies against Pebble's root. Returns
     /// the pods and how long it took.
     pub fn whole(&self, n: usize) -> (Vec<Value>, Duration) {
+        let (pods, took, _) = self.whole_serving(n, Some(&self.serial));
+        (pods, took)
+    }
+
+    /// [`Fleet::whole`], every proxy serving one certificate for every name
+    /// of the fleet: `serial`, or any one that Pebble's root verifies (in
+    /// date, for every name) when `None`. Returns the pods, how long it
+    /// took, and the serial served.
+    pub fn whole_serving(&self, n: usize, serial: Option<&str>) -> (Vec<Value>, Duration, String) {
         let start = Instant::now();
+        let mut served = String::new();
         let pods = wait_every(
             &format!("the fleet whole with {n} replicas"),
             Duration::from_secs(300),
@@ -1224,25 +1250,35 @@ impl Fleet {
                         return None;
                     }
                     for name in &self.names {
-                        if served_serial(name, &ip, 8443).as_deref() != Some(&self.serial) {
+                        let now = served_serial(name, &ip, 8443)?;
+                        let want = match serial {
+                            Some(s) => s.to_string(),
+                            None if served.is_empty() => now.clone(),
+                            None => served.clone(),
+                        };
+                        if now != want
+                            || (serial.is_none() && !serves_tls(&self.root, name, &ip, 8443))
+                        {
+                            served.clear();
                             return None;
                         }
+                        served = now;
                     }
                 }
                 Some(pods)
             },
         );
+        let serial = serial.map_or(served, str::to_string);
         for pod in &pods {
             for name in &self.names {
                 assert!(
                     serves_tls(&self.root, name, &pod_ip(pod), 8443),
-                    "{} serves {name} with the serial {} but not verified by Pebble's root",
+                    "{} serves {name} with the serial {serial} but not verified by Pebble's root",
                     pod["metadata"]["name"],
-                    self.serial
                 );
             }
         }
-        (pods, start.elapsed())
+        (pods, start.elapsed(), serial)
     }
 
     /// Pebble's validations of the fleet's names so far.
