@@ -554,8 +554,8 @@ fn mesh_sizes(ips: Vec<String>) -> Sampler<Vec<Option<u64>>> {
 /// restarted but the operator's leader, which exits when it cannot renew
 /// its Lease (the contract) and comes back as a follower.
 ///
-/// It runs alone (`.config/nextest.toml`): every other test's kubectl
-/// would fail while the API server is down.
+/// It runs alone (`.config/nextest.toml`): the other tests' kubectl calls
+/// wait out the API server's restart, but their fleets' timing does not.
 #[test]
 fn the_control_plane_restarts_under_the_fleet_and_the_sidecars_never_notice() {
     let Some(c) = Cluster::from_env() else { return };
@@ -996,9 +996,7 @@ fn the_order_holder_killed_mid_order_the_order_completes_once() {
     let pods = fleet.ns.proxy_pods("demo");
     let before = fleet.identities();
     let added = format!("c.{}.test", fleet.ns.name);
-    let stall = std::net::TcpListener::bind((c.host_ip.as_str(), 80))
-        .unwrap_or_else(|e| panic!("a listener on {}:80: {e}", c.host_ip));
-    stall.set_nonblocking(true).expect("nonblocking");
+    let stall = cluster::host_port_80(&c, Duration::from_secs(240));
     cluster::add_a(&c, &added, &c.host_ip);
     let next = with_origin(&fleet.manifest, &added);
     let issued = cluster::issued(&c);

@@ -554,9 +554,7 @@ fn add_name(c: &Cluster, fleet: &mut Fleet) -> String {
 /// replaced), and the validation passed on to the Service: another replica
 /// must complete the order.
 fn kill_renewals_holder(c: &Cluster, fleet: &Fleet) -> Fault {
-    let stall = std::net::TcpListener::bind((c.host_ip.as_str(), 80))
-        .map_err(|e| format!("a listener on {}:80: {e}", c.host_ip))?;
-    stall.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let stall = super::host_port_80(c, Duration::from_secs(120));
     super::add_a(c, &fleet.names[0], &c.host_ip);
     let mut held = Vec::new();
     let start = Instant::now();

@@ -30,6 +30,41 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// Whether kubectl's error says the API server did not take the call:
+/// the connection refused, or the server (or etcd behind it) unable to
+/// serve for now.
+fn api_unavailable(error: &str) -> bool {
+    [
+        "connection refused",
+        "the server is currently unable to handle the request",
+        "etcdserver: request timed out",
+        "etcdserver: leader changed",
+        "etcdserver: no leader",
+    ]
+    .iter()
+    .any(|m| error.contains(m))
+}
+
+/// A listener on this machine's address on the node's link, port 80,
+/// where Pebble's HTTP-01 validation of a name pointed at it arrives: one
+/// test at a time holds it (a test that finds it taken waits for it, up to
+/// `limit`).
+pub fn host_port_80(c: &Cluster, limit: Duration) -> std::net::TcpListener {
+    let start = Instant::now();
+    loop {
+        match std::net::TcpListener::bind((c.host_ip.as_str(), 80)) {
+            Ok(listener) => {
+                listener.set_nonblocking(true).expect("nonblocking");
+                return listener;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => panic!("a listener on {}:80: {e}", c.host_ip),
+        }
+    }
+}
+
 /// The namespace and name of the operator `cluster_install` leaves
 /// installed (`install --rbac-scope cluster`, its default namespace) for
 /// the other tests.
@@ -118,14 +153,27 @@ impl Cluster {
         self.kubectl_with(args, None)
     }
 
-    /// `kubectl ARGS` with `input` on stdin.
+    /// `kubectl ARGS` with `input` on stdin. A call the API server did not
+    /// take (its connection refused, or it said it cannot serve now: the
+    /// restart of kube-apiserver or etcd that a test beside this one makes)
+    /// is made again for up to a minute, as a user would; any other error
+    /// is the call's answer.
     pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
-        run(
-            Command::new("kubectl")
-                .env("KUBECONFIG", &self.kubeconfig)
-                .args(args),
-            input,
-        )
+        let start = Instant::now();
+        loop {
+            let out = run(
+                Command::new("kubectl")
+                    .env("KUBECONFIG", &self.kubeconfig)
+                    .args(args),
+                input,
+            );
+            match &out {
+                Err(e) if api_unavailable(e) && start.elapsed() < Duration::from_secs(60) => {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                _ => return out,
+            }
+        }
     }
 
     /// `kubectl ARGS`, which must succeed.
