@@ -33,7 +33,7 @@
 //!
 //! ```text
 //! SBMESH_CLUSTER_CERT_VALIDITY_SECS=1000 scripts/cluster up
-//! SBMESH_CLUSTER_PROFILE=debug scripts/cluster images
+//! scripts/cluster images      # release images, as the Dockerfile builds them
 //! eval "$(scripts/cluster env)" && export SBMESH_TEST_KUBECONFIG=$KUBECONFIG
 //! target/debug/sbmesh-operator install --rbac-scope cluster | kubectl apply -f -
 //! cargo bench --profile dev -p sbmesh-operator --bench cluster_timeline

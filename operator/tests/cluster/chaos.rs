@@ -170,7 +170,7 @@ type Fault = Result<String, String>;
 /// (every pod sampled every 2 s); and no container ended but by the run's
 /// own hand: a sidecar the run SIGKILLed (exit 137, as often as it sent
 /// them), or a proxy its sidecar restarted onto a new certificate (exit 0
-/// or 143, as often as the sidecar's `sbmesh_proxy_restarts_total` says).
+/// or 143, as often as the sidecar logged that it signalled it).
 /// A pod the run deleted takes its containers with it and is not counted.
 pub fn run(c: &Cluster, secs: u64, seed: u64) {
     c.operator();
@@ -664,17 +664,19 @@ fn one_per_renewal(seed: u64, certificates: &[super::own::Issued]) {
 }
 
 /// What the run watches while it runs: every pod every second (its
-/// containers' terminations; the proxy restarts its sidecar made, summed
-/// across the sidecar's own restarts, by pod UID) and every 2 s the
-/// certificate each proxy serves (an expired one is recorded).
+/// containers' terminations, and the proxy restarts its sidecar made: the
+/// sidecar's "SIGTERM sent to the proxy" log lines, read from each
+/// incarnation's log, the previous one as soon as its restart shows) and
+/// every 2 s the certificate each proxy serves (an expired one is
+/// recorded).
 struct Watch {
-    pods: Sampler<(Vec<Termination>, Vec<RestartCount>)>,
+    pods: Sampler<Vec<Termination>>,
     served: Sampler<Vec<(String, String)>>,
+    /// Proxy restarts by (pod UID, sidecar incarnation), from the logs.
+    restarts: std::sync::Arc<std::sync::Mutex<BTreeMap<(String, i64), i64>>>,
+    c: Cluster,
+    ns: String,
 }
-
-/// A pod's UID and its sidecar's `sbmesh_proxy_restarts_total` (`None`
-/// when it did not answer).
-type RestartCount = (String, Option<f64>);
 
 /// What [`Watch`] saw.
 struct Seen {
@@ -684,31 +686,58 @@ struct Seen {
     expired: Vec<(Duration, String, String)>,
 }
 
+/// The line a sidecar logs each time it signals its proxy onto a new
+/// certificate (src/proxy/coordinator.rs).
+const SIGNALLED: &str = "SIGTERM sent to the proxy";
+
+/// How many times the sidecar of `pod` logged [`SIGNALLED`]: its running
+/// incarnation, or the one before (`previous`); `None` when the log could
+/// not be read.
+fn signalled(c: &Cluster, ns: &str, pod: &str, previous: bool) -> Option<i64> {
+    let mut args = vec!["-n", ns, "logs", pod, "-c", "sbmesh-sidecar"];
+    if previous {
+        args.push("--previous");
+    }
+    let log = c.kubectl(&args).ok()?;
+    Some(log.lines().filter(|l| l.contains(SIGNALLED)).count() as i64)
+}
+
+/// A pod's UID, name and its sidecar container's restart count.
+fn sidecar_incarnation(p: &Value) -> (String, String, i64) {
+    let sidecar = super::restarts(p)
+        .into_iter()
+        .find(|(c, _)| c == "sbmesh-sidecar")
+        .map_or(0, |(_, n)| n);
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    (
+        text(&p["metadata"]["uid"]),
+        text(&p["metadata"]["name"]),
+        sidecar,
+    )
+}
+
 impl Watch {
     fn start(c: &Cluster, ns: &str, name: &str) -> Watch {
-        let (c1, ns1) = (c.clone(), ns.to_string());
+        let restarts = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let (c1, ns1, counted) = (c.clone(), ns.to_string(), restarts.clone());
+        let mut seen: BTreeMap<String, i64> = BTreeMap::new();
         let pods = Sampler::start(Duration::from_secs(1), move || {
             let pods = c1
                 .get(&["-n", &ns1, "pods"])
                 .and_then(|l| l["items"].as_array().cloned())
                 .unwrap_or_default();
-            let restarts = pods
-                .iter()
-                .filter(|p| !p["status"]["podIP"].is_null())
-                .map(|p| {
-                    (
-                        p["metadata"]["uid"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_string(),
-                        super::metric(
-                            &super::pod_ip(p),
-                            "sbmesh_proxy_restarts_total{reason=\"certificate\"}",
-                        ),
-                    )
-                })
-                .collect();
-            (terminations(&pods), restarts)
+            for p in &pods {
+                let (uid, pod, incarnation) = sidecar_incarnation(p);
+                let before = seen.insert(uid.clone(), incarnation);
+                if before.is_some_and(|b| b < incarnation)
+                    && let Some(n) = signalled(&c1, &ns1, &pod, true)
+                {
+                    // The incarnation that just ended: its whole log.
+                    let mut counted = counted.lock().expect("the counts");
+                    counted.insert((uid, incarnation - 1), n);
+                }
+            }
+            terminations(&pods)
         });
         let (c2, ns2, name) = (c.clone(), ns.to_string(), name.to_string());
         let served = Sampler::start(Duration::from_secs(2), move || {
@@ -724,27 +753,38 @@ impl Watch {
                 })
                 .collect()
         });
-        Watch { pods, served }
+        Watch {
+            pods,
+            served,
+            restarts,
+            c: c.clone(),
+            ns: ns.to_string(),
+        }
     }
 
     fn finish(self) -> Seen {
-        let mut terminations = BTreeSet::new();
-        let mut proxy_restarts: BTreeMap<String, i64> = BTreeMap::new();
-        // The sidecar's counter starts again at 0 when it restarts.
-        let mut last: BTreeMap<String, i64> = BTreeMap::new();
-        for (_, (ends, counters)) in self.pods.finish() {
-            terminations.extend(ends);
-            for (uid, value) in counters {
-                let Some(value) = value else { continue };
-                let value = value as i64;
-                let before = last.insert(uid.clone(), value).unwrap_or(0);
-                let grew = if value >= before {
-                    value - before
-                } else {
-                    value
-                };
-                *proxy_restarts.entry(uid).or_default() += grew;
+        let terminations: BTreeSet<Termination> = self
+            .pods
+            .finish()
+            .into_iter()
+            .flat_map(|(_, t)| t)
+            .collect();
+        let mut counted = self.restarts.lock().expect("the counts").clone();
+        // The incarnations running now.
+        let pods = self
+            .c
+            .get(&["-n", &self.ns, "pods"])
+            .and_then(|l| l["items"].as_array().cloned())
+            .unwrap_or_default();
+        for p in &pods {
+            let (uid, pod, incarnation) = sidecar_incarnation(p);
+            if let Some(n) = signalled(&self.c, &self.ns, &pod, false) {
+                counted.insert((uid, incarnation), n);
             }
+        }
+        let mut proxy_restarts: BTreeMap<String, i64> = BTreeMap::new();
+        for ((uid, _), n) in counted {
+            *proxy_restarts.entry(uid).or_default() += n;
         }
         let expired = self
             .served
