@@ -664,9 +664,10 @@ fn one_per_renewal(seed: u64, certificates: &[super::own::Issued]) {
 }
 
 /// What the run watches while it runs: every pod every second (its
-/// containers' terminations, and the proxy restarts its sidecar made: the
-/// sidecar's "SIGTERM sent to the proxy" log lines, read from each
-/// incarnation's log, the previous one as soon as its restart shows) and
+/// containers' terminations, and the proxy restarts its sidecar made, by
+/// sidecar incarnation: its `sbmesh_proxy_restarts_total` sampled, and its
+/// "SIGTERM sent to the proxy" log lines, the previous incarnation's read
+/// as soon as its restart shows, the running ones' at the end) and
 /// every 2 s the certificate each proxy serves (an expired one is
 /// recorded).
 struct Watch {
@@ -684,6 +685,16 @@ struct Seen {
     proxy_restarts: BTreeMap<String, i64>,
     /// (pod, serial) of each expired certificate served, with when.
     expired: Vec<(Duration, String, String)>,
+}
+
+/// The sidecar's count of the proxy restarts it signalled (this
+/// incarnation's).
+const RESTARTS_METRIC: &str = "sbmesh_proxy_restarts_total{reason=\"certificate\"}";
+
+/// Keeps the larger of two readings of one incarnation's restarts.
+fn raise(counted: &mut BTreeMap<(String, i64), i64>, key: (String, i64), n: i64) {
+    let at = counted.entry(key).or_default();
+    *at = (*at).max(n);
 }
 
 /// The line a sidecar logs each time it signals its proxy onto a new
@@ -728,13 +739,23 @@ impl Watch {
                 .unwrap_or_default();
             for p in &pods {
                 let (uid, pod, incarnation) = sidecar_incarnation(p);
+                // The incarnation running: its counter (a pod deleted later
+                // takes its log with it).
+                let counter = (!p["status"]["podIP"].is_null())
+                    .then(|| super::metric(&super::pod_ip(p), RESTARTS_METRIC))
+                    .flatten();
                 let before = seen.insert(uid.clone(), incarnation);
-                if before.is_some_and(|b| b < incarnation)
-                    && let Some(n) = signalled(&c1, &ns1, &pod, true)
-                {
-                    // The incarnation that just ended: its whole log.
-                    let mut counted = counted.lock().expect("the counts");
-                    counted.insert((uid, incarnation - 1), n);
+                // The incarnation that just ended: its whole log (a restart
+                // it signalled just before it was killed is in no sample).
+                let ended = before
+                    .filter(|b| *b < incarnation)
+                    .and_then(|_| signalled(&c1, &ns1, &pod, true));
+                let mut counted = counted.lock().expect("the counts");
+                if let Some(n) = counter {
+                    raise(&mut counted, (uid.clone(), incarnation), n as i64);
+                }
+                if let Some(n) = ended {
+                    raise(&mut counted, (uid, incarnation - 1), n);
                 }
             }
             terminations(&pods)
@@ -779,7 +800,7 @@ impl Watch {
         for p in &pods {
             let (uid, pod, incarnation) = sidecar_incarnation(p);
             if let Some(n) = signalled(&self.c, &self.ns, &pod, false) {
-                counted.insert((uid, incarnation), n);
+                raise(&mut counted, (uid, incarnation), n);
             }
         }
         let mut proxy_restarts: BTreeMap<String, i64> = BTreeMap::new();
