@@ -598,8 +598,23 @@ fn dashboard_and_rules_query_only_metrics_the_sidecar_exposes() {
 
     let c = start_sidecar(2);
     let node = &c.nodes[0];
-    let exposed = exposed_names(&get_metrics(node, None).text());
-    let exposed_om = exposed_names(&get_metrics(node, Some(PROMETHEUS_ACCEPT)).text());
+    // A labelled family (the store's operations and locks) appears with its
+    // first sample, which the sidecar's start-up makes a moment after
+    // /metrics first answers: read until every queried name is there, or
+    // 10 s have passed, then judge.
+    let wanted: BTreeSet<&String> = dashboard_names.iter().chain(&rule_names).collect();
+    let start = std::time::Instant::now();
+    let (exposed, exposed_om) = loop {
+        let exposed = exposed_names(&get_metrics(node, None).text());
+        let exposed_om = exposed_names(&get_metrics(node, Some(PROMETHEUS_ACCEPT)).text());
+        let all = wanted
+            .iter()
+            .all(|n| exposed.contains(*n) && exposed_om.contains(*n));
+        if all || start.elapsed() > std::time::Duration::from_secs(10) {
+            break (exposed, exposed_om);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
     for (what, names) in [
         ("deploy/grafana/sbmesh.json", &dashboard_names),
         ("deploy/prometheus/sbmesh.rules.yml", &rule_names),
