@@ -675,17 +675,6 @@ fn written_everywhere(ips: &[String], name: &str) -> String {
     )
 }
 
-/// `manifest` with one more origin, `name`, in its config: a new name for
-/// the fleet's certificate (in `san` mode), ordered once.
-fn with_origin(manifest: &str, name: &str) -> String {
-    let origin = format!(
-        "    origins:\n      \"{name}\":\n        action: {{ type: static, status_code: 200, body: \"{name}\\n\" }}\n"
-    );
-    let next = manifest.replacen("    origins:\n", &origin, 1);
-    assert_ne!(next, manifest, "no origins to add {name} to");
-    next
-}
-
 /// The local certificates a pod's sidecar reports: (names, serial).
 fn written(ip: &str) -> Vec<(Vec<String>, String)> {
     cluster::local_certificates(ip)
@@ -725,7 +714,7 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
     // 1. Redis restarted while the order for a new name is in flight.
     let added = format!("c.{}.test", fleet.ns.name);
     cluster::add_a(&c, &added, &fleet.service_ip);
-    let next = with_origin(&fleet.manifest, &added);
+    let next = cluster::with_origin(&fleet.manifest, &added);
     let validations = cluster::validations_for(&c, &added);
     // Its own Pebble: every issuance and failed validation is this test's.
     let (issued, invalid) = (cluster::issued(&c), cluster::invalid_authorizations(&c));
@@ -775,12 +764,9 @@ fn the_store_goes_away_and_the_fleet_keeps_serving() {
     // 2. Redis answers nothing for 2 minutes. (The proxies' restarts onto
     // the added name's certificate are done: none may happen from here.)
     let before = fleet.identities();
-    let redis = format!("{}/10", c.redis_url);
-    let pause = std::process::Command::new("redis-cli")
-        .args(["-u", &redis, "CLIENT", "PAUSE", "120000", "ALL"])
-        .output()
-        .expect("redis-cli");
-    assert!(pause.status.success(), "CLIENT PAUSE: {pause:?}");
+    redis
+        .pause(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e}"));
     let paused = std::time::Instant::now();
     let c2 = c.clone();
     let ns = fleet.ns.name.clone();
@@ -998,7 +984,7 @@ fn the_order_holder_killed_mid_order_the_order_completes_once() {
     let added = format!("c.{}.test", fleet.ns.name);
     let stall = cluster::host_port_80(&c, Duration::from_secs(240));
     cluster::add_a(&c, &added, &c.host_ip);
-    let next = with_origin(&fleet.manifest, &added);
+    let next = cluster::with_origin(&fleet.manifest, &added);
     let issued = cluster::issued(&c);
     c.apply(&next);
     let mut held = Vec::new();

@@ -285,7 +285,7 @@ pub fn run(c: &Cluster, secs: u64, seed: u64) {
                 super::restart_parts(&[part]);
                 Ok(format!("restart {part}"))
             }
-            7 => store_away(&mut redis, &c.redis_url, dice.below(2) == 0),
+            7 => store_away(&mut redis, dice.below(2) == 0),
             8 if fleet.names.len() < 2 + MAX_ADDED => {
                 let name = add_name(c, &mut fleet);
                 issued_at = Instant::now();
@@ -306,7 +306,7 @@ pub fn run(c: &Cluster, secs: u64, seed: u64) {
                 renewed = Some(names);
                 issued_at = Instant::now();
                 // Scenario 13 under the renewal in flight.
-                store_away(&mut redis, &c.redis_url, false)
+                store_away(&mut redis, false)
             }
         };
         record(start, &mut faults, &mut not_applied, fault);
@@ -514,23 +514,13 @@ fn record(start: Instant, faults: &mut Vec<String>, not_applied: &mut usize, fau
 
 /// Scenario 13: the store goes away, restarted (what it holds kept) or
 /// answering nothing for 15 s (`CLIENT PAUSE`).
-fn store_away(redis: &mut OwnRedis, url: &str, pause: bool) -> Fault {
-    if !pause {
-        redis.restart();
-        return Ok("restart redis".to_string());
+fn store_away(redis: &mut OwnRedis, pause: bool) -> Fault {
+    if pause {
+        redis.pause(Duration::from_secs(15))?;
+        return Ok("pause redis 15 s".to_string());
     }
-    let out = std::process::Command::new("redis-cli")
-        .args(["-u", url, "CLIENT", "PAUSE", "15000", "ALL"])
-        .output()
-        .map_err(|e| format!("redis-cli: {e}"))?;
-    if out.status.success() {
-        Ok("pause redis 15 s".to_string())
-    } else {
-        Err(format!(
-            "CLIENT PAUSE: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
+    redis.restart();
+    Ok("restart redis".to_string())
 }
 
 /// Adds a name to the fleet's config (pointed at its Service for Pebble):
@@ -538,10 +528,7 @@ fn store_away(redis: &mut OwnRedis, url: &str, pause: bool) -> Fault {
 fn add_name(c: &Cluster, fleet: &mut Fleet) -> String {
     let name = format!("n{}.{}.test", fleet.names.len(), fleet.ns.name);
     super::add_a(c, &name, &fleet.service_ip);
-    let origin = format!(
-        "    origins:\n      \"{name}\":\n        action: {{ type: static, status_code: 200, body: \"{name}\\n\" }}\n"
-    );
-    fleet.manifest = fleet.manifest.replacen("    origins:\n", &origin, 1);
+    fleet.manifest = super::with_origin(&fleet.manifest, &name);
     c.apply(&fleet.manifest);
     fleet.names.push(name.clone());
     name

@@ -1176,6 +1176,17 @@ pub fn redis_ping(host: &str, port: &str) -> Result<String, String> {
     .map(|out| out.trim().to_string())
 }
 
+/// `manifest` with one more origin, `name`, in its config: a new name for
+/// the fleet's certificate (in `san` mode), ordered once.
+pub fn with_origin(manifest: &str, name: &str) -> String {
+    let origin = format!(
+        "    origins:\n      \"{name}\":\n        action: {{ type: static, status_code: 200, body: \"{name}\\n\" }}\n"
+    );
+    let next = manifest.replacen("    origins:\n", &origin, 1);
+    assert_ne!(next, manifest, "no origins to add {name} to");
+    next
+}
+
 /// How many validations Pebble ran for `name` so far (its log's "Pulled a
 /// task" lines): with authorization reuse off, one per order that names it,
 /// so a count that does not move means no new order for `name`.

@@ -136,6 +136,25 @@ pub struct OwnRedis {
 }
 
 impl OwnRedis {
+    /// `CLIENT PAUSE` for `length`: every client's command hangs until it
+    /// ends, as an unreachable server looks to a client.
+    pub fn pause(&self, length: Duration) -> Result<(), String> {
+        let url = format!("redis://{}:{}", self.host, self.port);
+        let ms = length.as_millis().to_string();
+        let out = Command::new("redis-cli")
+            .args(["-u", &url, "CLIENT", "PAUSE", &ms, "ALL"])
+            .output()
+            .map_err(|e| format!("redis-cli: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "CLIENT PAUSE: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
     /// Stopped (SIGTERM) and started again on its port, what it held kept
     /// (its append-only file), as `scripts/cluster restart redis` does to
     /// the cluster's; returns once it answers.
